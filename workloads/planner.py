@@ -1,0 +1,569 @@
+"""Capacity planner: will this model fit these GPUs under vLLM, and how?
+
+Pure functions, no I/O. ``plan()`` picks (or checks) tensor/pipeline parallel sizes,
+the number of nodes, ``max_model_len``, ``max_num_seqs`` and
+``gpu_memory_utilization``, and reports the per-GPU memory breakdown together with
+the reasons when a configuration cannot fit.
+
+Memory model per GPU (the worst pipeline stage), as vLLM allocates it::
+
+    budget   = gpu_memory_utilization x device memory
+    KV cache = budget - weights - reserve          (must hold >= max_model_len tokens)
+
+* weights: counted per tensor from the architecture, split the way vLLM shards them
+  (vocab-parallel embedding and LM head; column/row-parallel attention and MLP;
+  every MoE expert resident and sharded by TP; MLA's q_a/kv_a projections and the
+  router replicated), with quantization overheads (FP8 128x128 block scales, AWQ
+  int4 with a group-128 scale and zero point).
+* reserve: activation peak of the profiling forward pass for
+  ``max_num_batched_tokens`` tokens plus sampler logits for ``max_num_seqs``, CUDA
+  context/workspaces, communication buffers and CUDA graphs (constants below,
+  explained in docs/planner.md).
+* KV per token per GPU: GQA ``2 x layers/pp x max(1, kv_heads/tp) x head_dim x bytes``;
+  MLA ``layers/pp x (kv_lora_rank + rope_dim) x bytes`` (the latent is replicated on
+  every tensor-parallel rank). An FP8 KV cache halves it. Tokens are counted in whole
+  blocks exactly as vLLM does (``available // (page_bytes x layers) x block_size``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from workloads.catalog import GiB, MiB, GPUSpec, ModelSpec
+
+# ----------------------------------------------------------------------------
+# Constants of the reserve estimate (see docs/planner.md for where they come from)
+# ----------------------------------------------------------------------------
+CUDA_CONTEXT_BYTES = 600 * MiB  # CUDA context + cuBLAS/cuDNN workspaces (non-torch memory)
+COMM_BUFFER_BYTES = 512 * MiB  # NCCL channels + vLLM custom all-reduce buffers, when world > 1
+CUDA_GRAPH_BYTES = 1 * GiB  # graph pools for the default capture sizes (up to 512)
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192  # vLLM V1 default for the OpenAI server
+DEFAULT_MAX_NUM_SEQS = 256  # vLLM default max_num_seqs
+DEFAULT_BLOCK_SIZE = 16  # vLLM GPU default KV block size
+DEFAULT_PLANNING_CONTEXT = 32768  # context used to choose TP/PP when none is given
+MIN_USEFUL_CONTEXT = 4096  # below this a deployment is reported as not fitting
+HEADROOM_TARGET_BYTES = 2 * GiB  # memory left outside vLLM's budget (fragmentation, driver)
+MAX_RECOMMENDED_UTILIZATION = 0.95
+MAX_PIPELINE_STAGES = 32
+QUANT_GROUP = 128  # AWQ group size and FP8 weight block edge
+
+QUANTIZATIONS = ("bf16", "fp16", "fp8", "awq")
+KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "float32", "fp8", "fp8_e4m3", "fp8_e5m2")
+
+_QUANT_ALIASES = {
+    None: None, "": None, "none": None, "auto": None, "native": None,
+    "bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16", "half": "fp16",
+    "fp8": "fp8", "awq": "awq", "awq_marlin": "awq",
+}
+
+
+class PlanError(ValueError):
+    """Invalid planner input; the message names the field and what was expected."""
+
+
+# ----------------------------------------------------------------------------
+# Parameter counting
+# ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ParamGroups:
+    """Per-rank parameter counts of one part of the model.
+
+    ``linear`` are the weights a quantization method converts; ``other`` stay in the
+    activation dtype (embeddings, LM head, norms, MoE router, biases).
+    """
+
+    linear: float = 0.0
+    other: float = 0.0
+
+    def __add__(self, o: "ParamGroups") -> "ParamGroups":
+        return ParamGroups(self.linear + o.linear, self.other + o.other)
+
+    def scale(self, k: float) -> "ParamGroups":
+        return ParamGroups(self.linear * k, self.other * k)
+
+    @property
+    def total(self) -> float:
+        return self.linear + self.other
+
+
+def _kv_heads_per_rank(model: ModelSpec, tp: int) -> int:
+    if model.is_mla:
+        return 1  # one latent vector, replicated on each rank
+    return max(1, model.num_kv_heads // tp)
+
+
+def _attention_params(m: ModelSpec, tp: int) -> ParamGroups:
+    h = m.hidden_size
+    hl = m.num_attention_heads / tp
+    if m.is_mla:
+        nope, rope, v, kvr = m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim, m.kv_lora_rank
+        qk = nope + rope
+        linear = 0.0
+        other = 0.0
+        if m.q_lora_rank:
+            linear += h * m.q_lora_rank  # q_a_proj (replicated)
+            other += m.q_lora_rank  # q_a_layernorm
+            linear += m.q_lora_rank * hl * qk  # q_b_proj (column parallel)
+        else:
+            linear += h * hl * qk  # q_proj
+        linear += h * (kvr + rope)  # kv_a_proj_with_mqa (replicated)
+        other += kvr  # kv_a_layernorm
+        linear += kvr * hl * (nope + v)  # kv_b_proj (column parallel)
+        linear += hl * v * h  # o_proj (row parallel)
+        return ParamGroups(linear, other)
+    hd = m.head_dim
+    kvl = _kv_heads_per_rank(m, tp)
+    linear = h * hl * hd + 2 * h * kvl * hd + hl * hd * h
+    other = (hl + 2 * kvl) * hd if m.attention_bias else 0.0
+    return ParamGroups(linear, other)
+
+
+def _mlp_params(m: ModelSpec, tp: int, moe: bool) -> ParamGroups:
+    h = m.hidden_size
+    if not moe:
+        return ParamGroups(3 * h * m.intermediate_size / tp, 0.0)
+    experts = (m.n_routed_experts + m.n_shared_experts) * 3 * h * m.moe_intermediate_size / tp
+    router = m.n_routed_experts * h + (m.n_routed_experts if m.architecture == "deepseek_v3" else 0)
+    return ParamGroups(experts, router)
+
+
+def layer_params(m: ModelSpec, index: int, tp: int = 1) -> ParamGroups:
+    norms = ParamGroups(0.0, 2 * m.hidden_size)
+    return _attention_params(m, tp) + _mlp_params(m, tp, m.layer_is_moe(index)) + norms
+
+
+def embedding_params(m: ModelSpec, tp: int = 1) -> ParamGroups:
+    return ParamGroups(0.0, m.vocab_size * m.hidden_size / tp)
+
+
+def lm_head_params(m: ModelSpec, tp: int = 1) -> ParamGroups:
+    return ParamGroups(0.0, m.vocab_size * m.hidden_size / tp + m.hidden_size)  # + final norm
+
+
+def count_parameters(m: ModelSpec) -> int:
+    """Total parameters of the model as vLLM loads it (no MTP module)."""
+    total = embedding_params(m).total + sum(layer_params(m, i).total for i in range(m.num_layers))
+    total += m.hidden_size if m.tie_word_embeddings else lm_head_params(m).total
+    return int(total)
+
+
+def pp_layer_ranges(num_layers: int, pp: int) -> list[tuple[int, int]]:
+    """Layer ranges per pipeline stage, partitioned like vLLM's ``get_pp_indices``."""
+    per = num_layers // pp
+    parts = [per] * pp
+    for i in range(2, num_layers % pp + 2):
+        parts[-i] += 1
+    out, start = [], 0
+    for n in parts:
+        out.append((start, start + n))
+        start += n
+    return out
+
+
+# ----------------------------------------------------------------------------
+# Bytes
+# ----------------------------------------------------------------------------
+
+def activation_bytes(m: ModelSpec) -> int:
+    """Bytes per element of activations (and of unquantized weights)."""
+    return 4 if m.native_dtype == "float32" else 2
+
+
+def normalize_quantization(model: ModelSpec, quantization: str | None) -> str:
+    """Effective weight format: 'bf16' | 'fp16' | 'fp32' | 'fp8' | 'awq'."""
+    key = quantization.strip().lower() if isinstance(quantization, str) else quantization
+    if key not in _QUANT_ALIASES:
+        raise PlanError(f"quantization: expected one of {', '.join(QUANTIZATIONS)} or none, "
+                        f"got {quantization!r}")
+    q = _QUANT_ALIASES[key]
+    if q is not None:
+        return q
+    return {"fp8": "fp8", "float16": "fp16", "float32": "fp32"}.get(model.native_dtype, "bf16")
+
+
+def weight_bytes_per_param(quant: str) -> float:
+    """Bytes per quantizable weight, including scale/zero overheads."""
+    if quant in ("bf16", "fp16"):
+        return 2.0
+    if quant == "fp32":
+        return 4.0
+    if quant == "fp8":
+        return 1.0 + 4.0 / (QUANT_GROUP * QUANT_GROUP)  # e4m3 + one fp32 scale per 128x128 block
+    if quant == "awq":
+        return 0.5 + (2.0 + 0.5) / QUANT_GROUP  # int4 + fp16 scale + int4 zero per group of 128
+    raise PlanError(f"quantization: unsupported {quant!r}")
+
+
+def _group_bytes(g: ParamGroups, quant: str, act_bytes: int) -> float:
+    other_bytes = 4 if quant == "fp32" else act_bytes
+    return g.linear * weight_bytes_per_param(quant) + g.other * other_bytes
+
+
+def stage_weight_bytes(m: ModelSpec, quant: str, tp: int, pp: int) -> list[int]:
+    """Weight bytes per GPU for each pipeline stage."""
+    ab = activation_bytes(m)
+    layer_b = [_group_bytes(layer_params(m, i, tp), quant, ab) for i in range(m.num_layers)]
+    out = []
+    ranges = pp_layer_ranges(m.num_layers, pp)
+    for s, (a, b) in enumerate(ranges):
+        total = sum(layer_b[a:b])
+        if s == 0:
+            total += _group_bytes(embedding_params(m, tp), quant, ab)
+        if s == pp - 1 and not (m.tie_word_embeddings and pp == 1):
+            total += _group_bytes(lm_head_params(m, tp), quant, ab)
+        out.append(int(math.ceil(total)))
+    return out
+
+
+def kv_element_bytes(m: ModelSpec, kv_cache_dtype: str = "auto") -> int:
+    d = (kv_cache_dtype or "auto").strip().lower()
+    if d not in KV_CACHE_DTYPES:
+        raise PlanError(f"kv_cache_dtype: expected one of {', '.join(KV_CACHE_DTYPES)}, "
+                        f"got {kv_cache_dtype!r}")
+    if d.startswith("fp8"):
+        return 1
+    if d == "auto":
+        return activation_bytes(m)
+    return 4 if d == "float32" else 2
+
+
+def kv_bytes_per_token_per_layer(m: ModelSpec, tp: int = 1, kv_cache_dtype: str = "auto") -> int:
+    b = kv_element_bytes(m, kv_cache_dtype)
+    if m.is_mla:
+        return (m.kv_lora_rank + m.qk_rope_head_dim) * b
+    return 2 * _kv_heads_per_rank(m, tp) * m.head_dim * b
+
+
+def max_stage_layers(m: ModelSpec, pp: int) -> int:
+    return max(b - a for a, b in pp_layer_ranges(m.num_layers, pp))
+
+
+def kv_bytes_per_token_per_gpu(m: ModelSpec, tp: int = 1, pp: int = 1,
+                               kv_cache_dtype: str = "auto") -> int:
+    return max_stage_layers(m, pp) * kv_bytes_per_token_per_layer(m, tp, kv_cache_dtype)
+
+
+def kv_cache_tokens_for_bytes(model: ModelSpec, kv_bytes_per_gpu: int, *,
+                              tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,
+                              kv_cache_dtype: str = "auto", block_size: int = DEFAULT_BLOCK_SIZE
+                              ) -> int:
+    """Tokens of KV cache vLLM allocates from ``kv_bytes_per_gpu`` on each GPU.
+
+    vLLM allocates whole blocks: ``num_blocks = bytes // (block_size x per-token bytes
+    x layers on the GPU)`` and reports ``num_blocks x block_size`` tokens (the worst
+    pipeline stage bounds the whole pipeline).
+    """
+    if block_size <= 0:
+        raise PlanError(f"block_size: expected a positive integer, got {block_size!r}")
+    if kv_bytes_per_gpu <= 0:
+        return 0
+    per_block = block_size * kv_bytes_per_token_per_gpu(
+        model, tensor_parallel_size, pipeline_parallel_size, kv_cache_dtype)
+    return int(kv_bytes_per_gpu // per_block) * block_size
+
+
+# ----------------------------------------------------------------------------
+# Reserve (non-KV, non-weight memory)
+# ----------------------------------------------------------------------------
+
+def estimate_reserve(m: ModelSpec, tp: int, pp: int, max_num_batched_tokens: int,
+                     max_num_seqs: int) -> dict[str, int]:
+    """Per-GPU non-KV memory besides weights, by component (bytes)."""
+    t = max_num_batched_tokens
+    b = activation_bytes(m)
+    h = m.hidden_size
+    hl = m.num_attention_heads / tp
+    # Residual stream, normed input, attention output and MLP output live together.
+    hidden_tmp = 4 * t * h * b
+    if m.is_mla:
+        qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+        # prefill up-projects the latent: q, k, v and attention output per local head
+        attn_tmp = t * (hl * (qk + qk + m.v_head_dim + m.v_head_dim)
+                        + m.kv_lora_rank + m.qk_rope_head_dim) * b
+    else:
+        kvl = _kv_heads_per_rank(m, tp)
+        attn_tmp = t * (2 * hl + 2 * kvl) * m.head_dim * b
+    mlp_tmp = t * 3 * m.intermediate_size / tp * b  # gate_up output + activation
+    moe_tmp = 0.0
+    if m.is_moe:
+        # fused_moe intermediate caches: topk copies of gate_up, activation and down outputs
+        moe_tmp = t * m.num_experts_per_tok * (3 * m.moe_intermediate_size / tp + h) * b
+        moe_tmp += t * m.n_routed_experts * 4  # fp32 router logits
+    activation = hidden_tmp + max(attn_tmp, mlp_tmp, moe_tmp)
+    sampler = 2 * max_num_seqs * m.vocab_size * 4  # fp32 logits + probabilities
+    world = tp * pp
+    return {
+        "activation_peak": int(activation),
+        "sampler_logits": int(sampler),
+        "cuda_context": CUDA_CONTEXT_BYTES,
+        "communication": COMM_BUFFER_BYTES if world > 1 else 0,
+        "cuda_graphs": CUDA_GRAPH_BYTES,
+    }
+
+
+def recommended_gpu_memory_utilization(gpu: GPUSpec) -> float:
+    """Leave ~2 GiB outside vLLM's budget, never more than 0.95 of the device."""
+    frac = 1.0 - HEADROOM_TARGET_BYTES / gpu.memory_bytes
+    return min(MAX_RECOMMENDED_UTILIZATION, math.floor(frac * 100) / 100)
+
+
+# ----------------------------------------------------------------------------
+# Plan
+# ----------------------------------------------------------------------------
+
+@dataclass
+class Plan:
+    model: str
+    gpu: str
+    fits: bool
+    tensor_parallel_size: int
+    pipeline_parallel_size: int
+    nodes: int
+    gpus_per_node: int
+    total_gpus: int
+    quantization: str
+    quantization_requested: str | None
+    kv_cache_dtype: str
+    block_size: int
+    gpu_memory_bytes: int
+    gpu_memory_utilization: float
+    weights_bytes_per_gpu: int
+    reserve_bytes_per_gpu: int
+    kv_bytes_per_token_per_gpu: int
+    kv_cache_bytes_per_gpu: int
+    headroom_bytes_per_gpu: int
+    kv_cache_tokens: int
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    context: int
+    concurrency_at_context: int
+    reserve_breakdown: dict[str, int] = field(default_factory=dict)
+    reasons: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def vllm_args(self) -> list[str]:
+        """Engine arguments matching this plan (for renderers and docs)."""
+        args = [
+            "--tensor-parallel-size", str(self.tensor_parallel_size),
+            "--pipeline-parallel-size", str(self.pipeline_parallel_size),
+            "--max-model-len", str(self.max_model_len),
+            "--max-num-seqs", str(self.max_num_seqs),
+            "--max-num-batched-tokens", str(self.max_num_batched_tokens),
+            "--gpu-memory-utilization", f"{self.gpu_memory_utilization:.2f}",
+        ]
+        if self.kv_cache_dtype != "auto":
+            args += ["--kv-cache-dtype", self.kv_cache_dtype]
+        if self.quantization_requested in ("fp8", "awq"):
+            args += ["--quantization", self.quantization_requested]
+        return args
+
+
+def _gib(x: float) -> str:
+    return f"{x / GiB:,.1f} GiB"
+
+
+def _positive_int(name: str, value: Any, *, allow_none: bool = True) -> int | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise PlanError(f"{name}: expected a positive integer, got {value!r}")
+    return value
+
+
+def tp_problems(model: ModelSpec, tp: int, quant: str) -> list[str]:
+    """Why ``tp`` is not a valid tensor-parallel size for this model (empty if valid)."""
+    out = []
+    if model.num_attention_heads % tp:
+        out.append(f"tensor_parallel_size={tp} does not divide num_attention_heads="
+                   f"{model.num_attention_heads}")
+    if not model.is_mla and model.num_kv_heads % tp and tp % model.num_kv_heads:
+        out.append(f"tensor_parallel_size={tp} neither divides nor is a multiple of "
+                   f"num_kv_heads={model.num_kv_heads}")
+    sizes = [("intermediate_size", model.intermediate_size)]
+    if model.is_moe:
+        sizes.append(("moe_intermediate_size", model.moe_intermediate_size))
+    for fname, size in sizes:
+        if size % tp:
+            out.append(f"tensor_parallel_size={tp} does not divide {fname}={size}")
+        elif quant in ("fp8", "awq") and (size // tp) % QUANT_GROUP:
+            what = "FP8 weight block" if quant == "fp8" else "AWQ group"
+            out.append(f"{fname}/tensor_parallel_size = {size}/{tp} = {size // tp} is not a "
+                       f"multiple of the {what} size {QUANT_GROUP}")
+    return out
+
+
+def _evaluate(model: ModelSpec, gpu: GPUSpec, *, tp: int, pp: int, gpus_per_node: int,
+              quant: str, requested: str | None, kv_cache_dtype: str, context: int | None, target: int,
+              max_num_seqs: int | None, util: float | None, mnbt: int | None,
+              block_size: int) -> Plan:
+    reasons = list(tp_problems(model, tp, quant))
+    notes: list[str] = []
+    if pp > model.num_layers:
+        reasons.append(f"pipeline_parallel_size={pp} exceeds num_layers={model.num_layers}")
+        pp_eff = model.num_layers
+    else:
+        pp_eff = pp
+    util_eff = util if util is not None else recommended_gpu_memory_utilization(gpu)
+    seqs_cap = max_num_seqs or DEFAULT_MAX_NUM_SEQS
+    batched = mnbt or max(DEFAULT_MAX_NUM_BATCHED_TOKENS, seqs_cap)
+    weights = max(stage_weight_bytes(model, quant, tp, pp_eff))
+    reserve_parts = estimate_reserve(model, tp, pp_eff, batched, seqs_cap)
+    reserve = sum(reserve_parts.values())
+    budget = int(util_eff * gpu.memory_bytes)
+    kv_bytes = budget - weights - reserve
+    kv_tok_bytes = kv_bytes_per_token_per_gpu(model, tp, pp_eff, kv_cache_dtype)
+    tokens = kv_cache_tokens_for_bytes(model, max(kv_bytes, 0), tensor_parallel_size=tp,
+                                       pipeline_parallel_size=pp_eff,
+                                       kv_cache_dtype=kv_cache_dtype, block_size=block_size)
+    where = f"TP={tp}, PP={pp} on {gpu.name}"
+    if weights + reserve > budget:
+        reasons.append(
+            f"weights need {_gib(weights)} per GPU and the reserve {_gib(reserve)}, but "
+            f"gpu_memory_utilization {util_eff:.2f} x {_gib(gpu.memory_bytes)} = {_gib(budget)} "
+            f"({where}); short by {_gib(weights + reserve - budget)}")
+    if context is not None and context > model.max_context:
+        reasons.append(f"context={context} exceeds the model's maximum context "
+                       f"(max_position_embeddings={model.max_context})")
+    if context is not None:
+        max_len = context
+    else:
+        max_len = min(model.max_context, tokens)
+        if max_len >= 1024:
+            max_len -= max_len % 1024
+    if tokens < target and weights + reserve <= budget:
+        need = target * kv_tok_bytes
+        reasons.append(
+            f"KV cache holds {tokens:,} tokens ({_gib(max(kv_bytes, 0))} per GPU at "
+            f"{kv_tok_bytes:,} bytes/token/GPU) but max_model_len={target:,} needs "
+            f"{_gib(need)} ({where})")
+    ctx = context or min(model.max_context, DEFAULT_PLANNING_CONTEXT)
+    ctx = min(ctx, max_len) if context is None and max_len > 0 else ctx
+    concurrency = tokens // ctx if ctx > 0 else 0
+    if max_num_seqs is None:
+        seqs = max(1, min(DEFAULT_MAX_NUM_SEQS, tokens // 1024))
+    else:
+        seqs = max_num_seqs
+    if mnbt is not None and mnbt < max_len and context is not None:
+        notes.append(f"max_num_batched_tokens={mnbt} < max_model_len={max_len}: "
+                     f"long prompts are prefilled in chunks (chunked prefill)")
+    if max_num_seqs is not None and mnbt is not None and mnbt < max_num_seqs:
+        reasons.append(f"max_num_batched_tokens={mnbt} must be >= max_num_seqs={max_num_seqs}")
+    if quant == "fp8" and not gpu.fp8:
+        notes.append(f"{gpu.name} has no FP8 tensor cores: vLLM runs FP8 weights with "
+                     f"weight-only FP8 (Marlin) kernels, slower than on Hopper")
+    if kv_element_bytes(model, kv_cache_dtype) == 1 and not gpu.fp8:
+        notes.append(f"FP8 KV cache on {gpu.name} is stored in FP8 but computed in 16-bit")
+    total = tp * pp
+    nodes = max(1, math.ceil(total / gpus_per_node))
+    if tp > gpus_per_node:
+        notes.append(f"tensor_parallel_size={tp} spans {math.ceil(tp / gpus_per_node)} nodes: "
+                     f"all-reduce crosses the network on every layer")
+    return Plan(
+        model=model.name, gpu=gpu.name, fits=not reasons,
+        tensor_parallel_size=tp, pipeline_parallel_size=pp, nodes=nodes,
+        gpus_per_node=gpus_per_node, total_gpus=total, quantization=quant,
+        quantization_requested=requested,
+        kv_cache_dtype=kv_cache_dtype, block_size=block_size,
+        gpu_memory_bytes=gpu.memory_bytes, gpu_memory_utilization=util_eff,
+        weights_bytes_per_gpu=weights, reserve_bytes_per_gpu=reserve,
+        kv_bytes_per_token_per_gpu=kv_tok_bytes, kv_cache_bytes_per_gpu=max(kv_bytes, 0),
+        headroom_bytes_per_gpu=gpu.memory_bytes - budget, kv_cache_tokens=tokens,
+        max_model_len=max_len, max_num_seqs=seqs, max_num_batched_tokens=batched,
+        context=ctx, concurrency_at_context=concurrency, reserve_breakdown=reserve_parts,
+        reasons=reasons, notes=notes,
+    )
+
+
+def plan(model: ModelSpec, gpu: GPUSpec, *, gpus_per_node: int = 8, context: int | None = None,
+         quantization: str | None = None, kv_cache_dtype: str = "auto",
+         tensor_parallel_size: int | None = None, pipeline_parallel_size: int | None = None,
+         max_num_seqs: int | None = None, gpu_memory_utilization: float | None = None,
+         max_num_batched_tokens: int | None = None, block_size: int = DEFAULT_BLOCK_SIZE
+         ) -> Plan:
+    """Plan a vLLM deployment of ``model`` on ``gpu`` nodes.
+
+    Given ``tensor_parallel_size``/``pipeline_parallel_size`` are kept (and checked);
+    missing ones are chosen: the smallest valid TP within one node whose KV cache
+    holds the planning context, else full-node TP with the fewest pipeline stages
+    (one node per stage). Raises PlanError for malformed input; an infeasible but
+    well-formed request returns ``fits=False`` with ``reasons``.
+    """
+    if not isinstance(model, ModelSpec):
+        raise PlanError(f"model: expected a ModelSpec, got {type(model).__name__}")
+    if not isinstance(gpu, GPUSpec):
+        raise PlanError(f"gpu: expected a GPUSpec, got {type(gpu).__name__}")
+    _positive_int("gpus_per_node", gpus_per_node, allow_none=False)
+    _positive_int("context", context)
+    _positive_int("tensor_parallel_size", tensor_parallel_size)
+    _positive_int("pipeline_parallel_size", pipeline_parallel_size)
+    _positive_int("max_num_seqs", max_num_seqs)
+    _positive_int("max_num_batched_tokens", max_num_batched_tokens)
+    _positive_int("block_size", block_size, allow_none=False)
+    if gpu_memory_utilization is not None and (
+            isinstance(gpu_memory_utilization, bool)
+            or not isinstance(gpu_memory_utilization, (int, float))
+            or not 0.0 < gpu_memory_utilization <= 1.0):
+        raise PlanError(f"gpu_memory_utilization: expected a number in (0, 1], "
+                        f"got {gpu_memory_utilization!r}")
+    quant = normalize_quantization(model, quantization)
+    kv_dtype = (kv_cache_dtype or "auto").strip().lower()
+    kv_element_bytes(model, kv_dtype)  # validates
+
+    if context is not None:
+        targets = [context]
+    else:
+        preferred = min(model.max_context, DEFAULT_PLANNING_CONTEXT)
+        targets = [preferred] + ([min(preferred, MIN_USEFUL_CONTEXT)]
+                                 if preferred > MIN_USEFUL_CONTEXT else [])
+
+    def ev(tp: int, pp: int, target: int) -> Plan:
+        return _evaluate(model, gpu, tp=tp, pp=pp, gpus_per_node=gpus_per_node, quant=quant,
+                         requested=_QUANT_ALIASES[quantization.strip().lower()
+                                                  if isinstance(quantization, str) else None],
+                         kv_cache_dtype=kv_dtype, context=context, target=target,
+                         max_num_seqs=max_num_seqs, util=gpu_memory_utilization,
+                         mnbt=max_num_batched_tokens, block_size=block_size)
+
+    if tensor_parallel_size is not None and pipeline_parallel_size is not None:
+        return ev(tensor_parallel_size, pipeline_parallel_size, targets[-1])
+
+    if tensor_parallel_size is not None:
+        tp_options = [tensor_parallel_size]
+    else:
+        tp_options = [t for t in range(1, gpus_per_node + 1) if not tp_problems(model, t, quant)]
+        if not tp_options:
+            # nothing valid within a node: report the node-sized attempt with its reasons
+            return ev(gpus_per_node, pipeline_parallel_size or 1, targets[-1])
+    if pipeline_parallel_size is not None:
+        pp_options = [pipeline_parallel_size]
+    else:
+        pp_options = list(range(1, min(MAX_PIPELINE_STAGES, model.num_layers) + 1))
+
+    last: Plan | None = None
+    for target in targets:
+        for pp in pp_options:
+            # beyond one stage, stages are whole nodes: use the widest valid TP
+            tps = tp_options if pp == 1 or tensor_parallel_size is not None else tp_options[-1:]
+            for tp in tps:
+                p = ev(tp, pp, target)
+                if p.fits:
+                    return p
+                last = p
+    # Nothing fits: report the largest configuration tried against the preferred target.
+    return ev(tp_options[-1], pp_options[-1], targets[0]) if last is not None else ev(
+        tp_options[-1], pp_options[-1], targets[0])
+
+
+__all__ = [
+    "Plan", "PlanError", "plan", "kv_cache_tokens_for_bytes", "kv_bytes_per_token_per_gpu",
+    "kv_bytes_per_token_per_layer", "stage_weight_bytes", "count_parameters", "estimate_reserve",
+    "recommended_gpu_memory_utilization", "tp_problems", "pp_layer_ranges", "layer_params",
+    "normalize_quantization", "weight_bytes_per_param", "QUANTIZATIONS", "KV_CACHE_DTYPES",
+]
