@@ -1,0 +1,195 @@
+"""DeepSeek grouped top-k MoE router in one Triton launch.
+
+Logits [T, E] -> expert ids int32 [T, k] and weights fp32 [T, k], for
+- V3/R1 ``noaux_tc``: sigmoid scores, ``e_score_correction_bias`` for selection,
+  group score = sum of the top-2 biased scores, weights from the unbiased scores;
+- V2 group-limited greedy: softmax, group score = max of the group (V2-Lite: one group).
+
+Each program owns BLOCK_T tokens. The E logits of a token are loaded as a
+[G_PAD, EPG_PAD] tile (group, expert-in-group), so groups whose size is not a power of
+two (V2: 160 / 8 = 20) still reduce along one axis. Selection packs (score, slot) into
+one int64 key so each of the k rounds is a single max-reduction (no separate argmax).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _sortable(x):
+    # fp32 -> int32 whose signed order equals the float order (-inf lowest).
+    bits = x.to(tl.int32, bitcast=True)
+    return tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+
+
+@triton.jit
+def _grouped_topk_kernel(
+    logits_ptr,
+    bias_ptr,
+    weights_ptr,
+    ids_ptr,
+    T,
+    stride_t,
+    scale,
+    N_GROUP: tl.constexpr,
+    EPG: tl.constexpr,
+    TOPK_GROUP: tl.constexpr,
+    TOPK: tl.constexpr,
+    G_PAD: tl.constexpr,
+    EPG_PAD: tl.constexpr,
+    K_PAD: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    SIGMOID: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    RENORM: tl.constexpr,
+):
+    NSLOT: tl.constexpr = G_PAD * EPG_PAD
+    pid = tl.program_id(0)
+    t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
+    g = tl.arange(0, G_PAD)
+    j = tl.arange(0, EPG_PAD)
+    t3 = t[:, None, None]
+    g3 = g[None, :, None]
+    j3 = j[None, None, :]
+    e3 = g3 * EPG + j3  # expert id of each slot
+    valid_e = (g3 < N_GROUP) & (j3 < EPG)
+    tok = t3 < T
+    x = tl.load(logits_ptr + t3.to(tl.int64) * stride_t + e3, mask=tok & valid_e, other=0.0)
+    x = tl.where(valid_e, x.to(tl.float32), float("-inf"))
+
+    if SIGMOID:
+        s = 1.0 / (1.0 + tl.exp(-x))  # padded slots: exp(+inf) -> s = 0
+        row_max = tl.zeros([BLOCK_T], dtype=tl.float32)
+        row_den = tl.full([BLOCK_T], 1.0, dtype=tl.float32)
+    else:
+        row_max = tl.max(tl.max(x, axis=2), axis=1)
+        p = tl.exp(x - row_max[:, None, None])
+        row_den = tl.sum(tl.sum(p, axis=2), axis=1)
+        s = p / row_den[:, None, None]
+
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + e3, mask=valid_e, other=0.0).to(tl.float32)
+        b = s + bias
+    else:
+        b = s
+    b = tl.where(valid_e, b, float("-inf"))
+
+    if N_GROUP > 1:
+        m1 = tl.max(b, axis=2)  # [BT, G]
+        if HAS_BIAS:
+            # sum of the two largest; an exact tie for first counts twice.
+            is1 = b == m1[:, :, None]
+            n1 = tl.sum(is1.to(tl.int32), axis=2)
+            m2 = tl.max(tl.where(is1, float("-inf"), b), axis=2)
+            gs = m1 + tl.where(n1 > 1, m1, m2)
+        else:
+            gs = m1
+        gs = tl.where(g[None, :] < N_GROUP, gs, float("-inf"))
+        # rank of each group among the groups of its token; lower index wins ties.
+        ga = gs[:, :, None]
+        gb = gs[:, None, :]
+        beats = (gb > ga) | ((gb == ga) & (g[None, None, :] < g[None, :, None]))
+        rank = tl.sum(beats.to(tl.int32), axis=2)
+        keep = (rank < TOPK_GROUP) & (g[None, :] < N_GROUP)
+        b = tl.where(keep[:, :, None], b, float("-inf"))
+
+    slot = g3 * EPG_PAD + j3
+    key = (_sortable(b).to(tl.int64) << 32) | (NSLOT - 1 - slot).to(tl.int64)
+    key = tl.reshape(key, (BLOCK_T, NSLOT))
+
+    kcol = tl.arange(0, K_PAD)[None, :]
+    out_ids = tl.zeros([BLOCK_T, K_PAD], dtype=tl.int32)
+    out_w = tl.zeros([BLOCK_T, K_PAD], dtype=tl.float32)
+    tmask = t < T
+    for k in tl.static_range(TOPK):
+        top = tl.max(key, axis=1)
+        key = tl.where(key == top[:, None], -9223372036854775807 - 1, key)
+        sl = (NSLOT - 1) - (top & 0xFFFFFFFF).to(tl.int32)
+        eid = (sl // EPG_PAD) * EPG + sl % EPG_PAD
+        # weight = unbiased score, recomputed from the logit (a cached 2-byte gather)
+        # rather than a second reduction per round.
+        xl = tl.load(logits_ptr + t.to(tl.int64) * stride_t + eid, mask=tmask, other=0.0)
+        xl = xl.to(tl.float32)
+        if SIGMOID:
+            w = 1.0 / (1.0 + tl.exp(-xl))
+        else:
+            w = tl.exp(xl - row_max) / row_den
+        out_ids = tl.where(kcol == k, eid[:, None], out_ids)
+        out_w = tl.where(kcol == k, w[:, None], out_w)
+
+    if RENORM:
+        out_w = out_w / tl.sum(out_w, axis=1)[:, None]
+    out_w = out_w * scale
+    omask = tmask[:, None] & (kcol < TOPK)
+    offs = t[:, None].to(tl.int64) * TOPK + kcol
+    tl.store(ids_ptr + offs, out_ids, mask=omask)
+    tl.store(weights_ptr + offs, out_w, mask=omask)
+
+
+def _pick_block(t: int) -> tuple[int, int]:
+    """(BLOCK_T, num_warps). Few tokens: one token per program so programs spread over
+    the SMs and reductions stay inside a warp; many tokens: several per program so each
+    program has enough independent work to hide the reduction latency."""
+    if t <= 512:
+        return 1, 1
+    if t <= 4096:
+        return 2, 2
+    return 4, 4
+
+
+def grouped_topk(
+    logits: torch.Tensor,
+    topk: int,
+    n_group: int = 1,
+    topk_group: int = 1,
+    scoring: str = "sigmoid",
+    bias: torch.Tensor | None = None,
+    renormalize: bool = False,
+    scale: float = 1.0,
+    block_t: int | None = None,
+    num_warps: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns (ids int32 [T, topk], weights fp32 [T, topk]); see module docstring."""
+    assert logits.dim() == 2 and logits.dtype in (torch.float16, torch.bfloat16, torch.float32)
+    if logits.stride(1) != 1:
+        logits = logits.contiguous()
+    t, e = logits.shape
+    assert e % n_group == 0, "experts must split evenly into groups"
+    epg = e // n_group
+    assert 1 <= topk_group <= n_group and 1 <= topk <= topk_group * epg
+    if bias is not None:
+        assert bias.shape == (e,)
+        bias = bias.contiguous()
+    ids = torch.empty(t, topk, dtype=torch.int32, device=logits.device)
+    weights = torch.empty(t, topk, dtype=torch.float32, device=logits.device)
+    if t == 0:
+        return ids, weights
+    bt, nw = _pick_block(t)
+    bt = block_t or bt
+    nw = num_warps or nw
+    grid = (triton.cdiv(t, bt),)
+    _grouped_topk_kernel[grid](
+        logits,
+        bias if bias is not None else logits,
+        weights,
+        ids,
+        t,
+        logits.stride(0),
+        float(scale),
+        N_GROUP=n_group,
+        EPG=epg,
+        TOPK_GROUP=topk_group,
+        TOPK=topk,
+        G_PAD=triton.next_power_of_2(n_group),
+        EPG_PAD=triton.next_power_of_2(epg),
+        K_PAD=triton.next_power_of_2(topk),
+        BLOCK_T=bt,
+        SIGMOID=scoring == "sigmoid",
+        HAS_BIAS=bias is not None,
+        RENORM=renormalize,
+        num_warps=nw,
+    )
+    return ids, weights

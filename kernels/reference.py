@@ -1,0 +1,110 @@
+"""Plain PyTorch references (fp32) for the kernels, written from the published semantics.
+
+They are deliberately simple and slow; tests and benchmarks compare against them.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# AutoAWQ packs 8 nibbles per int32 in this column order (awq/utils/packing_utils.py,
+# AWQ_ORDER); unpacking uses the inverse permutation [0, 4, 1, 5, 2, 6, 3, 7].
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+AWQ_REVERSE_ORDER = (0, 4, 1, 5, 2, 6, 3, 7)
+
+
+def grouped_topk_reference(
+    logits: torch.Tensor,
+    topk: int,
+    n_group: int,
+    topk_group: int,
+    scoring: str = "sigmoid",
+    bias: torch.Tensor | None = None,
+    renormalize: bool = False,
+    scale: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek group-limited routing. Returns (ids int32 [T, k], weights fp32 [T, k]).
+
+    V3/R1 (noaux_tc): sigmoid scores, biased scores select, group score = sum of the
+    top-2 biased scores, weights are the unbiased scores.
+    V2: softmax scores, group score = max of the group, weights are the scores.
+    """
+    x = logits.float()
+    t, e = x.shape
+    if scoring == "sigmoid":
+        s = torch.sigmoid(x)
+    elif scoring == "softmax":
+        s = torch.softmax(x, dim=-1)
+    else:
+        raise ValueError(scoring)
+    b = s + bias.float()[None, :] if bias is not None else s
+    per = e // n_group
+    grouped = b.view(t, n_group, per)
+    if bias is not None:
+        gscore = grouped.topk(min(2, per), dim=-1).values.sum(-1)
+    else:
+        gscore = grouped.max(dim=-1).values
+    keep = gscore.topk(topk_group, dim=-1).indices
+    gmask = torch.zeros(t, n_group, dtype=torch.bool, device=x.device)
+    gmask.scatter_(1, keep, True)
+    emask = gmask[:, :, None].expand(t, n_group, per).reshape(t, e)
+    masked = b.masked_fill(~emask, float("-inf"))
+    ids = masked.topk(topk, dim=-1).indices
+    w = s.gather(1, ids)
+    if renormalize:
+        w = w / w.sum(-1, keepdim=True)
+    return ids.to(torch.int32), (w * scale).float()
+
+
+def awq_pack(q: torch.Tensor) -> torch.Tensor:
+    """Pack int values in [0, 15] of shape [R, N] into int32 [R, N // 8], AWQ order."""
+    r, n = q.shape
+    q = q.to(torch.int64).view(r, n // 8, 8)
+    packed = torch.zeros(r, n // 8, dtype=torch.int64, device=q.device)
+    for i, col in enumerate(AWQ_ORDER):
+        packed |= q[:, :, col] << (4 * i)
+    # int32 storage: values >= 2**31 wrap to negative, as in AutoAWQ's checkpoints.
+    packed = torch.where(packed >= 2**31, packed - 2**32, packed)
+    return packed.to(torch.int32)
+
+
+def awq_unpack(packed: torch.Tensor) -> torch.Tensor:
+    """Inverse of awq_pack: int32 [R, N // 8] -> int32 [R, N] in [0, 15]."""
+    r, c = packed.shape
+    p = packed.to(torch.int64) & 0xFFFFFFFF
+    out = torch.empty(r, c, 8, dtype=torch.int64, device=packed.device)
+    for col in range(8):
+        out[:, :, col] = (p >> (4 * AWQ_REVERSE_ORDER[col])) & 0xF
+    return out.view(r, c * 8).to(torch.int32)
+
+
+def awq_quantize(w: torch.Tensor, group_size: int = 128):
+    """Asymmetric 4-bit quantisation of w [K, N] (AutoAWQ's layout: in_features first).
+
+    Returns (qweight int32 [K, N/8], qzeros int32 [K/G, N/8], scales fp16 [K/G, N]).
+    """
+    k, n = w.shape
+    wg = w.float().view(k // group_size, group_size, n)
+    wmax = wg.amax(dim=1)
+    wmin = wg.amin(dim=1)
+    scales = ((wmax - wmin).clamp(min=1e-5) / 15).to(torch.float16)
+    s = scales.float()
+    zeros = (-torch.round(wmin / s)).clamp(0, 15)
+    q = (torch.round(wg / s[:, None, :]) + zeros[:, None, :]).clamp(0, 15)
+    q = q.view(k, n).to(torch.int32)
+    return awq_pack(q), awq_pack(zeros.to(torch.int32)), scales
+
+
+def awq_dequantize(qweight, qzeros, scales, group_size: int = 128) -> torch.Tensor:
+    """fp32 [K, N] = (q - z) * s."""
+    q = awq_unpack(qweight).float()
+    z = awq_unpack(qzeros).float()
+    k = q.shape[0]
+    zz = z.repeat_interleave(group_size, dim=0)[:k]
+    ss = scales.float().repeat_interleave(group_size, dim=0)[:k]
+    return (q - zz) * ss
+
+
+def w4a16_reference(x, qweight, qzeros, scales, group_size: int = 128) -> torch.Tensor:
+    """fp32 x @ dequant(W)."""
+    return x.float() @ awq_dequantize(qweight, qzeros, scales, group_size)
