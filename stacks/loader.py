@@ -1,0 +1,144 @@
+"""Load a stack file into `StackSettings`, turning every mistake into one readable error.
+
+The error names the path of the bad value (`cluster.gpu_pools.a10.max_nodes`), the value,
+and what was expected. Callers (the Pulumi program, `dsvolc`) print it; nobody sees a
+pydantic traceback.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from stacks.settings import StackSettings
+
+PROJECT = "deepseek-volc"
+SETTINGS_KEY = f"{PROJECT}:settings"
+STACKS_DIR = Path(__file__).resolve().parent
+
+
+class SettingsError(Exception):
+    """A stack's settings are invalid. `problems` holds one line per bad value."""
+
+    def __init__(self, source: str, problems: list[str]):
+        self.source = source
+        self.problems = problems
+        super().__init__(f"invalid settings in {source}:\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+def stack_file(stack: str) -> Path:
+    """`dev` -> stacks/Pulumi.dev.yaml; a path is taken as it is."""
+    candidate = Path(stack)
+    if candidate.suffix in (".yaml", ".yml") or candidate.exists():
+        return candidate
+    return STACKS_DIR / f"Pulumi.{stack}.yaml"
+
+
+def stack_name(stack: str) -> str:
+    path = Path(stack)
+    if path.suffix in (".yaml", ".yml"):
+        name = path.stem
+        return name.split(".", 1)[1] if name.startswith("Pulumi.") else name
+    return stack
+
+
+def read_raw(stack: str) -> dict[str, Any]:
+    """The raw settings mapping of a stack file."""
+    path = stack_file(stack)
+    if not path.is_file():
+        known = sorted(p.stem.split(".", 1)[1] for p in STACKS_DIR.glob("Pulumi.*.yaml"))
+        raise SettingsError(str(path), [f"no such stack file; known stacks: {', '.join(known)}"])
+    try:
+        doc = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise SettingsError(str(path), [f"not valid YAML: {exc}"]) from None
+    config = doc.get("config") if isinstance(doc, dict) else None
+    if not isinstance(config, dict) or SETTINGS_KEY not in config:
+        raise SettingsError(str(path), [f"config.{SETTINGS_KEY}: missing; expected the stack's settings object"])
+    raw = config[SETTINGS_KEY]
+    if not isinstance(raw, dict):
+        raise SettingsError(str(path), [f"config.{SETTINGS_KEY}: expected a mapping, got {type(raw).__name__}"])
+    return raw
+
+
+def parse(raw: dict[str, Any], source: str = "<settings>") -> StackSettings:
+    """Validate a raw mapping; raises SettingsError naming every bad path."""
+    try:
+        return StackSettings.model_validate(raw)
+    except ValidationError as exc:
+        raise SettingsError(source, [_describe(err) for err in exc.errors()]) from None
+
+
+def load(stack: str) -> StackSettings:
+    """Load and validate `stacks/Pulumi.<stack>.yaml` (or a path to a stack file)."""
+    return parse(read_raw(stack), str(stack_file(stack)))
+
+
+def from_pulumi_config() -> StackSettings:
+    """Inside the Pulumi program: read `deepseek-volc:settings` from the stack config."""
+    import pulumi
+
+    raw = pulumi.Config(PROJECT).require_object("settings")
+    try:
+        return parse(raw, f"stack {pulumi.get_stack()}")
+    except SettingsError as exc:
+        # RunError prints the message without a Python traceback.
+        raise pulumi.RunError(str(exc)) from None
+
+
+def _describe(err: dict[str, Any]) -> str:
+    loc = [str(p) for p in err["loc"] if not str(p).startswith("function-")]
+    path = ".".join(loc)
+    kind = err["type"]
+    value = err.get("input")
+    if kind == "extra_forbidden":
+        allowed = _allowed_keys(loc[:-1])
+        hint = f"; expected one of: {', '.join(allowed)}" if allowed else ""
+        return f"{path}: unknown key{hint}"
+    if kind == "missing":
+        return f"{path}: required value is missing"
+    msg = err["msg"]
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, ") :]
+        # model validators name their own paths relative to the model they sit on
+        if ":" in msg.split(" ", 1)[0] and path:
+            return f"{path}.{msg}"
+        if ":" in msg.split(" ", 1)[0]:
+            return msg
+        return f"{path}: {msg}" if path else msg
+    shown = _short(value)
+    return f"{path}: {msg} (got {shown})" if path else f"{msg} (got {shown})"
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, default=str) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _allowed_keys(loc: list[str]) -> list[str]:
+    """Field names of the model at `loc` (dict keys in the path are skipped over)."""
+    model: type[BaseModel] | None = StackSettings
+    for part in loc:
+        if model is None:
+            return []
+        field = model.model_fields.get(part)
+        if field is None:
+            continue  # a dict key such as a pool or zone name
+        model = _model_of(field.annotation)
+    return sorted(model.model_fields) if model is not None else []
+
+
+def _model_of(annotation: Any) -> type[BaseModel] | None:
+    import typing
+
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _model_of(arg)
+        if found is not None:
+            return found
+    return None

@@ -1,0 +1,461 @@
+"""The one settings object a stack is built from.
+
+`stacks/Pulumi.<env>.yaml` holds a single structured key, `deepseek-volc:settings`, which
+is parsed into `StackSettings`. Every default, derived value and cross-field check lives
+here (or in the capacity planner), so the components never second-guess their inputs.
+Unknown keys are refused: a misspelt key silently falling back to a default is how
+production ends up with a public API server.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Annotated, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    field_validator,
+    model_validator,
+)
+
+from stacks.regions import (
+    REGION_ZONES,
+    SUPPORTED_KUBERNETES_VERSIONS,
+)
+
+Environment = Literal["dev", "staging", "prod"]
+Cidr = Annotated[ipaddress.IPv4Network, Field(description="An IPv4 CIDR block, e.g. 10.20.0.0/16")]
+Name = Annotated[
+    str,
+    Field(pattern=r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$", description="lower-case DNS label, 1-40 characters"),
+]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+# --------------------------------------------------------------------------- network
+
+
+class NetworkSettings(_Model):
+    vpc_cidr: Cidr = Field(ipaddress.IPv4Network("10.20.0.0/16"), description="CIDR of the VPC")
+    subnets: dict[str, Cidr] = Field(
+        default_factory=dict,
+        description="node subnet per zone (zone id -> CIDR); derived as /20 blocks of the VPC when empty",
+    )
+    pod_subnets: dict[str, Cidr] = Field(
+        default_factory=dict,
+        description="VPC-CNI pod subnet per zone; derived as /19 blocks of the VPC's upper half when empty",
+    )
+    service_cidr: Cidr = Field(
+        ipaddress.IPv4Network("172.30.0.0/18"), description="Kubernetes service CIDR (must not overlap the VPC)"
+    )
+    flannel_pod_cidr: Cidr = Field(
+        ipaddress.IPv4Network("172.16.0.0/16"), description="pod CIDR when the pod network mode is Flannel"
+    )
+    nat_spec: Literal["Small", "Medium", "Large", "Extra_Large_1"] = Field(
+        "Small", description="NAT gateway specification"
+    )
+    egress_bandwidth_mbps: int = Field(100, ge=1, le=10000, description="EIP bandwidth for egress through NAT")
+
+
+# --------------------------------------------------------------------------- cluster
+
+
+class SystemPoolSettings(_Model):
+    instance_type: str = Field("ecs.g3i.xlarge", description="ECS instance type of the CPU system pool")
+    min_nodes: int = Field(2, ge=1, le=100, description="minimum system nodes")
+    max_nodes: int = Field(3, ge=1, le=100, description="maximum system nodes")
+    system_disk_gib: int = Field(80, ge=40, le=2048, description="system disk size in GiB")
+
+    @model_validator(mode="after")
+    def _bounds(self):
+        if self.min_nodes > self.max_nodes:
+            raise ValueError(f"min_nodes ({self.min_nodes}) must be <= max_nodes ({self.max_nodes})")
+        return self
+
+
+class GpuPoolSettings(_Model):
+    instance_type: str = Field(description="ECS GPU instance type, e.g. ecs.gni2.3xlarge")
+    gpu: str | None = Field(
+        None, description="GPU model (catalog key such as A10, H20); required when the instance type is not in the catalog"
+    )
+    gpus_per_node: int | None = Field(
+        None, ge=1, le=16, description="GPUs per node; required when the instance type is not in the catalog"
+    )
+    zones: list[str] | None = Field(None, description="zones the pool spans; all stack zones when unset")
+    min_nodes: int = Field(0, ge=0, le=500, description="minimum nodes (autoscaling lower bound)")
+    max_nodes: int = Field(ge=1, le=500, description="maximum nodes (autoscaling upper bound)")
+    desired_nodes: int | None = Field(None, ge=0, le=500, description="initial node count; min_nodes when unset")
+    data_disk_gib: int = Field(
+        500, ge=100, le=32768, description="data disk for the node's model cache (mounted at /mnt/model-cache)"
+    )
+    system_disk_gib: int = Field(200, ge=40, le=2048, description="system disk (container images are large)")
+    labels: dict[str, str] = Field(default_factory=dict, description="extra node labels")
+
+    @model_validator(mode="after")
+    def _bounds(self):
+        if self.min_nodes > self.max_nodes:
+            raise ValueError(f"min_nodes ({self.min_nodes}) must be <= max_nodes ({self.max_nodes})")
+        if self.desired_nodes is not None and not self.min_nodes <= self.desired_nodes <= self.max_nodes:
+            raise ValueError(
+                f"desired_nodes ({self.desired_nodes}) must lie between min_nodes ({self.min_nodes}) "
+                f"and max_nodes ({self.max_nodes})"
+            )
+        if self.zones is not None and not self.zones:
+            raise ValueError("zones: expected at least one zone, or leave unset for all stack zones")
+        if (self.gpu is None) != (self.gpus_per_node is None):
+            raise ValueError("gpu and gpus_per_node go together: set both, or neither to use the catalog")
+        return self
+
+    def hardware(self) -> tuple[str, int]:
+        """(GPU model, GPUs per node): from the settings, else from the instance-type catalog."""
+        if self.gpu is not None and self.gpus_per_node is not None:
+            return self.gpu, self.gpus_per_node
+        from workloads.catalog import resolve_instance_type
+
+        resolved = resolve_instance_type(self.instance_type)
+        assert resolved is not None, "validated by StackSettings"
+        return resolved
+
+
+class ClusterSettings(_Model):
+    name: Name | None = Field(None, description="cluster name; deepseek-<env> when unset")
+    kubernetes_version: str = Field("1.32", description="VKE Kubernetes minor version")
+    api_server_public: bool = Field(False, description="expose the API server on a public EIP")
+    pod_network_mode: Literal["VpcCniShared", "Flannel"] = Field(
+        "VpcCniShared", description="VKE pod network mode"
+    )
+    delete_protection: bool = Field(False, description="refuse to delete the cluster")
+    control_plane_logging: bool = Field(True, description="ship API server, audit and scheduler logs to TLS")
+    irsa: bool = Field(
+        True, description="IAM roles for service accounts (applied on the second `pulumi up`: VKE enables it on existing clusters only)"
+    )
+    ssh_key_pair: str | None = Field(None, description="ECS key pair for node login; none (no SSH) when unset")
+    system_pool: SystemPoolSettings = Field(default_factory=SystemPoolSettings, description="CPU pool for system pods")
+    gpu_pools: dict[Name, GpuPoolSettings] = Field(description="GPU node pools keyed by pool name")
+
+    @field_validator("kubernetes_version")
+    @classmethod
+    def _version(cls, v: str) -> str:
+        if v not in SUPPORTED_KUBERNETES_VERSIONS:
+            raise ValueError(f"expected one of {', '.join(SUPPORTED_KUBERNETES_VERSIONS)}, got {v!r}")
+        return v
+
+    @field_validator("gpu_pools")
+    @classmethod
+    def _some_pool(cls, v: dict) -> dict:
+        if not v:
+            raise ValueError("expected at least one GPU pool")
+        return v
+
+
+# --------------------------------------------------------------------------- storage, registry, edge
+
+
+class WeightsSettings(_Model):
+    bucket_name: str | None = Field(
+        None,
+        pattern=r"^[a-z0-9][a-z0-9-]{1,61}[a-z0-9]$",
+        description="TOS bucket for model weights; deepseek-volc-<env>-weights when unset",
+    )
+    prefix: str = Field(
+        "models", pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*[A-Za-z0-9]$", description="key prefix the serving pods may read"
+    )
+    noncurrent_version_days: int = Field(30, ge=1, le=3650, description="days before old object versions expire")
+    sse_algorithm: Literal["AES256", "kms"] = Field("AES256", description="server-side encryption algorithm")
+    kms_key_id: str | None = Field(None, description="KMS key id when sse_algorithm is kms")
+
+    @model_validator(mode="after")
+    def _kms(self):
+        if self.sse_algorithm == "kms" and not self.kms_key_id:
+            raise ValueError("kms_key_id: required when sse_algorithm is 'kms'")
+        return self
+
+
+class RegistrySettings(_Model):
+    name: Name | None = Field(None, description="CR Enterprise instance name; deepseek-<env> when unset")
+    namespace: Name = Field("deepseek", description="CR namespace")
+    repository: Name = Field("vllm-serving", description="repository of the serving image")
+
+
+class ObservabilitySettings(_Model):
+    vmp_enabled: bool = Field(True, description="create a managed Prometheus (VMP) workspace")
+    vmp_instance_type: str = Field("vmp.standard.15d", description="VMP workspace instance type")
+
+
+class AbHeader(_Model):
+    name: str = Field("x-deepseek-variant", pattern=r"^[a-z0-9-]+$", description="request header that selects the B variant")
+    value: str = Field("canary", min_length=1, description="header value routed to the canary")
+
+
+class GatewaySettings(_Model):
+    edge_enabled: bool = Field(True, description="create the APIG gateway in front of the cluster")
+    instance_spec: str = Field("1c2g", description="APIG instance specification")
+    replicas: int = Field(2, ge=1, le=20, description="APIG gateway replicas")
+    public_bandwidth_mbps: int = Field(50, ge=1, le=5000, description="public bandwidth of the edge listener")
+    canary_weight: int = Field(0, ge=0, le=100, description="percent of traffic sent to the canary track")
+    ab_header: AbHeader = Field(default_factory=AbHeader, description="header-based A/B routing to the canary")
+    request_timeout_seconds: int = Field(600, ge=10, le=3600, description="edge timeout (long generations)")
+
+
+
+# --------------------------------------------------------------------------- serving
+
+
+class EngineSettings(_Model):
+    """vLLM engine arguments. Unset sizes are filled by the capacity planner."""
+
+    tensor_parallel_size: int | None = Field(None, ge=1, le=64, description="GPUs per pipeline stage; planner picks when unset")
+    pipeline_parallel_size: int | None = Field(None, ge=1, le=16, description="pipeline stages (one per node when multi-node)")
+    max_model_len: int | None = Field(None, ge=128, description="context length; largest that fits (capped at the model's) when unset")
+    max_num_seqs: int | None = Field(None, ge=1, le=4096, description="concurrent sequences; planner picks when unset")
+    max_num_batched_tokens: int | None = Field(None, ge=128, description="token budget of one engine step")
+    gpu_memory_utilization: float | None = Field(None, ge=0.3, le=0.98, description="fraction of GPU memory vLLM may use")
+    enable_prefix_caching: bool = Field(True, description="reuse KV cache across requests sharing a prefix")
+    enable_chunked_prefill: bool = Field(True, description="split long prefills so decodes keep flowing")
+    dtype: Literal["auto", "bfloat16", "float16"] = Field("auto", description="activation dtype")
+    quantization: Literal["awq", "fp8"] | None = Field(None, description="weight quantization of the checkpoint")
+    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = Field("auto", description="KV cache dtype")
+    extra_args: list[str] = Field(default_factory=list, description="extra vLLM arguments passed through verbatim")
+    kernels: bool = Field(True, description="install the deepseek-volc Triton kernels plugin in vLLM")
+
+
+class ImageSettings(_Model):
+    repository: str | None = Field(None, description="image repository; the stack's CR repository when unset")
+    tag: str | None = Field(None, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$", description="image tag (never latest)")
+    digest: str | None = Field(None, pattern=r"^sha256:[0-9a-f]{64}$", description="image digest; wins over the tag")
+
+    @model_validator(mode="after")
+    def _pinned(self):
+        if self.tag is None and self.digest is None:
+            raise ValueError("tag: expected an image tag or digest; an unpinned image is refused")
+        if self.tag == "latest":
+            raise ValueError("tag: 'latest' is refused; expected a version tag or a digest")
+        return self
+
+
+class AuthSettings(_Model):
+    enabled: bool = Field(True, description="require a JWT on every request")
+    issuer: str = Field("https://auth.example.com/", description="expected `iss` claim")
+    audiences: list[str] = Field(default_factory=lambda: ["deepseek-api"], description="accepted `aud` values")
+    jwks_uri: str = Field(
+        "https://auth.example.com/.well-known/jwks.json", pattern=r"^https://", description="JWKS endpoint (https)"
+    )
+    consumer_claim: str = Field("sub", description="claim that names the consumer (rate-limit key)")
+
+
+class ConsumerLimit(_Model):
+    consumer: str = Field(min_length=1, description="value of the consumer claim")
+    requests: int = Field(ge=1, description="requests allowed per unit")
+    unit: Literal["Second", "Minute", "Hour"] = Field("Minute", description="rate-limit window")
+
+
+class RateLimitSettings(_Model):
+    enabled: bool = Field(True, description="rate-limit requests per consumer")
+    requests: int = Field(60, ge=1, description="default requests per consumer per unit")
+    unit: Literal["Second", "Minute", "Hour"] = Field("Minute", description="rate-limit window")
+    consumers: list[ConsumerLimit] = Field(default_factory=list, description="per-consumer overrides")
+
+
+class ServingSettings(_Model):
+    namespace: Name = Field("deepseek-serving", description="namespace of the serving workload")
+    name: Name = Field("deepseek", description="release name (prefix of every serving object)")
+    service_account: Name = Field("deepseek-serving", description="ServiceAccount bound to the weight reader role")
+    model: str = Field(description="catalog model name (see `dsvolc size`) or path to a config.json")
+    served_model_name: str | None = Field(None, description="name clients send in `model`; the model name when unset")
+    weights_mode: Literal["stream", "sync"] = Field(
+        "sync", description="stream: runai_streamer from TOS's S3 endpoint; sync: init container copies to the node cache"
+    )
+    gpu_pool: str = Field(description="GPU pool the replicas run on")
+    replicas: int = Field(1, ge=1, le=100, description="serving replicas (instances of the model)")
+    image: ImageSettings = Field(description="serving image")
+    engine: EngineSettings = Field(default_factory=EngineSettings, description="vLLM engine arguments")
+    startup_timeout_seconds: int = Field(
+        1800, ge=1200, le=7200, description="how long the model may take to load before the pod is restarted"
+    )
+    drain_seconds: int = Field(20, ge=0, le=300, description="preStop delay so the gateway stops routing first")
+    termination_grace_seconds: int = Field(
+        180, ge=30, le=3600, description="time for in-flight generations to finish on shutdown"
+    )
+    in_cluster_gateway: bool = Field(True, description="Envoy Gateway in the cluster with JWT and rate limits")
+    auth: AuthSettings = Field(default_factory=AuthSettings, description="JWT authentication")
+    rate_limits: RateLimitSettings = Field(default_factory=RateLimitSettings, description="per-consumer rate limits")
+
+    @model_validator(mode="after")
+    def _grace(self):
+        if self.termination_grace_seconds <= self.drain_seconds:
+            raise ValueError(
+                f"termination_grace_seconds: {self.termination_grace_seconds} must exceed drain_seconds "
+                f"({self.drain_seconds}) or in-flight requests are cut off"
+            )
+        return self
+
+# --------------------------------------------------------------------------- the stack
+
+
+class StackSettings(_Model):
+    environment: Environment = Field(description="environment this stack deploys")
+    region: str = Field(description="VolcEngine region, e.g. cn-beijing")
+    zones: list[str] = Field(min_length=1, description="availability zones the stack spans")
+    project_name: str = Field("default", description="VolcEngine project the resources belong to")
+    tags: dict[str, str] = Field(default_factory=dict, description="tags added to every taggable resource")
+    network: NetworkSettings = Field(default_factory=NetworkSettings, description="VPC, subnets and NAT")
+    cluster: ClusterSettings = Field(description="VKE cluster and node pools")
+    weights: WeightsSettings = Field(default_factory=WeightsSettings, description="TOS weight store")
+    registry: RegistrySettings = Field(default_factory=RegistrySettings, description="container registry")
+    observability: ObservabilitySettings = Field(default_factory=ObservabilitySettings, description="managed Prometheus")
+    gateway: GatewaySettings = Field(default_factory=GatewaySettings, description="APIG edge")
+    serving: ServingSettings = Field(description="the vLLM serving workload")
+
+    _derived: dict = PrivateAttr(default_factory=dict)
+
+    @field_validator("region")
+    @classmethod
+    def _region(cls, v: str) -> str:
+        if v not in REGION_ZONES:
+            raise ValueError(f"expected one of {', '.join(REGION_ZONES)}, got {v!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _cross_checks(self):
+        known = REGION_ZONES[self.region]
+        for i, zone in enumerate(self.zones):
+            if zone not in known:
+                raise ValueError(f"zones[{i}]: {zone!r} is not a zone of {self.region}; expected one of {', '.join(known)}")
+        if len(set(self.zones)) != len(self.zones):
+            raise ValueError("zones: expected distinct zones")
+        self._check_network()
+        self._check_pools()
+        if self.serving.gpu_pool not in self.cluster.gpu_pools:
+            raise ValueError(
+                f"serving.gpu_pool: {self.serving.gpu_pool!r} is not a GPU pool; expected one of "
+                f"{', '.join(self.cluster.gpu_pools)}"
+            )
+        return self
+
+    # -- network ----------------------------------------------------------------------
+
+    def _check_network(self) -> None:
+        net = self.network
+        vpc = net.vpc_cidr
+        if vpc.prefixlen > 24 or vpc.prefixlen < 8:
+            raise ValueError(f"network.vpc_cidr: expected a prefix between /8 and /24, got {vpc}")
+        for key in ("subnets", "pod_subnets"):
+            given = getattr(net, key)
+            if given and set(given) != set(self.zones):
+                raise ValueError(
+                    f"network.{key}: expected one entry per stack zone ({', '.join(self.zones)}), got {', '.join(given)}"
+                )
+        subnets = self.node_subnets()
+        pod_subnets = self.pod_subnets() if self.cluster.pod_network_mode == "VpcCniShared" else {}
+        blocks = [(f"network.subnets.{z}", c) for z, c in subnets.items()]
+        blocks += [(f"network.pod_subnets.{z}", c) for z, c in pod_subnets.items()]
+        for path, cidr in blocks:
+            if not cidr.subnet_of(vpc):
+                raise ValueError(f"{path}: {cidr} is outside network.vpc_cidr {vpc}")
+            if cidr.prefixlen > 29:
+                raise ValueError(f"{path}: {cidr} is too small; expected /29 or larger")
+        for i, (path_a, a) in enumerate(blocks):
+            for path_b, b in blocks[i + 1 :]:
+                if a.overlaps(b):
+                    raise ValueError(f"{path_a}: {a} overlaps {path_b} {b}")
+        if net.service_cidr.overlaps(vpc):
+            raise ValueError(f"network.service_cidr: {net.service_cidr} overlaps network.vpc_cidr {vpc}")
+        if self.cluster.pod_network_mode == "Flannel":
+            if net.flannel_pod_cidr.overlaps(vpc):
+                raise ValueError(f"network.flannel_pod_cidr: {net.flannel_pod_cidr} overlaps network.vpc_cidr {vpc}")
+            if net.flannel_pod_cidr.overlaps(net.service_cidr):
+                raise ValueError(
+                    f"network.flannel_pod_cidr: {net.flannel_pod_cidr} overlaps network.service_cidr {net.service_cidr}"
+                )
+
+    def node_subnets(self) -> dict[str, ipaddress.IPv4Network]:
+        """Node subnet per zone: as given, else consecutive /20s (or smaller for small VPCs) from the VPC start."""
+        if self.network.subnets:
+            return {z: self.network.subnets[z] for z in self.zones}
+        vpc = self.network.vpc_cidr
+        size = min(max(vpc.prefixlen + 4, 20), 28)
+        blocks = vpc.subnets(new_prefix=size)
+        return {z: next(blocks) for z in self.zones}
+
+    def pod_subnets(self) -> dict[str, ipaddress.IPv4Network]:
+        """VPC-CNI pod subnet per zone: as given, else /19-sized blocks from the VPC's upper half."""
+        if self.network.pod_subnets:
+            return {z: self.network.pod_subnets[z] for z in self.zones}
+        vpc = self.network.vpc_cidr
+        upper = list(vpc.subnets(prefixlen_diff=1))[1]
+        size = min(max(upper.prefixlen + 2, 19), 28)
+        blocks = upper.subnets(new_prefix=size)
+        return {z: next(blocks) for z in self.zones}
+
+    # -- pools ------------------------------------------------------------------------
+
+    def _check_pools(self) -> None:
+        from workloads.catalog import GPUS, resolve_instance_type
+
+        for name, pool in self.cluster.gpu_pools.items():
+            path = f"cluster.gpu_pools.{name}"
+            for i, zone in enumerate(pool.zones or []):
+                if zone not in self.zones:
+                    raise ValueError(
+                        f"{path}.zones[{i}]: {zone!r} is not a stack zone; expected one of {', '.join(self.zones)}"
+                    )
+            if pool.gpu is None:
+                if resolve_instance_type(pool.instance_type) is None:
+                    raise ValueError(
+                        f"{path}.instance_type: {pool.instance_type!r} is not in the GPU instance catalog; "
+                        "set gpu and gpus_per_node for it"
+                    )
+            elif pool.gpu not in GPUS:
+                raise ValueError(f"{path}.gpu: {pool.gpu!r} is not a known GPU; expected one of {', '.join(GPUS)}")
+
+    def pool_zones(self, pool: str) -> list[str]:
+        return list(self.cluster.gpu_pools[pool].zones or self.zones)
+
+    # -- derived names ----------------------------------------------------------------
+
+    @property
+    def cluster_name(self) -> str:
+        return self.cluster.name or f"deepseek-{self.environment}"
+
+    @property
+    def bucket_name(self) -> str:
+        return self.weights.bucket_name or f"deepseek-volc-{self.environment}-weights"
+
+    @property
+    def registry_name(self) -> str:
+        return self.registry.name or f"deepseek-{self.environment}"
+
+    @property
+    def serving_namespace(self) -> str:
+        return self.serving.namespace
+
+    @property
+    def serving_service_account(self) -> str:
+        return self.serving.service_account
+
+    def edge_upstreams(self) -> list[dict]:
+        """Where the APIG edge forwards. With the in-cluster gateway, one upstream (the split
+        happens in the HTTPRoute); without it, stable and canary Services split by weight."""
+        if self.serving.in_cluster_gateway:
+            from workloads.names import ENTRY_NAMESPACE, entry_service
+
+            return [
+                {"role": "gateway", "namespace": ENTRY_NAMESPACE, "service": entry_service(self.serving.name),
+                 "port": 80, "weight": 100}
+            ]
+        w = self.gateway.canary_weight
+        ns, name = self.serving.namespace, self.serving.name
+        return [
+            {"role": "stable", "namespace": ns, "service": f"{name}-stable", "port": 8000, "weight": 100 - w},
+            {"role": "canary", "namespace": ns, "service": f"{name}-canary", "port": 8000, "weight": w},
+        ]
+
+    def resource_tags(self) -> dict[str, str]:
+        return {"project": "deepseek-volc", "environment": self.environment, **self.tags}
+

@@ -1,0 +1,451 @@
+"""Real-vLLM test harness: tiny random-weight models and a server launcher.
+
+Nothing is downloaded. ``make_tiny_model`` writes a Hugging Face style model
+directory (``config.json``, ``model.safetensors`` with random bf16 weights named as
+vLLM's loaders expect, and a small word-level tokenizer whose vocabulary size equals
+``config.vocab_size``). ``VllmServer`` starts ``python -m
+vllm.entrypoints.openai.api_server`` on a free port in its own process group, waits
+for ``/health``, keeps the whole log in a file and stops the group on exit.
+
+Usage::
+
+    path = make_tiny_model(tmp_path, "qwen2", num_hidden_layers=2)
+    with VllmServer(path, args=["--kv-cache-dtype", "fp8"], env={"VLLM_CPU_KVCACHE_SPACE": "1"}) as srv:
+        requests.post(srv.url + "/v1/completions", json={...})
+        srv.log_lines_matching("KV cache size")
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+# Default engine arguments for a 2-core CPU box: short context, no graph capture.
+DEFAULT_SERVER_ARGS: tuple[str, ...] = (
+    "--max-model-len", "512",
+    "--dtype", "bfloat16",
+    "--enforce-eager",
+    "--max-num-seqs", "8",
+)
+DEFAULT_SERVER_ENV: dict[str, str] = {
+    "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache on the CPU backend
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+STARTUP_TIMEOUT_S = float(os.environ.get("VLLM_HARNESS_STARTUP_TIMEOUT", "600"))
+
+_SENTENCES = [
+    "the quick brown fox jumps over the lazy dog",
+    "deepseek models are served with vllm on volcengine",
+    "hello world this is a tiny test model with random weights",
+    "the kv cache holds keys and values for every token",
+    "tensor parallel and pipeline parallel split the model across gpus",
+]
+_SPECIAL = ["<unk>", "<s>", "</s>", "<pad>"]
+_CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
+
+
+# ---------------------------------------------------------------------------
+# Tiny models
+# ---------------------------------------------------------------------------
+
+def tiny_config(arch: str, **overrides: Any) -> dict[str, Any]:
+    """config.json content for a tiny model of a real architecture."""
+    common: dict[str, Any] = {
+        "vocab_size": 512,
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "max_position_embeddings": 2048,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "hidden_act": "silu",
+        "initializer_range": 0.02,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "pad_token_id": 3,
+        "use_cache": True,
+    }
+    if arch == "deepseek_v2":
+        cfg = {
+            **common,
+            "architectures": ["DeepseekV2ForCausalLM"],
+            "model_type": "deepseek_v2",
+            "num_key_value_heads": 4,
+            # MLA on the CPU backend needs qk head dim 128 + 64
+            "kv_lora_rank": 512,
+            "q_lora_rank": None,
+            "qk_nope_head_dim": 128,
+            "qk_rope_head_dim": 64,
+            "v_head_dim": 128,
+            "n_routed_experts": 4,
+            "n_shared_experts": 1,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 128,
+            "moe_layer_freq": 1,
+            "first_k_dense_replace": 1,
+            "n_group": 1,
+            "topk_group": 1,
+            "topk_method": "greedy",
+            "scoring_func": "softmax",
+            "norm_topk_prob": False,
+            "routed_scaling_factor": 1.0,
+            "aux_loss_alpha": 0.001,
+            "seq_aux": True,
+            "attention_bias": False,
+            "rope_scaling": None,
+        }
+    elif arch == "qwen2":
+        cfg = {
+            **common,
+            "architectures": ["Qwen2ForCausalLM"],
+            "model_type": "qwen2",
+            "num_key_value_heads": 2,
+            "sliding_window": None,
+            "use_sliding_window": False,
+            "max_window_layers": 2,
+        }
+    elif arch == "llama":
+        cfg = {
+            **common,
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "num_key_value_heads": 1,
+            "head_dim": 64,
+            "attention_bias": False,
+            "mlp_bias": False,
+        }
+    else:
+        raise ValueError(f"arch: expected 'deepseek_v2', 'qwen2' or 'llama', got {arch!r}")
+    cfg.update(overrides)
+    return cfg
+
+
+def _weight_shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Tensor names and shapes in the Hugging Face checkpoint layout vLLM loads."""
+    h, v = cfg["hidden_size"], cfg["vocab_size"]
+    heads = cfg["num_attention_heads"]
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (v, h),
+                                         "model.norm.weight": (h,)}
+    if not cfg.get("tie_word_embeddings"):
+        shapes["lm_head.weight"] = (v, h)
+    mla = cfg["model_type"] in ("deepseek_v2", "deepseek_v3")
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        shapes[p + "input_layernorm.weight"] = (h,)
+        shapes[p + "post_attention_layernorm.weight"] = (h,)
+        a = p + "self_attn."
+        if mla:
+            nope, rope, vd = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
+            kvr, qr = cfg["kv_lora_rank"], cfg.get("q_lora_rank")
+            if qr:
+                shapes[a + "q_a_proj.weight"] = (qr, h)
+                shapes[a + "q_a_layernorm.weight"] = (qr,)
+                shapes[a + "q_b_proj.weight"] = (heads * (nope + rope), qr)
+            else:
+                shapes[a + "q_proj.weight"] = (heads * (nope + rope), h)
+            shapes[a + "kv_a_proj_with_mqa.weight"] = (kvr + rope, h)
+            shapes[a + "kv_a_layernorm.weight"] = (kvr,)
+            shapes[a + "kv_b_proj.weight"] = (heads * (nope + vd), kvr)
+            shapes[a + "o_proj.weight"] = (h, heads * vd)
+        else:
+            hd = cfg.get("head_dim") or h // heads
+            kv = cfg.get("num_key_value_heads", heads)
+            shapes[a + "q_proj.weight"] = (heads * hd, h)
+            shapes[a + "k_proj.weight"] = (kv * hd, h)
+            shapes[a + "v_proj.weight"] = (kv * hd, h)
+            shapes[a + "o_proj.weight"] = (h, heads * hd)
+            if cfg["model_type"] == "qwen2" or cfg.get("attention_bias"):
+                shapes[a + "q_proj.bias"] = (heads * hd,)
+                shapes[a + "k_proj.bias"] = (kv * hd,)
+                shapes[a + "v_proj.bias"] = (kv * hd,)
+        m = p + "mlp."
+        moe = mla and cfg.get("n_routed_experts") and i >= cfg.get("first_k_dense_replace", 0) \
+            and i % cfg.get("moe_layer_freq", 1) == 0
+        if moe:
+            mi, n = cfg["moe_intermediate_size"], cfg["n_routed_experts"]
+            shapes[m + "gate.weight"] = (n, h)
+            if cfg["model_type"] == "deepseek_v3":
+                shapes[m + "gate.e_score_correction_bias"] = (n,)
+            for e in range(n):
+                shapes[f"{m}experts.{e}.gate_proj.weight"] = (mi, h)
+                shapes[f"{m}experts.{e}.up_proj.weight"] = (mi, h)
+                shapes[f"{m}experts.{e}.down_proj.weight"] = (h, mi)
+            if cfg.get("n_shared_experts"):
+                si = mi * cfg["n_shared_experts"]
+                shapes[m + "shared_experts.gate_proj.weight"] = (si, h)
+                shapes[m + "shared_experts.up_proj.weight"] = (si, h)
+                shapes[m + "shared_experts.down_proj.weight"] = (h, si)
+        else:
+            it = cfg["intermediate_size"]
+            shapes[m + "gate_proj.weight"] = (it, h)
+            shapes[m + "up_proj.weight"] = (it, h)
+            shapes[m + "down_proj.weight"] = (h, it)
+    return shapes
+
+
+def _write_tokenizer(out: Path, vocab_size: int, max_len: int) -> None:
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+    words: list[str] = []
+    for s in _SENTENCES:
+        for w in s.split():
+            if w not in words:
+                words.append(w)
+    vocab_list = _SPECIAL + words
+    if vocab_size < len(vocab_list):
+        raise ValueError(f"vocab_size: expected at least {len(vocab_list)}, got {vocab_size}")
+    vocab_list += [f"tok{i}" for i in range(vocab_size - len(vocab_list))]
+    vocab = {tok: i for i, tok in enumerate(vocab_list)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.normalizer = normalizers.Lowercase()
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    tok.add_special_tokens(_SPECIAL)
+    assert tok.get_vocab_size() == vocab_size
+    tok.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>",
+        "model_max_length": max_len, "add_bos_token": False, "add_eos_token": False,
+        "clean_up_tokenization_spaces": False, "chat_template": _CHAT_TEMPLATE,
+    }, indent=2))
+    (out / "special_tokens_map.json").write_text(json.dumps({
+        "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>",
+    }, indent=2))
+
+
+def make_tiny_model(tmp_dir: str | os.PathLike[str], arch: str = "deepseek_v2", *,
+                    seed: int = 0, **overrides: Any) -> Path:
+    """Write a tiny random-weight model of ``arch`` under ``tmp_dir`` and return its path.
+
+    ``overrides`` replace config.json fields (e.g. ``num_hidden_layers=3``).
+    """
+    import torch
+    from safetensors.torch import save_file
+
+    cfg = tiny_config(arch, **overrides)
+    out = Path(tmp_dir) / f"tiny-{arch}"
+    out.mkdir(parents=True, exist_ok=True)
+    dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16,
+             "float32": torch.float32}[cfg.get("torch_dtype", "bfloat16")]
+    gen = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for name, shape in _weight_shapes(cfg).items():
+        if name.endswith("norm.weight"):
+            t = torch.ones(shape)
+        elif name.endswith(".bias"):
+            t = torch.zeros(shape)
+        else:
+            t = torch.randn(shape, generator=gen) * cfg.get("initializer_range", 0.02)
+        tensors[name] = t.to(dtype).contiguous()
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    (out / "generation_config.json").write_text(json.dumps({
+        "bos_token_id": cfg["bos_token_id"], "eos_token_id": cfg["eos_token_id"],
+        "pad_token_id": cfg["pad_token_id"]}, indent=2))
+    _write_tokenizer(out, cfg["vocab_size"], cfg["max_position_embeddings"])
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Server
+# ---------------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class VllmStartupError(RuntimeError):
+    pass
+
+
+class VllmServer:
+    """A real ``vllm.entrypoints.openai.api_server`` process (context manager)."""
+
+    def __init__(self, model: str | os.PathLike[str], args: Sequence[str] = (),
+                 env: Mapping[str, str] | None = None, *, port: int | None = None,
+                 log_path: str | os.PathLike[str] | None = None,
+                 startup_timeout: float = STARTUP_TIMEOUT_S,
+                 default_args: Sequence[str] = DEFAULT_SERVER_ARGS) -> None:
+        self.model = str(model)
+        self.port = port or free_port()
+        self.host = "127.0.0.1"
+        self.url = f"http://{self.host}:{self.port}"
+        self.args = self._merge_args(list(default_args), list(args))
+        self.env = {**os.environ, **DEFAULT_SERVER_ENV, **(env or {})}
+        self.startup_timeout = startup_timeout
+        if log_path is None:
+            fd, name = tempfile.mkstemp(prefix="vllm-", suffix=".log")
+            os.close(fd)
+            log_path = name
+        self.log_path = Path(log_path)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.startup_seconds: float | None = None
+
+    @staticmethod
+    def _merge_args(defaults: list[str], extra: list[str]) -> list[str]:
+        """Defaults, minus any flag the caller passes again (the caller wins)."""
+        given = {a.split("=", 1)[0] for a in extra if a.startswith("--")}
+        out, i = [], 0
+        while i < len(defaults):
+            flag = defaults[i]
+            has_value = i + 1 < len(defaults) and not defaults[i + 1].startswith("--")
+            if flag.split("=", 1)[0] not in given:
+                out.append(flag)
+                if has_value:
+                    out.append(defaults[i + 1])
+            i += 2 if has_value else 1
+        return out + extra
+
+    @property
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+                "--model", self.model, "--host", self.host, "--port", str(self.port),
+                *self.args]
+
+    def start(self) -> "VllmServer":
+        log = open(self.log_path, "wb")
+        t0 = time.monotonic()
+        self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT,
+                                     env=self.env, start_new_session=True)
+        log.close()
+        try:
+            self._wait_healthy(t0)
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_seconds = time.monotonic() - t0
+        return self
+
+    def _wait_healthy(self, t0: float) -> None:
+        assert self.proc is not None
+        while time.monotonic() - t0 < self.startup_timeout:
+            code = self.proc.poll()
+            if code is not None:
+                raise VllmStartupError(f"vLLM exited with code {code} during startup; "
+                                       f"log {self.log_path}:\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, OSError):
+                pass
+            time.sleep(1.0)
+        raise VllmStartupError(f"vLLM not healthy after {self.startup_timeout:.0f}s; "
+                               f"log {self.log_path}:\n{self.log_tail()}")
+
+    def stop(self, timeout: float = 30.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+        except ProcessLookupError:
+            pass
+
+    def __enter__(self) -> "VllmServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- log helpers --------------------------------------------------------
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def log_tail(self, n: int = 60) -> str:
+        return "\n".join(self.log_text().splitlines()[-n:])
+
+    def log_lines_matching(self, pattern: str) -> list[str]:
+        rx = re.compile(pattern)
+        return [ln for ln in self.log_text().splitlines() if rx.search(ln)]
+
+    def kv_cache_tokens(self) -> int:
+        """The engine's "<device> KV cache size: N tokens" figure."""
+        return parse_kv_cache_tokens(self.log_text())
+
+    # -- HTTP helpers -------------------------------------------------------
+    def get(self, path: str, timeout: float = 30) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(self.url + path, timeout=timeout) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+    def post_json(self, path: str, body: Mapping[str, Any], timeout: float = 120
+                  ) -> tuple[int, Any]:
+        req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
+                return r.status, json.loads(r.read().decode())
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+
+_KV_LINE = re.compile(r"KV cache size: ([\d,]+) tokens")
+
+
+def parse_kv_cache_tokens(log: str) -> int:
+    """Last "KV cache size: N tokens" figure in a vLLM log (ValueError if absent)."""
+    found = _KV_LINE.findall(log)
+    if not found:
+        raise ValueError("no 'KV cache size: N tokens' line in the vLLM log")
+    return int(found[-1].replace(",", ""))
+
+
+class ServerPool:
+    """Starts each distinct (model, args, env) server once and stops them all at the end."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = Path(log_dir)
+        self._servers: dict[tuple[Any, ...], VllmServer] = {}
+
+    def get(self, model: str | os.PathLike[str], args: Iterable[str] = (),
+            env: Mapping[str, str] | None = None, **kwargs: Any) -> VllmServer:
+        key = (str(model), tuple(args), tuple(sorted((env or {}).items())),
+               tuple(sorted(kwargs.items())))
+        srv = self._servers.get(key)
+        if srv is not None and srv.proc is not None and srv.proc.poll() is None:
+            return srv
+        n = len(self._servers)
+        srv = VllmServer(model, list(args), env,
+                         log_path=self.log_dir / f"vllm-{n}-{Path(str(model)).name}.log", **kwargs)
+        srv.start()
+        self._servers[key] = srv
+        return srv
+
+    def stop_all(self) -> None:
+        for srv in self._servers.values():
+            srv.stop()
+        self._servers.clear()
+
+
+__all__ = ["make_tiny_model", "tiny_config", "VllmServer", "VllmStartupError", "ServerPool",
+           "parse_kv_cache_tokens", "free_port", "DEFAULT_SERVER_ARGS", "DEFAULT_SERVER_ENV"]
