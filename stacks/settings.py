@@ -295,6 +295,72 @@ class ServingSettings(_Model):
             )
         return self
 
+
+# --------------------------------------------------------------------------- operations
+
+
+class AutoscalingSettings(_Model):
+    enabled: bool = Field(True, description="scale serving replicas with KEDA on queue depth and load")
+    min_replicas: int | None = Field(None, ge=1, le=100, description="lower bound; serving.replicas when unset")
+    max_replicas: int = Field(4, ge=1, le=100, description="upper bound (each replica needs its GPUs)")
+    waiting_per_replica: float = Field(
+        4.0, gt=0, description="target vllm:num_requests_waiting per replica (the primary signal)"
+    )
+    requests_per_second_per_replica: float = Field(2.0, gt=0, description="target request rate per replica")
+    gpu_utilization_percent: int = Field(
+        90, ge=10, le=100, description="secondary signal: mean DCGM_FI_DEV_GPU_UTIL per replica"
+    )
+    scale_up_stabilization_seconds: int = Field(60, ge=0, le=3600, description="scale-up stabilisation window")
+    scale_down_stabilization_seconds: int = Field(
+        1800, ge=600, le=86400, description="scale-down stabilisation (longer than a model load, so no flapping)"
+    )
+    polling_interval_seconds: int = Field(15, ge=5, le=300, description="how often KEDA queries Prometheus")
+
+    @model_validator(mode="after")
+    def _bounds(self):
+        if self.min_replicas is not None and self.min_replicas > self.max_replicas:
+            raise ValueError(
+                f"min_replicas ({self.min_replicas}) must be <= max_replicas ({self.max_replicas})"
+            )
+        return self
+
+
+class RolloutSettings(_Model):
+    enabled: bool = Field(True, description="roll new versions out as an Argo Rollouts canary")
+    steps: list[int] = Field(default_factory=lambda: [5, 50, 100], description="canary traffic percentages, ending at 100")
+    pause_seconds: int = Field(600, ge=60, le=86400, description="time at each step while analysis runs")
+    max_error_rate: float = Field(0.01, gt=0, lt=1, description="abort when the canary's 5xx ratio exceeds this")
+    max_p99_latency_seconds: float = Field(30.0, gt=0, description="abort when the canary's P99 end-to-end latency exceeds this")
+    analysis_interval_seconds: int = Field(60, ge=10, le=3600, description="how often the analysis queries Prometheus")
+    failure_limit: int = Field(2, ge=0, le=20, description="failed measurements tolerated before abort")
+
+    @field_validator("steps")
+    @classmethod
+    def _steps(cls, v: list[int]) -> list[int]:
+        if not v:
+            raise ValueError("expected at least one step, ending at 100")
+        if any(not 0 < x <= 100 for x in v):
+            raise ValueError(f"expected percentages in 1..100, got {v}")
+        if any(b <= a for a, b in zip(v, v[1:])):
+            raise ValueError(f"expected strictly increasing percentages, got {v}")
+        if v[-1] != 100:
+            raise ValueError(f"expected the last step to be 100, got {v[-1]}")
+        return v
+
+
+class MonitoringSettings(_Model):
+    enabled: bool = Field(True, description="monitors, rules, alerts, dashboard and dcgm-exporter")
+    namespace: Name = Field("monitoring", description="namespace of Prometheus and Grafana")
+    prometheus_url: str = Field(
+        "http://prometheus-operated.monitoring.svc:9090", description="Prometheus the autoscaler and analysis query"
+    )
+    ttft_p99_seconds: float = Field(2.0, gt=0, description="alert when P99 time to first token exceeds this")
+    e2e_p99_seconds: float = Field(30.0, gt=0, description="alert when P99 end-to-end latency exceeds this")
+    p99_regression_ratio: float = Field(1.5, gt=1, description="alert when P99 is this many times last day's")
+    error_rate: float = Field(0.02, gt=0, lt=1, description="alert when the failed-request ratio exceeds this")
+    kv_cache_usage: float = Field(0.9, gt=0, le=1, description="alert when KV cache usage exceeds this")
+    at_max_replicas_minutes: int = Field(30, ge=5, description="alert when pinned at max replicas this long")
+
 # --------------------------------------------------------------------------- the stack
 
 
@@ -311,6 +377,9 @@ class StackSettings(_Model):
     observability: ObservabilitySettings = Field(default_factory=ObservabilitySettings, description="managed Prometheus")
     gateway: GatewaySettings = Field(default_factory=GatewaySettings, description="APIG edge")
     serving: ServingSettings = Field(description="the vLLM serving workload")
+    autoscaling: AutoscalingSettings = Field(default_factory=AutoscalingSettings, description="replica autoscaling")
+    rollout: RolloutSettings = Field(default_factory=RolloutSettings, description="canary rollout")
+    monitoring: MonitoringSettings = Field(default_factory=MonitoringSettings, description="metrics and alerts")
 
     _derived: dict = PrivateAttr(default_factory=dict)
 
@@ -331,12 +400,75 @@ class StackSettings(_Model):
             raise ValueError("zones: expected distinct zones")
         self._check_network()
         self._check_pools()
+        a = self.autoscaling
+        if a.enabled and a.min_replicas is None and self.serving.replicas > a.max_replicas:
+            raise ValueError(
+                f"autoscaling.max_replicas: {a.max_replicas} is below serving.replicas ({self.serving.replicas})"
+            )
         if self.serving.gpu_pool not in self.cluster.gpu_pools:
             raise ValueError(
                 f"serving.gpu_pool: {self.serving.gpu_pool!r} is not a GPU pool; expected one of "
                 f"{', '.join(self.cluster.gpu_pools)}"
             )
+        self._plan_serving()
         return self
+
+    # -- capacity -----------------------------------------------------------------------
+
+    def _plan_serving(self) -> None:
+        """Fill unset engine sizes from the planner; refuse settings that cannot fit."""
+        from workloads.catalog import get_gpu, get_model
+        from workloads.planner import PlanError, plan
+
+        sv, e = self.serving, self.serving.engine
+        try:
+            model = get_model(sv.model)
+        except KeyError as exc:
+            raise ValueError(f"serving.model: {exc.args[0]}") from None
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"serving.model: {exc}") from None
+        gpu_name, per_node = self.cluster.gpu_pools[sv.gpu_pool].hardware()
+        try:
+            p = plan(
+                model,
+                get_gpu(gpu_name),
+                gpus_per_node=per_node,
+                context=e.max_model_len,
+                quantization=e.quantization,
+                kv_cache_dtype=e.kv_cache_dtype,
+                tensor_parallel_size=e.tensor_parallel_size,
+                pipeline_parallel_size=e.pipeline_parallel_size,
+                max_num_seqs=e.max_num_seqs,
+                gpu_memory_utilization=e.gpu_memory_utilization,
+                max_num_batched_tokens=e.max_num_batched_tokens,
+            )
+        except PlanError as exc:
+            raise ValueError(f"serving.engine: {exc}") from None
+        if not p.fits:
+            raise ValueError(
+                f"serving.engine: {model.name} does not fit on {gpu_name} x {per_node} per node "
+                f"(pool {sv.gpu_pool}): " + "; ".join(p.reasons)
+            )
+        pool = self.cluster.gpu_pools[sv.gpu_pool]
+        low = (self.autoscaling.min_replicas or sv.replicas) if self.autoscaling.enabled else sv.replicas
+        needed = low * p.nodes
+        if needed > pool.max_nodes:
+            raise ValueError(
+                f"cluster.gpu_pools.{sv.gpu_pool}.max_nodes: {low} replica(s) x {p.nodes} node(s) each need "
+                f"{needed} nodes, the pool allows {pool.max_nodes}"
+            )
+        self._derived["plan"] = p
+        self._derived["model"] = model
+
+    @property
+    def serving_plan(self):
+        """The capacity plan the serving engine runs with (workloads.planner.Plan)."""
+        return self._derived["plan"]
+
+    @property
+    def serving_model(self):
+        """The catalog entry (workloads.catalog.ModelSpec) of the served model."""
+        return self._derived["model"]
 
     # -- network ----------------------------------------------------------------------
 
