@@ -1,0 +1,115 @@
+"""Catalog facts, lookups and local config.json parsing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from workloads.catalog import (
+    GPUS, INSTANCE_TYPES, MODELS, GiB, get_gpu, get_model, model_from_config,
+    resolve_instance_type,
+)
+from workloads.planner import kv_bytes_per_token_per_gpu, plan
+
+REQUIRED_MODELS = {
+    "deepseek-v3", "deepseek-r1", "deepseek-v2", "deepseek-v2-lite", "deepseek-coder-v2-lite",
+    "deepseek-r1-distill-qwen-1.5b", "deepseek-r1-distill-qwen-7b",
+    "deepseek-r1-distill-qwen-14b", "deepseek-r1-distill-qwen-32b",
+    "deepseek-r1-distill-llama-8b", "deepseek-r1-distill-llama-70b",
+}
+
+
+def test_catalog_has_every_model_and_gpu():
+    assert set(MODELS) == REQUIRED_MODELS
+    assert set(GPUS) == {"A10", "L20", "A100-40G", "A100-80G", "H20", "H100", "H800", "H200"}
+
+
+@pytest.mark.parametrize("name", sorted(REQUIRED_MODELS))
+def test_every_model_cites_its_config(name):
+    spec = MODELS[name]
+    assert "config.json" in spec.source and spec.source.startswith("https://")
+    assert spec.hf_id.startswith("deepseek-ai/")
+
+
+def test_v3_architecture_from_published_config():
+    v3 = MODELS["deepseek-v3"]
+    assert v3.is_mla and v3.is_moe
+    assert (v3.num_layers, v3.hidden_size, v3.kv_lora_rank, v3.qk_rope_head_dim) == (61, 7168, 512, 64)
+    assert (v3.n_routed_experts, v3.num_experts_per_tok, v3.vocab_size) == (256, 8, 129280)
+    assert v3.native_dtype == "fp8" and v3.num_moe_layers == 58  # first 3 layers dense
+
+
+def test_distills_are_gqa():
+    for name in REQUIRED_MODELS - {"deepseek-v3", "deepseek-r1", "deepseek-v2",
+                                   "deepseek-v2-lite", "deepseek-coder-v2-lite"}:
+        spec = MODELS[name]
+        assert not spec.is_mla and not spec.is_moe and spec.kv_lora_rank is None
+        assert spec.num_attention_heads % spec.num_kv_heads == 0
+
+
+def test_gpu_memory_and_precision():
+    assert get_gpu("H200").memory_bytes > 139 * GiB
+    assert 22 * GiB < get_gpu("A10").memory_bytes < 24 * GiB
+    assert not get_gpu("A100-80G").fp8 and get_gpu("H20").fp8 and get_gpu("L20").fp8
+    assert get_gpu("a100-80gb") is GPUS["A100-80G"]
+
+
+def test_unknown_names_list_the_known_ones():
+    with pytest.raises(KeyError) as e:
+        get_model("deepseek-v9")
+    assert "deepseek-r1-distill-qwen-7b" in str(e.value)
+    with pytest.raises(KeyError) as e:
+        get_gpu("B200")
+    assert "H800" in str(e.value)
+
+
+def test_instance_types():
+    for itype, (gpu, count) in INSTANCE_TYPES.items():
+        assert gpu in GPUS and count >= 1
+    assert resolve_instance_type("ecs.gni2.3xlarge") == ("A10", 1)
+    assert resolve_instance_type("ecs.unknown.large") is None
+
+
+def test_local_mla_config_is_parsed(tmp_path):
+    cfg = {
+        "model_type": "deepseek_v2", "num_hidden_layers": 2, "hidden_size": 256,
+        "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 512,
+        "intermediate_size": 512, "max_position_embeddings": 2048, "kv_lora_rank": 512,
+        "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128,
+        "n_routed_experts": 4, "n_shared_experts": 1, "num_experts_per_tok": 2,
+        "moe_intermediate_size": 128, "first_k_dense_replace": 1, "torch_dtype": "bfloat16",
+    }
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    spec = get_model(str(tmp_path))
+    assert spec.is_mla and spec.num_moe_layers == 1
+    assert kv_bytes_per_token_per_gpu(spec) == 2 * 576 * 2
+    assert spec.param_count > 0
+
+
+def test_local_gqa_config_is_parsed(tmp_path):
+    cfg = {"model_type": "llama", "num_hidden_layers": 3, "hidden_size": 256,
+           "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 64,
+           "vocab_size": 512, "intermediate_size": 512, "max_position_embeddings": 2048,
+           "torch_dtype": "float32"}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    spec = model_from_config(path)
+    assert spec.native_dtype == "float32"
+    assert kv_bytes_per_token_per_gpu(spec) == 2 * 3 * 1 * 64 * 4
+    assert plan(spec, get_gpu("A10")).fits
+
+
+def test_bad_local_config_names_the_field(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    with pytest.raises(KeyError, match="num_hidden_layers"):
+        get_model(str(tmp_path))
+    with pytest.raises(KeyError, match="not found"):
+        get_model(str(tmp_path / "missing" / "config.json"))
+
+
+def test_pipeline_is_chosen_when_only_tp_is_given():
+    # Qwen-32B (65.5 GB bf16) on TP=2 A10s: needs 3 pipeline stages of 2 GPUs
+    p = plan(MODELS["deepseek-r1-distill-qwen-32b"], get_gpu("A10"), tensor_parallel_size=2)
+    assert p.fits and p.tensor_parallel_size == 2 and p.pipeline_parallel_size == 3
+    assert p.nodes == 1 and p.total_gpus == 6
