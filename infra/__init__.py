@@ -177,7 +177,7 @@ def build_infra(s: StackSettings) -> Infra:
     )
 
 
-def export_outputs(infra: Infra) -> None:
+def export_outputs(infra: Infra, serving=None) -> None:
     """The stack outputs, in one place."""
     pulumi.export("vpc_id", infra.network.vpc_id)
     pulumi.export("egress_ip", infra.network.egress_ip)
@@ -188,3 +188,5 @@ def export_outputs(infra: Infra) -> None:
     pulumi.export("image_repository", infra.registry.image_repository)
     if infra.observability is not None:
         pulumi.export("vmp_workspace_id", infra.observability.workspace_id)
+    if serving is not None:
+        pulumi.export("serving_endpoint", serving.endpoint)

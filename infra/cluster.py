@@ -17,6 +17,11 @@ GPU_MODEL_LABEL = "deepseek-volc/gpu-model"
 GPU_COUNT_LABEL = "deepseek-volc/gpus-per-node"
 POOL_LABEL = "deepseek-volc/pool"
 MODEL_CACHE_MOUNT = "/mnt/model-cache"
+MODEL_CACHE_OWNER = 1000  # workloads/manifests.py RUN_AS_USER
+MODEL_CACHE_INIT_SCRIPT = base64.b64encode(
+    f"#!/bin/bash\nset -e\nmkdir -p {MODEL_CACHE_MOUNT}\n"
+    f"chown {MODEL_CACHE_OWNER}:{MODEL_CACHE_OWNER} {MODEL_CACHE_MOUNT}\nchmod 0750 {MODEL_CACHE_MOUNT}\n".encode()
+).decode()
 
 # Control-plane logs worth paying for: who changed what (Audit) and why pods did not
 # schedule (KubeScheduler); the API server log helps with webhook and admission failures.
@@ -173,6 +178,8 @@ class Cluster(pulumi.ComponentResource):
                         {"type": "ESSD_PL0", "size": pool.data_disk_gib, "mount_point": MODEL_CACHE_MOUNT}
                     ],
                     "instance_charge_type": "PostPaid",
+                    # The serving pods run as uid 1000 and write the cache (base64 script).
+                    "initialize_script": MODEL_CACHE_INIT_SCRIPT,
                 },
                 kubernetes_config={
                     "labels": [{"key": k, "value": v} for k, v in sorted(labels.items())],
@@ -198,11 +205,9 @@ class Cluster(pulumi.ComponentResource):
             self.node_pool_ids[pool_name] = gpu_pool.id
 
         # Add-ons the GPU pools need: the device plugin advertises nvidia.com/gpu, the
-        # cluster autoscaler grows pools for pending GPU pods, metrics-server feeds HPAs,
-        # pod-identity-webhook injects IRSA credentials.
+        # cluster autoscaler grows pools for pending GPU pods, metrics-server feeds HPAs.
+        # (No pod-identity-webhook: the serving pods project their IRSA token themselves.)
         addons = ["nvidia-device-plugin", "cluster-autoscaler", "metrics-server"]
-        if args.irsa:
-            addons.append("pod-identity-webhook")
         for addon in addons:
             volc.vke.Addon(
                 f"{name}-addon-{addon}",

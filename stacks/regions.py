@@ -31,6 +31,11 @@ def tos_endpoint_host(region: str) -> str:
     return f"tos-{region}.volces.com"
 
 
+def tos_internal_endpoint(region: str) -> str:
+    """TOS's native endpoint inside the VPC (no NAT traffic, no egress charge)."""
+    return f"https://tos-{region}.ivolces.com"
+
+
 def tos_internal_s3_host(region: str) -> str:
     """The in-VPC S3 endpoint host: traffic to it stays on the private network."""
     return f"tos-s3-{region}.ivolces.com"

@@ -360,6 +360,10 @@ class MonitoringSettings(_Model):
     error_rate: float = Field(0.02, gt=0, lt=1, description="alert when the failed-request ratio exceeds this")
     kv_cache_usage: float = Field(0.9, gt=0, le=1, description="alert when KV cache usage exceeds this")
     at_max_replicas_minutes: int = Field(30, ge=5, description="alert when pinned at max replicas this long")
+    selector_labels: dict[str, str] = Field(
+        default_factory=dict,
+        description="labels added to monitors and rules so the Prometheus selects them (e.g. release: kube-prometheus-stack)",
+    )
 
 # --------------------------------------------------------------------------- the stack
 
@@ -562,6 +566,13 @@ class StackSettings(_Model):
     @property
     def registry_name(self) -> str:
         return self.registry.name or f"deepseek-{self.environment}"
+
+    @property
+    def image_repository(self) -> str:
+        """The stack's CR repository for the serving image (infra/registry.py creates it)."""
+        from stacks.regions import cr_registry_host
+
+        return f"{cr_registry_host(self.registry_name, self.region)}/{self.registry.namespace}/{self.registry.repository}"
 
     @property
     def serving_namespace(self) -> str:

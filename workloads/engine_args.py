@@ -1,0 +1,133 @@
+"""Engine settings -> `vllm.entrypoints.openai.api_server` arguments.
+
+A pure function of a small, explicit input (`EngineArgs`), so that the test that starts a
+real vLLM can render arguments for a tiny local model with exactly this code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from workloads.context import HTTP_PORT, ServingContext
+
+API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+
+# Flags whose value only means something on a GPU build of vLLM. The real-engine test on
+# the CPU build drops exactly these (and says so); everything else must be accepted as is.
+GPU_ONLY_FLAGS = frozenset(
+    {
+        "--gpu-memory-utilization",  # the CPU build sizes its KV cache from VLLM_CPU_KVCACHE_SPACE
+        "--tensor-parallel-size",  # one CPU process in the test
+        "--pipeline-parallel-size",
+        "--quantization",  # fp8/awq kernels are CUDA kernels
+        "--kv-cache-dtype",  # fp8 KV cache needs CUDA
+    }
+)
+
+
+@dataclass(frozen=True)
+class EngineArgs:
+    model: str
+    served_model_name: str
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    max_model_len: int | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    gpu_memory_utilization: float | None = None
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    dtype: str = "auto"
+    quantization: str | None = None
+    kv_cache_dtype: str = "auto"
+    load_format: str = "auto"
+    port: int = HTTP_PORT
+    host: str = "0.0.0.0"
+    # multi-node (vLLM's multiprocessing executor across nodes, no Ray)
+    nnodes: int = 1
+    node_rank: str | None = None  # a literal or "$(LWS_WORKER_INDEX)"
+    master_addr: str | None = None
+    extra_args: tuple[str, ...] = field(default_factory=tuple)
+
+
+def render(a: EngineArgs) -> list[str]:
+    """The argument vector (without the program)."""
+    args = [
+        "--model", a.model,
+        "--served-model-name", a.served_model_name,
+        "--host", a.host,
+        "--port", str(a.port),
+        "--tensor-parallel-size", str(a.tensor_parallel_size),
+        "--pipeline-parallel-size", str(a.pipeline_parallel_size),
+        "--dtype", a.dtype,
+        "--load-format", a.load_format,
+    ]
+    if a.max_model_len is not None:
+        args += ["--max-model-len", str(a.max_model_len)]
+    if a.max_num_seqs is not None:
+        args += ["--max-num-seqs", str(a.max_num_seqs)]
+    if a.max_num_batched_tokens is not None:
+        args += ["--max-num-batched-tokens", str(a.max_num_batched_tokens)]
+    if a.gpu_memory_utilization is not None:
+        args += ["--gpu-memory-utilization", f"{a.gpu_memory_utilization:.2f}"]
+    args.append("--enable-prefix-caching" if a.enable_prefix_caching else "--no-enable-prefix-caching")
+    args.append("--enable-chunked-prefill" if a.enable_chunked_prefill else "--no-enable-chunked-prefill")
+    if a.quantization:
+        args += ["--quantization", a.quantization]
+    if a.kv_cache_dtype != "auto":
+        args += ["--kv-cache-dtype", a.kv_cache_dtype]
+    if a.nnodes > 1:
+        args += ["--nnodes", str(a.nnodes), "--distributed-executor-backend", "mp"]
+        if a.node_rank is not None:
+            args += ["--node-rank", a.node_rank]
+        if a.master_addr is not None:
+            args += ["--master-addr", a.master_addr]
+    args += list(a.extra_args)
+    return args
+
+
+def without_flags(args: list[str], flags: frozenset[str] | set[str]) -> list[str]:
+    """Drop `--flag value` pairs (and bare `--flag`s) named in `flags`."""
+    out: list[str] = []
+    skip = False
+    for i, token in enumerate(args):
+        if skip:
+            skip = False
+            continue
+        if token in flags:
+            nxt = args[i + 1] if i + 1 < len(args) else None
+            skip = nxt is not None and not nxt.startswith("--")
+            continue
+        out.append(token)
+    return out
+
+
+def from_context(ctx: ServingContext, model_path: str) -> EngineArgs:
+    """Engine arguments for the stack: sizes from the capacity plan (which honours what the
+    settings fixed), switches from the engine settings."""
+    e = ctx.settings.serving.engine
+    p = ctx.plan
+    stream = ctx.settings.serving.weights_mode == "stream"
+    return EngineArgs(
+        model=model_path,
+        served_model_name=ctx.served_model_name,
+        tensor_parallel_size=p.tensor_parallel_size,
+        pipeline_parallel_size=p.pipeline_parallel_size,
+        max_model_len=p.max_model_len,
+        max_num_seqs=p.max_num_seqs,
+        max_num_batched_tokens=p.max_num_batched_tokens,
+        gpu_memory_utilization=p.gpu_memory_utilization,
+        enable_prefix_caching=e.enable_prefix_caching,
+        enable_chunked_prefill=e.enable_chunked_prefill,
+        dtype=e.dtype,
+        quantization=e.quantization,
+        kv_cache_dtype=e.kv_cache_dtype,
+        # runai_streamer reads safetensors straight from TOS's S3 endpoint into GPU memory
+        load_format="runai_streamer" if stream else "safetensors",
+        nnodes=p.nodes,
+        extra_args=tuple(e.extra_args),
+    )
+
+
+def for_rank(a: EngineArgs, *, node_rank: str, master_addr: str) -> EngineArgs:
+    return replace(a, node_rank=node_rank, master_addr=master_addr)

@@ -1,0 +1,421 @@
+"""The serving workload as Kubernetes objects (plain dicts): namespace, service account,
+the vLLM Deployment (one node per replica) or LeaderWorkerSet (several nodes per
+replica), the stable and canary Services and a PodDisruptionBudget.
+
+What each choice protects against is said next to it; the numbers come from the settings
+and the capacity plan, never from constants here.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from stacks.regions import tos_internal_endpoint, tos_internal_s3_host
+from workloads import engine_args
+from workloads.context import HTTP_PORT, MODEL_CACHE_HOST_PATH, MODEL_DIR, ServingContext
+
+GIB = 1024**3
+TOKEN_AUDIENCE = "sts.volcengine.com"
+TOKEN_DIR = "/var/run/secrets/volcengine"
+CREDENTIALS_DIR = "/run/dsvolc"
+RUN_AS_USER = 1000  # GPU pools chown the model cache to this uid at node init
+STATIC_KEY_SECRET_SUFFIX = "tos-reader"
+LEADER_LABEL = "deepseek-volc/role"
+
+
+# --------------------------------------------------------------------------- sizing
+
+
+def shm_bytes(ctx: ServingContext) -> int:
+    """/dev/shm for NCCL and the engine's worker IPC: the 64 MiB container default breaks
+    tensor parallelism (vllm#1710). 2 GiB base + 2 GiB per GPU in the pod."""
+    return (2 + 2 * ctx.gpus_per_pod) * GIB
+
+
+def memory_request_bytes(ctx: ServingContext) -> int:
+    """Host memory: the engine process, tokenizer workers and pinned staging buffers
+    (~16 GiB) plus ~16 GiB per GPU for the per-rank workers, plus the shm that counts
+    against the container's memory."""
+    return 16 * GIB + 16 * GIB * ctx.gpus_per_pod + shm_bytes(ctx)
+
+
+def cpu_request(ctx: ServingContext) -> int:
+    """Cores: one per GPU worker plus scheduler, API server and tokenizer threads."""
+    return 4 + 2 * ctx.gpus_per_pod
+
+
+def _gi(n: int) -> str:
+    return f"{n // GIB}Gi"
+
+
+# --------------------------------------------------------------------------- pieces
+
+
+def weights_uri(ctx: ServingContext) -> str:
+    return f"s3://{ctx.weights_bucket}/{ctx.model_key}"
+
+
+def model_path(ctx: ServingContext) -> str:
+    """What vLLM's --model gets: the S3 URI when streaming, the synced directory otherwise."""
+    return weights_uri(ctx) if ctx.settings.serving.weights_mode == "stream" else MODEL_DIR
+
+
+def _irsa(ctx: ServingContext) -> bool:
+    return ctx.settings.cluster.irsa
+
+
+def credential_env(ctx: ServingContext, role_trn_env: dict) -> list[dict]:
+    """How init containers authenticate to TOS. With IRSA: the pod's projected token,
+    exchanged through STS AssumeRoleWithOIDC by the TOS SDK (docs 6460/1324604); without
+    it: the reader user's static key from a Secret (never a plain env value)."""
+    if _irsa(ctx):
+        return [
+            role_trn_env,
+            {"name": "VOLCENGINE_OIDC_TOKEN_FILE", "value": f"{TOKEN_DIR}/token"},
+            {"name": "VOLCENGINE_OIDC_ROLE_SESSION_NAME", "value": f"{ctx.release}-weights"},
+        ]
+    secret = f"{ctx.release}-{STATIC_KEY_SECRET_SUFFIX}"
+    return [
+        {"name": "TOS_ACCESS_KEY", "valueFrom": {"secretKeyRef": {"name": secret, "key": "access_key_id"}}},
+        {"name": "TOS_SECRET_KEY", "valueFrom": {"secretKeyRef": {"name": secret, "key": "secret_access_key"}}},
+    ]
+
+
+def container_security() -> dict:
+    """Restricted where vLLM allows it: no privilege escalation, no capabilities, default
+    seccomp, a fixed non-root uid. The root filesystem stays writable (Triton, torch and
+    vLLM write caches under $HOME, which is an emptyDir here)."""
+    return {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "runAsNonRoot": True,
+        "runAsUser": RUN_AS_USER,
+        "runAsGroup": RUN_AS_USER,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def probes(ctx: ServingContext) -> dict:
+    """startupProbe gives the model load `startup_timeout_seconds` (>= 20 min; a 671B
+    checkpoint takes ~10 min from local NVMe) before liveness may kill the pod (kserve#5062);
+    every probe has an explicit timeout, not the kubelet's 1 s default."""
+    period = 10
+    startup_failures = -(-ctx.settings.serving.startup_timeout_seconds // period)
+    http = {"path": "/health", "port": "http"}
+    return {
+        "startupProbe": {"httpGet": http, "periodSeconds": period, "timeoutSeconds": 5,
+                         "failureThreshold": startup_failures},
+        "readinessProbe": {"httpGet": http, "periodSeconds": 10, "timeoutSeconds": 5,
+                           "failureThreshold": 3, "successThreshold": 1},
+        # /health answers 503 once the engine is dead; 6 x 20 s tolerates a long GC or a
+        # step stuck behind a huge prefill without restarting a healthy engine.
+        "livenessProbe": {"httpGet": http, "periodSeconds": 20, "timeoutSeconds": 10,
+                          "failureThreshold": 6},
+    }
+
+
+def resources(ctx: ServingContext) -> dict:
+    mem = _gi(memory_request_bytes(ctx))
+    gpus = str(ctx.gpus_per_pod)
+    cpu = cpu_request(ctx)
+    return {
+        "requests": {"cpu": str(cpu), "memory": mem, "nvidia.com/gpu": gpus},
+        "limits": {"cpu": str(2 * cpu), "memory": mem, "nvidia.com/gpu": gpus},
+    }
+
+
+def volumes(ctx: ServingContext) -> list[dict]:
+    vols = [
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": _gi(shm_bytes(ctx))}},
+        {"name": "home", "emptyDir": {"sizeLimit": "20Gi"}},
+        {"name": "run", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}},
+    ]
+    if ctx.settings.serving.weights_mode == "sync":
+        # The node's data disk (infra: GPU pools mount it at /mnt/model-cache): weights
+        # survive pod restarts and reschedules onto the same node (vllm#15862, llm-d#2216).
+        vols.append({"name": "model-cache", "hostPath": {
+            "path": f"{MODEL_CACHE_HOST_PATH}/{ctx.model.name}", "type": "DirectoryOrCreate"}})
+    else:
+        vols.append({"name": "model-meta", "emptyDir": {"sizeLimit": "1Gi"}})
+    if _irsa(ctx):
+        vols.append({"name": "volcengine-token", "projected": {"sources": [{"serviceAccountToken": {
+            "audience": TOKEN_AUDIENCE, "expirationSeconds": 3600, "path": "token"}}]}})
+    return vols
+
+
+def _token_mount(ctx: ServingContext) -> list[dict]:
+    return [{"name": "volcengine-token", "mountPath": TOKEN_DIR, "readOnly": True}] if _irsa(ctx) else []
+
+
+def init_containers(ctx: ServingContext, role_trn_env: dict) -> list[dict]:
+    """Weights before the engine: sync (copy once per node, verify tokenizer) or stream
+    (fetch credentials for the S3 client and verify the tokenizer from the small files)."""
+    region = ctx.settings.region
+    tool = ["python3", "-m", "workloads.weights_tool"]
+    common = {
+        "image": ctx.image,
+        "imagePullPolicy": "IfNotPresent",
+        "securityContext": container_security(),
+        "env": credential_env(ctx, role_trn_env) + [{"name": "HOME", "value": "/home/vllm"},
+                                                     {"name": "HF_HUB_OFFLINE", "value": "1"}],
+        "resources": {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"cpu": "4", "memory": "8Gi"}},
+    }
+    endpoint = tos_internal_endpoint(region)
+    if ctx.settings.serving.weights_mode == "sync":
+        return [{
+            **common,
+            "name": "weights-sync",
+            "command": tool + ["sync", "--bucket", ctx.weights_bucket, "--prefix", ctx.model_key,
+                               "--endpoint", endpoint, "--region", region, "--dest", MODEL_DIR, "--verify"],
+            "volumeMounts": [{"name": "model-cache", "mountPath": MODEL_DIR},
+                             {"name": "home", "mountPath": "/home/vllm"}] + _token_mount(ctx),
+        }]
+    return [
+        {
+            **common,
+            "name": "tos-credentials",
+            "command": tool + ["credentials", "--out", f"{CREDENTIALS_DIR}/s3.env",
+                               "--s3-endpoint", f"https://{tos_internal_s3_host(region)}", "--region", region],
+            "volumeMounts": [{"name": "run", "mountPath": CREDENTIALS_DIR}] + _token_mount(ctx),
+        },
+        {
+            **common,
+            "name": "tokenizer-check",
+            "command": tool + ["sync", "--bucket", ctx.weights_bucket, "--prefix", ctx.model_key,
+                               "--endpoint", endpoint, "--region", region, "--dest", "/model-meta",
+                               "--metadata-only", "--verify"],
+            "volumeMounts": [{"name": "model-meta", "mountPath": "/model-meta"},
+                             {"name": "home", "mountPath": "/home/vllm"}] + _token_mount(ctx),
+        },
+    ]
+
+
+def engine_env(ctx: ServingContext) -> list[dict]:
+    env = [
+        {"name": "HOME", "value": "/home/vllm"},
+        {"name": "HF_HUB_OFFLINE", "value": "1"},  # weights come from TOS, never the hub
+        {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
+        {"name": "DSVOLC_KERNELS", "value": "1" if ctx.settings.serving.engine.kernels else "0"},
+    ]
+    if ctx.multi_node:
+        env.append({"name": "NCCL_SOCKET_IFNAME", "value": "eth0"})
+    return env
+
+
+def engine_command(ctx: ServingContext, args: list[str], *, headless: bool = False) -> dict:
+    """Program and arguments. In stream mode the S3 credentials written by the init
+    container are sourced first; `exec` keeps vLLM as PID 1's child for signal delivery."""
+    if headless:
+        # Workers of a multi-node group run no API server (vLLM's `serve --headless`).
+        program = ["python3", "-m", "vllm.entrypoints.cli.main", "serve"]
+        args = args + ["--headless"]
+    else:
+        program = ["python3", "-m", engine_args.API_SERVER_MODULE]
+    if ctx.settings.serving.weights_mode == "stream":
+        script = f". {CREDENTIALS_DIR}/s3.env && exec {' '.join(program)} \"$@\""
+        return {"command": ["/bin/sh", "-c", script, "vllm"], "args": args}
+    return {"command": program, "args": args}
+
+
+def engine_container(ctx: ServingContext, args: list[str], *, serving: bool, headless: bool = False) -> dict:
+    mounts = [{"name": "dshm", "mountPath": "/dev/shm"}, {"name": "home", "mountPath": "/home/vllm"}]
+    if ctx.settings.serving.weights_mode == "sync":
+        mounts.append({"name": "model-cache", "mountPath": MODEL_DIR, "readOnly": True})
+    else:
+        mounts.append({"name": "run", "mountPath": CREDENTIALS_DIR, "readOnly": True})
+    c = {
+        "name": "vllm",
+        "image": ctx.image,
+        "imagePullPolicy": "IfNotPresent",
+        **engine_command(ctx, args, headless=headless),
+        "env": engine_env(ctx),
+        "resources": resources(ctx),
+        "volumeMounts": mounts,
+        "securityContext": container_security(),
+        # Give the gateway time to stop routing here before SIGTERM; in-flight generations
+        # then finish within terminationGracePeriodSeconds.
+        "lifecycle": {"preStop": {"sleep": {"seconds": ctx.settings.serving.drain_seconds}}},
+    }
+    if serving:
+        c["ports"] = [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"}]
+        c.update(probes(ctx))
+    return c
+
+
+def scheduling(ctx: ServingContext, component: str) -> dict:
+    selector = ctx.selector(component)
+    return {
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "deepseek-volc/pool", "operator": "In", "values": [ctx.gpu_pool]}]}
+        ]}}},
+        # Spread replicas over zones so one zone's outage leaves capacity; ScheduleAnyway
+        # because GPUs are scarce and an unschedulable replica helps nobody.
+        "topologySpreadConstraints": [
+            {"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
+             "whenUnsatisfiable": "ScheduleAnyway", "labelSelector": {"matchLabels": selector}},
+            {"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+             "whenUnsatisfiable": "ScheduleAnyway", "labelSelector": {"matchLabels": selector}},
+        ],
+    }
+
+
+def pod_spec(ctx: ServingContext, containers: list[dict], init: list[dict], component: str) -> dict:
+    return {
+        "serviceAccountName": ctx.service_account,
+        # vLLM never talks to the Kubernetes API; the IRSA token is projected explicitly.
+        "automountServiceAccountToken": False,
+        "terminationGracePeriodSeconds": ctx.settings.serving.termination_grace_seconds,
+        "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS_USER, "fsGroup": RUN_AS_USER,
+                            "seccompProfile": {"type": "RuntimeDefault"}},
+        "initContainers": init,
+        "containers": containers,
+        "volumes": volumes(ctx),
+        **scheduling(ctx, component),
+    }
+
+
+# --------------------------------------------------------------------------- objects
+
+
+def namespace(ctx: ServingContext) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {
+            "name": ctx.namespace,
+            "labels": {
+                **ctx.labels("namespace"),
+                # hostPath (the node model cache) is outside the baseline profile, so the
+                # restricted profile is audited and warned about rather than enforced.
+                "pod-security.kubernetes.io/warn": "restricted",
+                "pod-security.kubernetes.io/audit": "restricted",
+            },
+        },
+    }
+
+
+def service_account(ctx: ServingContext) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": ctx.metadata(ctx.service_account, "server"),
+        "automountServiceAccountToken": False,
+    }
+
+
+def deployment(ctx: ServingContext, role_trn_env: dict) -> dict:
+    args = engine_args.render(engine_args.from_context(ctx, model_path(ctx)))
+    rollout = ctx.settings.rollout.enabled
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": ctx.metadata(ctx.release, "server"),
+        "spec": {
+            # With Argo Rollouts the Rollout owns the pods (workloadRef) and this template
+            # only describes them, so the Deployment itself runs none.
+            "replicas": 0 if rollout else ctx.settings.serving.replicas,
+            "revisionHistoryLimit": 3,
+            "selector": {"matchLabels": ctx.selector("server")},
+            # One extra replica at a time: GPUs are the scarce resource, and no replica is
+            # taken down before its successor is Ready.
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "progressDeadlineSeconds": ctx.settings.serving.startup_timeout_seconds + 600,
+            "template": {
+                "metadata": {"labels": ctx.labels("server")},
+                "spec": pod_spec(ctx, [engine_container(ctx, args, serving=True)],
+                                 init_containers(ctx, role_trn_env), "server"),
+            },
+        },
+    }
+
+
+def leader_worker_set(ctx: ServingContext, role_trn_env: dict) -> dict:
+    """Several nodes per replica: pipeline parallel across nodes, tensor parallel within.
+    Leader = node rank 0 with the API server and probes; workers join it headless. Any pod
+    failing recreates the whole group (a partial group cannot serve)."""
+    base = engine_args.from_context(ctx, model_path(ctx))
+    leader_addr = "$(LWS_LEADER_ADDRESS)"
+    leader_args = engine_args.render(engine_args.for_rank(base, node_rank="0", master_addr=leader_addr))
+    worker_args = engine_args.render(
+        engine_args.for_rank(base, node_rank="$(LWS_WORKER_INDEX)", master_addr=leader_addr))
+    init = init_containers(ctx, role_trn_env)
+    leader_labels = {**ctx.labels("server"), LEADER_LABEL: "leader"}
+    worker_labels = {**ctx.labels("server"), LEADER_LABEL: "worker"}
+    return {
+        "apiVersion": "leaderworkerset.x-k8s.io/v1",
+        "kind": "LeaderWorkerSet",
+        "metadata": ctx.metadata(ctx.release, "server"),
+        "spec": {
+            "replicas": ctx.settings.serving.replicas,
+            "startupPolicy": "LeaderCreated",
+            "rolloutStrategy": {"type": "RollingUpdate",
+                                "rollingUpdateConfiguration": {"maxUnavailable": 0, "maxSurge": 1}},
+            "leaderWorkerTemplate": {
+                "size": ctx.plan.nodes,
+                "restartPolicy": "RecreateGroupOnPodRestart",
+                "leaderTemplate": {
+                    "metadata": {"labels": leader_labels},
+                    "spec": pod_spec(ctx, [engine_container(ctx, leader_args, serving=True)], init, "server"),
+                },
+                "workerTemplate": {
+                    "metadata": {"labels": worker_labels},
+                    "spec": pod_spec(ctx, [engine_container(ctx, worker_args, serving=False, headless=True)],
+                                     init, "server"),
+                },
+            },
+        },
+    }
+
+
+def serving_selector(ctx: ServingContext) -> dict:
+    """Pods that answer HTTP: every server pod, or only group leaders when multi-node."""
+    sel = dict(ctx.selector("server"))
+    if ctx.multi_node:
+        sel[LEADER_LABEL] = "leader"
+    return sel
+
+
+def services(ctx: ServingContext) -> list[dict]:
+    """Stable and canary Services over the same pods; Argo Rollouts narrows each to its
+    ReplicaSet during a rollout, the HTTPRoute weights traffic between them."""
+    out = []
+    for name in (ctx.stable_service, ctx.canary_service):
+        out.append({
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": ctx.metadata(name, "server"),
+            "spec": {
+                "type": "ClusterIP",
+                "selector": serving_selector(ctx),
+                "ports": [{"name": "http", "port": HTTP_PORT, "targetPort": "http", "protocol": "TCP"}],
+            },
+        })
+    return out
+
+
+def pod_disruption_budget(ctx: ServingContext) -> dict:
+    """Node drains and autoscaler scale-downs take one replica at a time."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": ctx.metadata(ctx.release, "server"),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": serving_selector(ctx)}},
+    }
+
+
+def render(ctx: ServingContext, role_trn: str | None = None) -> list[dict]:
+    """All serving objects. `role_trn` is the weights reader role (IRSA); the component
+    passes the real Output-resolved value, tests a literal."""
+    role_env = {"name": "VOLCENGINE_OIDC_ROLE_TRN", "value": role_trn if role_trn is not None else ""}
+    workload = leader_worker_set(ctx, role_env) if ctx.multi_node else deployment(ctx, role_env)
+    return [namespace(ctx), service_account(ctx), workload, *services(ctx), pod_disruption_budget(ctx)]
+
+
+def describe_command(obj: dict) -> str:
+    """The engine command line of a rendered workload, for people reading a preview."""
+    spec = obj["spec"]
+    tmpl = spec["leaderWorkerTemplate"]["leaderTemplate"] if obj["kind"] == "LeaderWorkerSet" else spec["template"]
+    c = tmpl["spec"]["containers"][0]
+    return shlex.join(c["command"] + c["args"])
+

@@ -1,0 +1,163 @@
+"""The serving stack on the cluster, as one ComponentResource.
+
+It receives the infra layer only through component outputs (kubeconfig, bucket name,
+reader role, registry, VMP workspace) and wraps what the pure renderers produce.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import pulumi
+import pulumi_kubernetes as k8s
+import pulumi_volcengine as volc
+
+from workloads import k8s as k8s_apply
+from workloads import manifests
+from workloads.context import ServingContext
+
+Renderer = Callable[[ServingContext], list[dict]]
+
+
+@dataclass(frozen=True)
+class ServingArgs:
+    context: ServingContext
+    kubeconfig: pulumi.Input[str]
+    reader_role_trn: pulumi.Input[str]
+    static_access_key_id: pulumi.Input[str] | None
+    static_secret_access_key: pulumi.Input[str] | None
+    volcengine_provider: pulumi.ProviderResource
+    vmp_workspace_id: pulumi.Input[str] | None
+
+
+def renderers(ctx: ServingContext) -> list[Renderer]:
+    """Every renderer whose objects join the serving objects, in dependency order."""
+    from workloads import autoscaling, gateway, monitoring, network_policy, rollout
+
+    out: list[Renderer] = [network_policy.render, gateway.render]
+    s = ctx.settings
+    if s.rollout.enabled and not ctx.multi_node:
+        out.append(rollout.render)
+    if s.autoscaling.enabled:
+        out.append(autoscaling.render)
+    if s.monitoring.enabled:
+        out.append(monitoring.render)
+    return out
+
+
+def render_all(ctx: ServingContext, role_trn: pulumi.Input[str] | str) -> list[dict]:
+    """All Kubernetes objects of the serving stack (what the component registers)."""
+    objs = manifests.render(ctx, role_trn)  # type: ignore[arg-type]
+    for render in renderers(ctx):
+        objs.extend(render(ctx))
+    return objs
+
+
+class Serving(pulumi.ComponentResource):
+    endpoint: pulumi.Output[str]
+
+    def __init__(self, name: str, args: ServingArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("deepseek-volc:serving:Serving", name, None, opts)
+        ctx = args.context
+        provider = k8s.Provider(
+            f"{name}-k8s",
+            kubeconfig=args.kubeconfig,
+            enable_server_side_apply=True,
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        base = pulumi.ResourceOptions(parent=self, provider=provider)
+
+        from workloads import platform
+
+        releases = []
+        for rel in platform.releases(ctx.settings):
+            releases.append(
+                k8s.helm.v3.Release(
+                    f"{name}-helm-{rel['name']}",
+                    name=rel["name"],
+                    chart=rel["chart"],
+                    version=rel["version"],
+                    namespace=rel["namespace"],
+                    create_namespace=True,
+                    repository_opts={"repo": rel["repository_url"]},
+                    values=rel.get("values", {}),
+                    atomic=True,
+                    timeout=900,
+                    opts=base,
+                )
+            )
+
+        objs = render_all(ctx, args.reader_role_trn)
+        namespaces = {}
+        for obj in [o for o in objs if o["kind"] == "Namespace"]:
+            namespaces[obj["metadata"]["name"]] = k8s_apply.apply(name, obj, base)
+
+        if not ctx.settings.cluster.irsa:
+            # Static reader key for clusters without IRSA (infra/weights.py creates the user).
+            k8s.core.v1.Secret(
+                f"{name}-tos-reader",
+                metadata={"name": f"{ctx.release}-{manifests.STATIC_KEY_SECRET_SUFFIX}",
+                          "namespace": ctx.namespace, "labels": ctx.labels("server")},
+                type="Opaque",
+                string_data={"access_key_id": args.static_access_key_id,
+                             "secret_access_key": args.static_secret_access_key},
+                opts=pulumi.ResourceOptions.merge(base, pulumi.ResourceOptions(
+                    depends_on=list(namespaces.values()))),
+            )
+
+        scaled = {(o["spec"]["scaleTargetRef"].get("kind", "Deployment"), o["spec"]["scaleTargetRef"]["name"])
+                  for o in objs if o["kind"] == "ScaledObject"}
+        for obj in objs:
+            if obj["kind"] == "Namespace":
+                continue
+            deps = list(releases)
+            ns = obj["metadata"].get("namespace")
+            if ns in namespaces:
+                deps.append(namespaces[ns])
+            ignore = []
+            if (obj["kind"], obj["metadata"]["name"]) in scaled:
+                # The autoscaler owns the replica count after creation; re-applying the
+                # configured count on every `pulumi up` would fight it.
+                ignore.append("spec.replicas")
+            k8s_apply.apply(
+                name, obj,
+                pulumi.ResourceOptions.merge(base, pulumi.ResourceOptions(depends_on=deps, ignore_changes=ignore)),
+            )
+
+        if args.vmp_workspace_id is not None and ctx.settings.monitoring.enabled:
+            from workloads import monitoring
+
+            volc.vmp.RuleFile(
+                f"{name}-vmp-rules",
+                workspace_id=args.vmp_workspace_id,
+                name=f"{ctx.release}-rules",
+                description="DeepSeek serving recording and alerting rules",
+                content=monitoring.rule_file_content(ctx),
+                opts=pulumi.ResourceOptions(parent=self, provider=args.volcengine_provider),
+            )
+
+        self.endpoint = pulumi.Output.from_input(
+            f"http://{ctx.stable_service}.{ctx.namespace}.svc:{8000}/v1"
+        )
+        self.register_outputs({"endpoint": self.endpoint})
+
+
+def build_serving(settings, infra) -> Serving:
+    """Wire the serving stack to the infra components' outputs."""
+    from workloads.context import build_context
+
+    ctx = build_context(settings, image_repository=settings.image_repository, weights_bucket=settings.bucket_name)
+    return Serving(
+        f"deepseek-{settings.environment}",
+        ServingArgs(
+            context=ctx,
+            kubeconfig=infra.cluster.kubeconfig,
+            reader_role_trn=infra.weights.role_trn,
+            static_access_key_id=infra.weights.access_key_id,
+            static_secret_access_key=infra.weights.secret_access_key,
+            volcengine_provider=infra.provider,
+            vmp_workspace_id=infra.observability.workspace_id if infra.observability else None,
+        ),
+        opts=pulumi.ResourceOptions(depends_on=[infra.cluster]),
+    )
