@@ -1,0 +1,127 @@
+"""Replica autoscaling of the serving workload: a KEDA ScaledObject on Prometheus.
+
+    render(ctx) -> list[dict]       the ScaledObject, or [] when autoscaling is disabled
+    scale_target(ctx) -> dict       the object KEDA scales (apiVersion, kind, name)
+    triggers(ctx) -> list[dict]     the Prometheus triggers
+
+Signals, in the order they matter (settings.autoscaling):
+
+1. waiting requests per replica (`vllm:num_requests_waiting`): requests the engine has
+   accepted but cannot schedule, because the batch or the KV cache is full. This is the
+   signal that users are about to wait; it is zero while there is headroom.
+2. request rate per replica (finished requests/s, `vllm:request_success_total`): scales
+   ahead of the queue when traffic ramps.
+3. GPU utilisation (`DCGM_FI_DEV_GPU_UTIL`), secondary only: a GPU reads near 100% with a
+   single request decoding (NVIDIA/dcgm-exporter#301), so alone it cannot tell one user
+   from a thousand; as a third trigger it only ever adds replicas.
+
+The HPA KEDA creates takes the largest replica count any trigger asks for. The first two
+are `AverageValue` targets: the query returns the release's total and the HPA divides by
+the current replica count, i.e. the threshold is per replica. The GPU trigger is a
+`Value` target on the mean over the release's GPUs (desired = current x mean / target).
+
+A scale-down stabilisation window longer than a model load (settings default 30 min;
+a 671B model takes ~10-20 min to load) keeps a replica that is still loading, or just
+loaded, from being removed by a lull that its own absence caused. New GPU nodes for
+new replicas come from the GPU node pools' autoscaling (infra/cluster.py): pods that do
+not fit stay Pending and the pool grows up to its max_nodes.
+"""
+
+from __future__ import annotations
+
+from workloads.context import ServingContext
+from workloads.monitoring import gpu_selector, hpa_name, vllm_selector
+
+# Window of the request-rate query: long enough to hold 8 scrapes at 15 s, short enough
+# to follow a ramp within the scale-up stabilisation.
+RATE_WINDOW = "2m"
+
+
+def scale_target(ctx: ServingContext) -> dict:
+    """What KEDA scales: the LeaderWorkerSet for multi-node models (Argo Rollouts cannot
+    manage one; it has a scale subresource and its own rolling update), else the Argo
+    Rollout when canaries are on, else the Deployment."""
+    if ctx.multi_node:
+        return {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet", "name": ctx.release}
+    if ctx.settings.rollout.enabled:
+        return {"apiVersion": "argoproj.io/v1alpha1", "kind": "Rollout", "name": ctx.release}
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "name": ctx.release}
+
+
+def min_replicas(ctx: ServingContext) -> int:
+    a = ctx.settings.autoscaling
+    return a.min_replicas if a.min_replicas is not None else ctx.settings.serving.replicas
+
+
+def _threshold(x: float) -> str:
+    # KEDA reads trigger metadata as strings; keep "4" for 4.0 and "0.5" for 0.5.
+    return f"{x:g}"
+
+
+def triggers(ctx: ServingContext) -> list[dict]:
+    a = ctx.settings.autoscaling
+    server = ctx.settings.monitoring.prometheus_url
+    vllm, gpu = vllm_selector(ctx), gpu_selector(ctx)
+
+    def prometheus(name: str, query: str, threshold: float, metric_type: str) -> dict:
+        return {
+            "type": "prometheus",
+            "name": name,
+            "metricType": metric_type,
+            "metadata": {
+                "serverAddress": server,
+                "query": query,
+                "threshold": _threshold(threshold),
+                # No series (e.g. Prometheus restarted) reads as 0: the HPA then keeps the
+                # other triggers' answer instead of the ScaledObject going to error.
+                "ignoreNullValues": "true",
+            },
+        }
+
+    return [
+        prometheus("waiting-requests", f"sum(vllm:num_requests_waiting{{{vllm}}})", a.waiting_per_replica,
+                   "AverageValue"),
+        prometheus("request-rate", f"sum(rate(vllm:request_success_total{{{vllm}}}[{RATE_WINDOW}]))",
+                   a.requests_per_second_per_replica, "AverageValue"),
+        prometheus("gpu-utilization", f"avg(DCGM_FI_DEV_GPU_UTIL{{{gpu}}})", a.gpu_utilization_percent, "Value"),
+    ]
+
+
+def behavior(ctx: ServingContext) -> dict:
+    a = ctx.settings.autoscaling
+    return {
+        "scaleUp": {
+            "stabilizationWindowSeconds": a.scale_up_stabilization_seconds,
+            # At most double per minute: each new replica needs whole GPU nodes.
+            "policies": [{"type": "Percent", "value": 100, "periodSeconds": 60}],
+        },
+        "scaleDown": {
+            "stabilizationWindowSeconds": a.scale_down_stabilization_seconds,
+            # One replica at a time, no faster than one model load apart, so the cost of
+            # a wrong guess is one replica, not the fleet.
+            "policies": [{"type": "Pods", "value": 1, "periodSeconds": 600}],
+        },
+    }
+
+
+def render(ctx: ServingContext) -> list[dict]:
+    a = ctx.settings.autoscaling
+    if not a.enabled:
+        return []
+    return [
+        {
+            "apiVersion": "keda.sh/v1alpha1",
+            "kind": "ScaledObject",
+            "metadata": ctx.metadata(ctx.release, "autoscaler"),
+            "spec": {
+                "scaleTargetRef": scale_target(ctx),
+                "pollingInterval": a.polling_interval_seconds,
+                "minReplicaCount": min_replicas(ctx),
+                "maxReplicaCount": a.max_replicas,
+                "advanced": {
+                    "horizontalPodAutoscalerConfig": {"name": hpa_name(ctx), "behavior": behavior(ctx)},
+                },
+                "triggers": triggers(ctx),
+            },
+        }
+    ]

@@ -1,0 +1,434 @@
+"""Monitoring of the serving workload: scrape configs, rules, alerts and a dashboard.
+
+    render(ctx) -> list[dict]     Kubernetes objects (plain dicts), empty when disabled
+    rule_file_content(ctx) -> str the same rules as one Prometheus rule file, for VMP
+    rule_groups(ctx) -> dict      {"recording": [...groups], "alerts": [...groups]}
+    dashboard(ctx) -> dict        the Grafana dashboard model
+    all_queries(ctx)              every PromQL expression the workload ships, by origin
+    metric_names(expr) -> set     metric names a PromQL expression reads
+
+What is rendered, and where:
+
+* dcgm-exporter as a DaemonSet in `settings.monitoring.namespace`, on GPU nodes only (it
+  needs the NVIDIA driver; elsewhere it would crash-loop), with a PodMonitor;
+* a PodMonitor for vLLM's `/metrics` in the serving namespace;
+* PrometheusRule objects built from `workloads/rules/*.yaml` (templates: `${name}` is
+  filled from the settings at render time; the rendered text is what promtool checks);
+* the Grafana dashboard `workloads/dashboards/vllm.json` in a ConfigMap labelled
+  `grafana_dashboard: "1"`, which the Grafana sidecar (kube-prometheus-stack) loads.
+
+Label conventions every query relies on (set by the PodMonitors below):
+
+* vLLM series: `job="vllm"` (pod label app.kubernetes.io/name via `jobLabel`), the
+  target's `namespace` and `pod`, plus `rollouts_pod_template_hash` (Argo Rollouts' pod
+  label, which tells the canary's pods from the stable ones).
+* DCGM series: `job="dcgm-exporter"`, `node` (the exporter pod's node), and, because the
+  scrape honours the exporter's labels, `namespace`/`pod` of the pod *holding* the GPU
+  (dcgm-exporter with DCGM_EXPORTER_KUBERNETES=true reads the kubelet's pod-resources).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from importlib import resources
+from typing import Any
+
+import yaml
+
+from workloads.context import HTTP_PORT, MANAGED_BY, PART_OF, ServingContext
+
+# nvcr.io tag of the upstream manifest (NVIDIA/dcgm-exporter dcgm-exporter.yaml: DCGM
+# 4.2.3, exporter 4.1.3). Pinned: a floating tag would change the metric set under us.
+DCGM_EXPORTER_IMAGE = "nvcr.io/nvidia/k8s/dcgm-exporter:4.2.3-4.1.3-ubuntu22.04"
+DCGM_PORT = 9400
+DCGM_NAME = "dcgm-exporter"
+VLLM_JOB = "vllm"
+# Node labels and taint of the GPU pools (infra/cluster.py).
+GPU_MODEL_LABEL = "deepseek-volc/gpu-model"
+GPU_TAINT_KEY = "nvidia.com/gpu"
+SCRAPE_INTERVAL = "15s"
+# Argo Rollouts labels every pod it manages with its template hash.
+ROLLOUT_HASH_POD_LABEL = "rollouts-pod-template-hash"
+ROLLOUT_HASH_LABEL = "rollouts_pod_template_hash"  # as Prometheus sanitises it
+LWS_WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
+
+RULE_FILES = ("recording", "alerts")
+DASHBOARD_FILE = "vllm.json"
+
+_PLACEHOLDER = re.compile(r"\$\{(\w+)\}")
+
+
+# ----------------------------------------------------------------------------- selectors
+
+
+def vllm_selector(ctx: ServingContext) -> str:
+    """Label matchers (without braces) of the serving pods' vLLM series."""
+    return f'namespace="{ctx.namespace}",job="{VLLM_JOB}"'
+
+
+def gpu_selector(ctx: ServingContext) -> str:
+    """Label matchers of the DCGM series of GPUs held by the serving pods."""
+    return f'namespace="{ctx.namespace}",job="{DCGM_NAME}"'
+
+
+def dcgm_selector() -> str:
+    """Label matchers of every DCGM series (all GPU nodes, whoever holds the GPU)."""
+    return f'job="{DCGM_NAME}"'
+
+
+def hpa_name(ctx: ServingContext) -> str:
+    """The HPA KEDA creates for the ScaledObject (named explicitly in autoscaling.py)."""
+    return f"keda-hpa-{ctx.release}"
+
+
+def _fmt_duration(minutes: int) -> str:
+    return f"{minutes // 60}h" if minutes % 60 == 0 else f"{minutes}m"
+
+
+def template_values(ctx: ServingContext) -> dict[str, str]:
+    """What `${name}` stands for in the rule and dashboard templates."""
+    m = ctx.settings.monitoring
+    return {
+        "ns": ctx.namespace,
+        "release": ctx.release,
+        "monitoring_ns": m.namespace,
+        "vllm": vllm_selector(ctx),
+        "gpu": gpu_selector(ctx),
+        "dcgm": dcgm_selector(),
+        "hpa": hpa_name(ctx),
+        "ttft_p99_seconds": _num(m.ttft_p99_seconds),
+        "e2e_p99_seconds": _num(m.e2e_p99_seconds),
+        "p99_regression_ratio": _num(m.p99_regression_ratio),
+        "error_rate": _num(m.error_rate),
+        "kv_cache_usage": _num(m.kv_cache_usage),
+        "at_max_for": _fmt_duration(m.at_max_replicas_minutes),
+    }
+
+
+def _num(x: float) -> str:
+    """A float as PromQL reads it, without binary noise (0.02, not 0.020000000000000004)."""
+    return repr(float(x)).removesuffix(".0")
+
+
+def fill(template: Any, values: dict[str, str]) -> Any:
+    """Replace `${name}` in every string of a parsed YAML/JSON tree. Unknown names fail:
+    a typo must not ship as a literal `${...}` inside a query."""
+
+    def sub(s: str) -> str:
+        def one(m: re.Match) -> str:
+            if m.group(1) not in values:
+                raise KeyError(f"unknown placeholder ${{{m.group(1)}}}; expected one of {sorted(values)}")
+            return values[m.group(1)]
+
+        return _PLACEHOLDER.sub(one, s)
+
+    if isinstance(template, str):
+        return sub(template)
+    if isinstance(template, list):
+        return [fill(v, values) for v in template]
+    if isinstance(template, dict):
+        return {k: fill(v, values) for k, v in template.items()}
+    return template
+
+
+# ----------------------------------------------------------------------------- rules
+
+
+def _package_text(*parts: str) -> str:
+    return resources.files("workloads").joinpath(*parts).read_text()
+
+
+def rule_groups(ctx: ServingContext) -> dict[str, list[dict]]:
+    """The rule groups of each file in workloads/rules/, filled from the settings.
+
+    Without autoscaling there is no HPA, so the replicas-at-max group is left out."""
+    values = template_values(ctx)
+    out = {}
+    for name in RULE_FILES:
+        groups = fill(yaml.safe_load(_package_text("rules", f"{name}.yaml"))["groups"], values)
+        if not ctx.settings.autoscaling.enabled:
+            groups = [g for g in groups if g["name"] != "serving.autoscaling"]
+        out[name] = groups
+    return out
+
+
+def rule_file_content(ctx: ServingContext) -> str:
+    """All groups as one Prometheus rule file (the format VMP's RuleFile takes)."""
+    groups = [g for gs in rule_groups(ctx).values() for g in gs]
+    return yaml.safe_dump({"groups": groups}, sort_keys=False, width=1000)
+
+
+def alert_names(ctx: ServingContext) -> list[str]:
+    return [r["alert"] for g in rule_groups(ctx)["alerts"] for r in g["rules"] if "alert" in r]
+
+
+# ----------------------------------------------------------------------------- dashboard
+
+
+def dashboard(ctx: ServingContext) -> dict:
+    """The Grafana dashboard, its namespace variable defaulting to the serving namespace."""
+    model = json.loads(_package_text("dashboards", DASHBOARD_FILE))
+    for var in model["templating"]["list"]:
+        if var["name"] == "namespace":
+            var["current"] = {"selected": True, "text": ctx.namespace, "value": ctx.namespace}
+    return model
+
+
+def dashboard_queries(model: dict) -> list[tuple[str, str]]:
+    """(panel title, expr) of every target, plus the template variables' queries."""
+    out = []
+    for panel in model["panels"]:
+        for t in panel.get("targets", []):
+            out.append((panel["title"], t["expr"]))
+    for var in model["templating"]["list"]:
+        if var.get("type") == "query":
+            q = var["query"]["query"] if isinstance(var["query"], dict) else var["query"]
+            out.append((f"variable {var['name']}", q))
+    return out
+
+
+# Grafana variables in dashboard queries, and what stands in for them when the queries
+# are checked as plain PromQL (promtool and the metric-name test).
+GRAFANA_VARIABLES = {
+    "$__rate_interval": "5m",
+    "$namespace": "deepseek-serving",
+    "$model_name": "deepseek",
+    "$node": "node-0",
+}
+_LABEL_VALUES = re.compile(r"^label_values\((?:(.*),\s*)?(\w+)\)$", re.S)
+
+
+def as_promql(expr: str) -> str:
+    """A dashboard query as PromQL: variables substituted, `label_values(q, l)` -> q."""
+    for var, value in sorted(GRAFANA_VARIABLES.items(), key=lambda kv: -len(kv[0])):
+        expr = expr.replace(var, value)
+    m = _LABEL_VALUES.match(expr.strip())
+    if m:
+        expr = m.group(1) or "up"
+    return expr
+
+
+# ----------------------------------------------------------------------------- queries
+
+
+def all_queries(ctx: ServingContext) -> list[tuple[str, str]]:
+    """(where, PromQL) for every query the workload ships: autoscaler triggers, canary
+    analysis, recording and alert rules, dashboard panels (variables substituted)."""
+    from workloads import autoscaling, rollout
+
+    out: list[tuple[str, str]] = []
+    for obj in autoscaling.render(ctx):
+        for t in obj["spec"]["triggers"]:
+            if t["type"] == "prometheus":
+                out.append((f"ScaledObject trigger {t['name']}", t["metadata"]["query"]))
+    for obj in rollout.render(ctx):
+        if obj["kind"] == "AnalysisTemplate":
+            for metric in obj["spec"]["metrics"]:
+                q = metric["provider"]["prometheus"]["query"]
+                out.append((f"AnalysisTemplate metric {metric['name']}", rollout.with_args(q)))
+    for file, groups in rule_groups(ctx).items():
+        for g in groups:
+            for r in g["rules"]:
+                out.append((f"{file} {g['name']} {r.get('record') or r.get('alert')}", r["expr"]))
+    for title, q in dashboard_queries(dashboard(ctx)):
+        out.append((f"dashboard {title}", as_promql(q)))
+    return out
+
+
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`')
+_MATCHERS = re.compile(r"\{[^{}]*\}")
+_RANGE = re.compile(r"\[[^\[\]]*\]")
+_GROUPING = re.compile(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^()]*\)")
+_IDENT = re.compile(r"(?<![\w:.])([A-Za-z_:][A-Za-z0-9_:]*)(?![\w:]|\s*\()")
+_KEYWORDS = {
+    "and", "or", "unless", "by", "without", "on", "ignoring", "group_left", "group_right",
+    "offset", "bool", "inf", "nan", "atan2", "start", "end",
+}
+
+
+def metric_names(expr: str) -> set[str]:
+    """Metric names read by a PromQL expression.
+
+    Strips string literals, label matchers, range/subquery brackets and grouping label
+    lists; what is left that is an identifier not followed by `(` (a function call) and
+    not a keyword is a metric name. Enough for the expressions we write (tested in
+    tests/test_metrics_contract.py against hand-listed answers)."""
+    s = _STRING.sub('""', expr)
+    s = _MATCHERS.sub("", s)
+    s = _RANGE.sub("", s)
+    s = _GROUPING.sub("", s)
+    s = re.sub(r"\boffset\s+-?\w+", "", s)
+    return {n for n in _IDENT.findall(s) if n.lower() not in _KEYWORDS}
+
+
+# ----------------------------------------------------------------------------- objects
+
+
+def _monitor_labels(ctx: ServingContext, component: str) -> dict[str, str]:
+    # Extra labels so the Prometheus' rule/monitor selectors pick these objects up.
+    return {**ctx.labels(component), **ctx.settings.monitoring.selector_labels}
+
+
+def vllm_pod_monitor(ctx: ServingContext) -> dict:
+    selector: dict[str, Any] = {"matchLabels": ctx.selector("server")}
+    if ctx.multi_node:
+        # Only the leader of each LeaderWorkerSet group runs the API server; the workers
+        # are Ray processes without /metrics (they would show as targets down).
+        selector["matchExpressions"] = [{"key": LWS_WORKER_INDEX_LABEL, "operator": "In", "values": ["0"]}]
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PodMonitor",
+        "metadata": {
+            "name": f"{ctx.release}-vllm",
+            "namespace": ctx.namespace,
+            "labels": _monitor_labels(ctx, "monitoring"),
+        },
+        "spec": {
+            "selector": selector,
+            "jobLabel": "app.kubernetes.io/name",  # job="vllm"
+            "podTargetLabels": [ROLLOUT_HASH_POD_LABEL, "app.kubernetes.io/instance"],
+            "podMetricsEndpoints": [
+                {"portNumber": HTTP_PORT, "path": "/metrics", "interval": SCRAPE_INTERVAL},
+            ],
+        },
+    }
+
+
+def _dcgm_labels(ctx: ServingContext) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": DCGM_NAME,
+        "app.kubernetes.io/instance": f"{ctx.release}-{DCGM_NAME}",
+        "app.kubernetes.io/component": "gpu-metrics",
+        "app.kubernetes.io/part-of": PART_OF,
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+    }
+
+
+def dcgm_exporter(ctx: ServingContext) -> list[dict]:
+    ns = ctx.settings.monitoring.namespace
+    labels = _dcgm_labels(ctx)
+    selector = {"app.kubernetes.io/name": DCGM_NAME}
+    sa = {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": {"name": DCGM_NAME, "namespace": ns, "labels": labels},
+        "automountServiceAccountToken": False,
+    }
+    ds = {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": DCGM_NAME, "namespace": ns, "labels": labels},
+        "spec": {
+            "selector": {"matchLabels": selector},
+            "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "serviceAccountName": DCGM_NAME,
+                    "automountServiceAccountToken": False,
+                    "priorityClassName": "system-node-critical",
+                    # GPU nodes only: the pools carry the gpu-model label and the GPU taint.
+                    "affinity": {
+                        "nodeAffinity": {
+                            "requiredDuringSchedulingIgnoredDuringExecution": {
+                                "nodeSelectorTerms": [
+                                    {"matchExpressions": [{"key": GPU_MODEL_LABEL, "operator": "Exists"}]}
+                                ]
+                            }
+                        }
+                    },
+                    "tolerations": [{"key": GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}],
+                    "containers": [
+                        {
+                            "name": DCGM_NAME,
+                            "image": DCGM_EXPORTER_IMAGE,
+                            "env": [
+                                {"name": "DCGM_EXPORTER_LISTEN", "value": f":{DCGM_PORT}"},
+                                # Label each GPU's series with the pod holding it.
+                                {"name": "DCGM_EXPORTER_KUBERNETES", "value": "true"},
+                                {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+                            ],
+                            "ports": [{"name": "metrics", "containerPort": DCGM_PORT}],
+                            # The upstream manifest's: DCGM's profiling counters need SYS_ADMIN.
+                            "securityContext": {"runAsNonRoot": False, "runAsUser": 0,
+                                                "capabilities": {"add": ["SYS_ADMIN"]}},
+                            "resources": {
+                                "requests": {"cpu": "100m", "memory": "256Mi"},
+                                "limits": {"memory": "1Gi"},
+                            },
+                            "readinessProbe": {"httpGet": {"path": "/health", "port": DCGM_PORT},
+                                               "initialDelaySeconds": 15, "periodSeconds": 10},
+                            "volumeMounts": [{"name": "pod-resources", "mountPath": "/var/lib/kubelet/pod-resources",
+                                              "readOnly": True}],
+                        }
+                    ],
+                    "volumes": [{"name": "pod-resources",
+                                 "hostPath": {"path": "/var/lib/kubelet/pod-resources", "type": "Directory"}}],
+                },
+            },
+        },
+    }
+    monitor = {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PodMonitor",
+        "metadata": {"name": DCGM_NAME, "namespace": ns, "labels": _monitor_labels(ctx, "monitoring")},
+        "spec": {
+            "selector": {"matchLabels": selector},
+            "jobLabel": "app.kubernetes.io/name",  # job="dcgm-exporter"
+            "podMetricsEndpoints": [
+                {
+                    "port": "metrics",
+                    "path": "/metrics",
+                    "interval": SCRAPE_INTERVAL,
+                    # Keep the exporter's namespace/pod/container: they name the pod holding
+                    # the GPU, which is what the autoscaler and dashboards select on.
+                    "honorLabels": True,
+                    "relabelings": [
+                        {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node",
+                         "action": "replace"}
+                    ],
+                }
+            ],
+        },
+    }
+    return [sa, ds, monitor]
+
+
+def prometheus_rules(ctx: ServingContext) -> list[dict]:
+    ns = ctx.settings.monitoring.namespace
+    return [
+        {
+            "apiVersion": "monitoring.coreos.com/v1",
+            "kind": "PrometheusRule",
+            "metadata": {"name": f"{ctx.release}-{name}", "namespace": ns, "labels": _monitor_labels(ctx, "monitoring")},
+            "spec": {"groups": copy.deepcopy(groups)},
+        }
+        for name, groups in rule_groups(ctx).items()
+    ]
+
+
+def dashboard_configmap(ctx: ServingContext) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": f"{ctx.release}-dashboard",
+            "namespace": ctx.settings.monitoring.namespace,
+            # The label kube-prometheus-stack's Grafana sidecar watches for by default.
+            "labels": {**ctx.labels("monitoring"), "grafana_dashboard": "1"},
+        },
+        "data": {f"{ctx.release}-vllm.json": json.dumps(dashboard(ctx), indent=1, sort_keys=True)},
+    }
+
+
+def render(ctx: ServingContext) -> list[dict]:
+    if not ctx.settings.monitoring.enabled:
+        return []
+    return [
+        vllm_pod_monitor(ctx),
+        *dcgm_exporter(ctx),
+        *prometheus_rules(ctx),
+        dashboard_configmap(ctx),
+    ]
