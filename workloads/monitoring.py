@@ -52,7 +52,6 @@ SCRAPE_INTERVAL = "15s"
 # Argo Rollouts labels every pod it manages with its template hash.
 ROLLOUT_HASH_POD_LABEL = "rollouts-pod-template-hash"
 ROLLOUT_HASH_LABEL = "rollouts_pod_template_hash"  # as Prometheus sanitises it
-LWS_WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
 
 RULE_FILES = ("recording", "alerts")
 DASHBOARD_FILE = "vllm.json"
@@ -272,11 +271,11 @@ def _monitor_labels(ctx: ServingContext, component: str) -> dict[str, str]:
 
 
 def vllm_pod_monitor(ctx: ServingContext) -> dict:
-    selector: dict[str, Any] = {"matchLabels": ctx.selector("server")}
-    if ctx.multi_node:
-        # Only the leader of each LeaderWorkerSet group runs the API server; the workers
-        # are Ray processes without /metrics (they would show as targets down).
-        selector["matchExpressions"] = [{"key": LWS_WORKER_INDEX_LABEL, "operator": "In", "values": ["0"]}]
+    from workloads.manifests import serving_selector
+
+    # The pods that answer HTTP: with a LeaderWorkerSet only the group leaders run the
+    # API server; the workers have no /metrics and would show as targets down.
+    selector: dict[str, Any] = {"matchLabels": serving_selector(ctx)}
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PodMonitor",

@@ -1,0 +1,129 @@
+"""The KEDA ScaledObject: schema, scale target, signals and bounds taken from settings."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from k8s_schema import validate_all
+from stacks import parse, read_raw
+from workloads import autoscaling, monitoring
+from workloads.context import build_context
+
+STACKS = ["dev", "staging", "prod"]
+
+
+def ctx_for(stack: str, **changes):
+    """Context of a shipped stack with dotted-path overrides (`autoscaling__max_replicas=9`)."""
+    raw = copy.deepcopy(read_raw(stack))
+    for path, value in changes.items():
+        doc, keys = raw, path.split("__")
+        for k in keys[:-1]:
+            doc = doc.setdefault(k, {})
+        doc[keys[-1]] = value
+    s = parse(raw)
+    return build_context(s, image_repository="cr.example/ns/repo", weights_bucket=s.bucket_name)
+
+
+def scaled_object(ctx) -> dict:
+    (obj,) = autoscaling.render(ctx)
+    assert obj["kind"] == "ScaledObject"
+    return obj
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_scaled_object_passes_the_keda_crd_schema(stack):
+    ctx = ctx_for(stack)
+    validate_all(autoscaling.render(ctx), ctx.settings.cluster.kubernetes_version)
+
+
+def test_a_misspelt_field_fails_the_schema():
+    obj = scaled_object(ctx_for("dev"))
+    obj["spec"]["maxReplicasCount"] = obj["spec"].pop("maxReplicaCount")
+    with pytest.raises(AssertionError, match="maxReplicasCount"):
+        validate_all([obj])
+
+
+def test_scale_target_follows_the_shape_of_the_release():
+    dev = ctx_for("dev")
+    assert not dev.multi_node and dev.settings.rollout.enabled
+    assert scaled_object(dev)["spec"]["scaleTargetRef"] == {
+        "apiVersion": "argoproj.io/v1alpha1", "kind": "Rollout", "name": dev.release}
+
+    plain = ctx_for("dev", rollout__enabled=False)
+    assert scaled_object(plain)["spec"]["scaleTargetRef"] == {
+        "apiVersion": "apps/v1", "kind": "Deployment", "name": plain.release}
+
+    prod = ctx_for("prod")
+    assert prod.multi_node and prod.settings.rollout.enabled
+    # Argo cannot manage a LeaderWorkerSet: KEDA scales the LWS even with rollouts on.
+    assert scaled_object(prod)["spec"]["scaleTargetRef"] == {
+        "apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet", "name": prod.release}
+
+
+def test_bounds_and_timing_come_from_settings():
+    ctx = ctx_for("staging", autoscaling__min_replicas=2, autoscaling__max_replicas=7,
+                  autoscaling__polling_interval_seconds=20,
+                  autoscaling__scale_up_stabilization_seconds=45,
+                  autoscaling__scale_down_stabilization_seconds=2400)
+    spec = scaled_object(ctx)["spec"]
+    assert (spec["minReplicaCount"], spec["maxReplicaCount"], spec["pollingInterval"]) == (2, 7, 20)
+    hpa = spec["advanced"]["horizontalPodAutoscalerConfig"]
+    assert hpa["behavior"]["scaleUp"]["stabilizationWindowSeconds"] == 45
+    assert hpa["behavior"]["scaleDown"]["stabilizationWindowSeconds"] == 2400
+    # The replicas-at-max alert selects this HPA by name.
+    assert hpa["name"] == monitoring.hpa_name(ctx) == f"keda-hpa-{ctx.release}"
+
+
+def test_min_replicas_defaults_to_serving_replicas():
+    ctx = ctx_for("prod")
+    assert ctx.settings.autoscaling.min_replicas is None
+    assert scaled_object(ctx)["spec"]["minReplicaCount"] == ctx.settings.serving.replicas
+
+
+def test_scale_down_window_outlasts_a_model_load_in_every_stack():
+    # A replica that is still loading must not be scaled away by the lull its absence
+    # causes: the window has to exceed the time a pod is allowed to start.
+    for stack in STACKS:
+        ctx = ctx_for(stack)
+        if not ctx.settings.autoscaling.enabled:
+            continue
+        window = scaled_object(ctx)["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"][
+            "scaleDown"]["stabilizationWindowSeconds"]
+        assert window >= ctx.settings.serving.startup_timeout_seconds, stack
+
+
+def test_triggers_queue_depth_first_then_rate_then_gpu():
+    ctx = ctx_for("dev", autoscaling__waiting_per_replica=3.0,
+                  autoscaling__requests_per_second_per_replica=0.5,
+                  autoscaling__gpu_utilization_percent=85,
+                  monitoring__prometheus_url="http://prom.example:9090")
+    trig = {t["name"]: t for t in scaled_object(ctx)["spec"]["triggers"]}
+    assert list(trig) == ["waiting-requests", "request-rate", "gpu-utilization"]
+    for t in trig.values():
+        assert t["type"] == "prometheus"
+        assert t["metadata"]["serverAddress"] == "http://prom.example:9090"
+        assert all(isinstance(v, str) for v in t["metadata"].values())  # KEDA reads strings
+
+    w, r, g = trig["waiting-requests"], trig["request-rate"], trig["gpu-utilization"]
+    # Totals divided per replica by the HPA (AverageValue) ...
+    assert (w["metricType"], w["metadata"]["threshold"]) == ("AverageValue", "3")
+    assert monitoring.metric_names(w["metadata"]["query"]) == {"vllm:num_requests_waiting"}
+    assert w["metadata"]["query"].startswith("sum(")
+    assert (r["metricType"], r["metadata"]["threshold"]) == ("AverageValue", "0.5")
+    assert monitoring.metric_names(r["metadata"]["query"]) == {"vllm:request_success_total"}
+    # ... and a mean utilisation compared as a value.
+    assert (g["metricType"], g["metadata"]["threshold"]) == ("Value", "85")
+    assert monitoring.metric_names(g["metadata"]["query"]) == {"DCGM_FI_DEV_GPU_UTIL"}
+    assert g["metadata"]["query"].startswith("avg(")
+
+
+def test_queries_select_only_this_release():
+    ctx = ctx_for("dev", serving__namespace="llm-a")
+    for t in scaled_object(ctx)["spec"]["triggers"]:
+        assert 'namespace="llm-a"' in t["metadata"]["query"]
+
+
+def test_disabled_renders_nothing():
+    assert autoscaling.render(ctx_for("dev", autoscaling__enabled=False)) == []

@@ -1,0 +1,101 @@
+"""The Argo Rollout and its AnalysisTemplate: schemas, steps and thresholds from settings."""
+
+from __future__ import annotations
+
+import pytest
+
+from k8s_schema import validate_all
+from test_autoscaling import ctx_for
+from workloads import monitoring, rollout
+
+
+def objects(ctx) -> dict[str, dict]:
+    return {o["kind"]: o for o in rollout.render(ctx)}
+
+
+@pytest.mark.parametrize("stack", ["dev", "staging"])
+def test_objects_pass_the_argo_crd_schemas(stack):
+    ctx = ctx_for(stack)
+    objs = rollout.render(ctx)
+    assert sorted(o["kind"] for o in objs) == ["AnalysisTemplate", "Rollout"]
+    validate_all(objs, ctx.settings.cluster.kubernetes_version)
+
+
+def test_a_misspelt_field_fails_the_schema():
+    ro = objects(ctx_for("dev"))["Rollout"]
+    ro["spec"]["strategy"]["canary"]["stableSvc"] = ro["spec"]["strategy"]["canary"].pop("stableService")
+    with pytest.raises(AssertionError, match="stableSvc"):
+        validate_all([ro])
+
+
+def test_rollout_references_the_deployment_and_the_two_services():
+    ctx = ctx_for("dev")
+    spec = objects(ctx)["Rollout"]["spec"]
+    assert spec["workloadRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": ctx.release,
+                                   "scaleDown": "progressively"}
+    assert "template" not in spec  # the pod template lives only in the Deployment
+    canary = spec["strategy"]["canary"]
+    assert (canary["canaryService"], canary["stableService"]) == (ctx.canary_service, ctx.stable_service)
+    assert canary["trafficRouting"] == {
+        "plugins": {"argoproj-labs/gatewayAPI": {"httpRoute": ctx.release, "namespace": ctx.namespace}}}
+
+
+def test_steps_come_from_settings():
+    ctx = ctx_for("dev", rollout__steps=[10, 25, 60, 100], rollout__pause_seconds=900)
+    assert objects(ctx)["Rollout"]["spec"]["strategy"]["canary"]["steps"] == [
+        {"setWeight": 10}, {"pause": {"duration": "900s"}},
+        {"setWeight": 25}, {"pause": {"duration": "900s"}},
+        {"setWeight": 60}, {"pause": {"duration": "900s"}},
+        {"setWeight": 100},
+    ]
+
+
+def test_background_analysis_starts_with_the_first_weight_on_the_canary_pods():
+    ctx = ctx_for("dev")
+    analysis = objects(ctx)["Rollout"]["spec"]["strategy"]["canary"]["analysis"]
+    assert analysis["templates"] == [{"templateName": rollout.template_name(ctx)}]
+    steps = objects(ctx)["Rollout"]["spec"]["strategy"]["canary"]["steps"]
+    assert "setWeight" in steps[analysis["startingStep"] - 1]
+    assert analysis["args"] == [{"name": "canary-hash", "valueFrom": {"podTemplateHashValue": "Latest"}}]
+    # The template declares the argument the Rollout passes, and both queries use it.
+    tmpl = objects(ctx)["AnalysisTemplate"]
+    assert tmpl["metadata"]["name"] == rollout.template_name(ctx)
+    assert tmpl["spec"]["args"] == [{"name": "canary-hash"}]
+    for m in tmpl["spec"]["metrics"]:
+        assert f'{monitoring.ROLLOUT_HASH_LABEL}="{{{{args.canary-hash}}}}"' in m["provider"]["prometheus"]["query"]
+
+
+def test_abort_thresholds_come_from_settings():
+    ctx = ctx_for("dev", rollout__max_error_rate=0.005, rollout__max_p99_latency_seconds=12.5,
+                  rollout__failure_limit=3, rollout__analysis_interval_seconds=30,
+                  monitoring__prometheus_url="http://prom.example:9090")
+    metrics = {m["name"]: m for m in objects(ctx)["AnalysisTemplate"]["spec"]["metrics"]}
+    assert metrics["error-rate"]["successCondition"] == "result[0] <= 0.005"
+    assert metrics["p99-latency"]["successCondition"] == "result[0] <= 12.5"
+    for m in metrics.values():
+        assert m["failureLimit"] == 3
+        assert m["interval"] == "30s"
+        assert m["provider"]["prometheus"]["address"] == "http://prom.example:9090"
+    assert monitoring.metric_names(metrics["error-rate"]["provider"]["prometheus"]["query"]) == {
+        "http_requests_total"}
+    assert monitoring.metric_names(metrics["p99-latency"]["provider"]["prometheus"]["query"]) == {
+        "vllm:e2e_request_latency_seconds_bucket"}
+
+
+def test_replicas_left_to_keda_when_autoscaling():
+    assert "replicas" not in objects(ctx_for("dev"))["Rollout"]["spec"]
+    ctx = ctx_for("dev", autoscaling__enabled=False, serving__replicas=2)
+    assert objects(ctx)["Rollout"]["spec"]["replicas"] == 2
+
+
+def test_progress_deadline_covers_a_model_load():
+    ctx = ctx_for("dev", serving__startup_timeout_seconds=2400)
+    spec = objects(ctx)["Rollout"]["spec"]
+    assert spec["progressDeadlineSeconds"] > 2400 and spec["progressDeadlineAbort"] is True
+
+
+def test_no_rollout_when_disabled_or_multi_node():
+    assert rollout.render(ctx_for("dev", rollout__enabled=False)) == []
+    prod = ctx_for("prod")
+    assert prod.multi_node and prod.settings.rollout.enabled
+    assert rollout.render(prod) == []
