@@ -283,6 +283,7 @@ class ServingSettings(_Model):
         180, ge=30, le=3600, description="time for in-flight generations to finish on shutdown"
     )
     in_cluster_gateway: bool = Field(True, description="Envoy Gateway in the cluster with JWT and rate limits")
+    gateway_replicas: int = Field(2, ge=1, le=20, description="Envoy proxy replicas of the in-cluster gateway")
     auth: AuthSettings = Field(default_factory=AuthSettings, description="JWT authentication")
     rate_limits: RateLimitSettings = Field(default_factory=RateLimitSettings, description="per-consumer rate limits")
 

@@ -1,0 +1,206 @@
+"""The in-cluster gateway: schema-valid objects whose values come from the settings."""
+
+from __future__ import annotations
+
+import pytest
+
+import stacks
+from tests.k8s_schema import known_kinds, validate
+from workloads import gateway
+from workloads.context import HTTP_PORT, build_context
+from workloads.names import ENTRY_NAMESPACE, entry_service
+
+ENVS = ("dev", "staging", "prod")
+
+
+def _ctx(settings):
+    return build_context(settings, image_repository="r.example/x/y", weights_bucket=settings.bucket_name)
+
+
+@pytest.fixture(scope="module", params=ENVS)
+def ctx(request):
+    return _ctx(stacks.load(request.param))
+
+
+def _with(settings, **sections):
+    """A copy of the settings with some sections' fields replaced (validated again)."""
+    data = settings.model_dump()
+    for section, fields in sections.items():
+        node = data
+        *path, last = section.split(".")
+        for key in path:
+            node = node[key]
+        node[last] = {**node[last], **fields}
+    return type(settings).model_validate(data)
+
+
+def _one(objs, kind):
+    found = [o for o in objs if o["kind"] == kind]
+    assert len(found) == 1, f"expected one {kind}, got {len(found)}"
+    return found[0]
+
+
+def test_every_object_is_schema_valid(ctx):
+    have_envoyproxy_crd = ("gateway.envoyproxy.io", "EnvoyProxy") in known_kinds()
+    for obj in gateway.render(ctx):
+        if obj["kind"] == "EnvoyProxy" and not have_envoyproxy_crd:
+            continue  # covered by test_envoy_proxy_schema below
+        validate(obj, ctx.settings.cluster.kubernetes_version)
+
+
+def test_envoy_proxy_schema(ctx):
+    if ("gateway.envoyproxy.io", "EnvoyProxy") not in known_kinds():
+        pytest.skip("the EnvoyProxy CRD (envoyproxy/gateway v1.9.0) is not among ../shared/crds yet")
+    validate(gateway.envoy_proxy(ctx), ctx.settings.cluster.kubernetes_version)
+
+
+def test_route_weights_come_from_settings_and_add_to_100(ctx):
+    route = _one(gateway.render(ctx), "HTTPRoute")
+    split = next(r for r in route["spec"]["rules"] if r["name"] == gateway.SPLIT_RULE)
+    weights = {b["name"]: b["weight"] for b in split["backendRefs"]}
+    w = ctx.settings.gateway.canary_weight
+    assert weights == {ctx.stable_service: 100 - w, ctx.canary_service: w}
+    assert sum(weights.values()) == 100
+    assert all(b["port"] == HTTP_PORT for b in split["backendRefs"])
+
+
+def test_staging_really_splits():
+    # staging ships a 10% canary: the split rule must carry it, not a default 0.
+    ctx = _ctx(stacks.load("staging"))
+    assert ctx.settings.gateway.canary_weight == 10
+    assert gateway.route_weights(ctx) == (90, 10)
+
+
+def test_weights_follow_any_canary_weight():
+    base = stacks.load("dev")
+    for w in (0, 37, 100):
+        ctx = _ctx(_with(base, gateway={"canary_weight": w}))
+        assert gateway.route_weights(ctx) == (100 - w, w)
+
+
+def test_ab_header_routes_to_canary_only(ctx):
+    route = _one(gateway.render(ctx), "HTTPRoute")
+    ab = route["spec"]["rules"][0]
+    assert ab["name"] == gateway.AB_RULE  # first: more specific than the weighted rule
+    header = ab["matches"][0]["headers"][0]
+    assert header == {"type": "Exact", "name": ctx.settings.gateway.ab_header.name,
+                      "value": ctx.settings.gateway.ab_header.value}
+    assert [b["name"] for b in ab["backendRefs"]] == [ctx.canary_service]
+
+
+def test_only_the_weighted_rule_holds_both_tracks(ctx):
+    # Argo Rollouts' gatewayAPI plugin rewrites every rule holding both backends.
+    route = _one(gateway.render(ctx), "HTTPRoute")
+    both = [r["name"] for r in route["spec"]["rules"]
+            if {b["name"] for b in r["backendRefs"]} >= {ctx.stable_service, ctx.canary_service}]
+    assert both == [gateway.SPLIT_RULE]
+
+
+def test_custom_ab_header_is_used():
+    ctx = _ctx(_with(stacks.load("dev"), **{"gateway.ab_header": {"name": "x-try-b", "value": "yes"}}))
+    route = _one(gateway.render(ctx), "HTTPRoute")
+    assert route["spec"]["rules"][0]["matches"][0]["headers"][0]["name"] == "x-try-b"
+    assert route["spec"]["rules"][0]["matches"][0]["headers"][0]["value"] == "yes"
+
+
+def test_timeouts_follow_the_edge(ctx):
+    t = f"{ctx.settings.gateway.request_timeout_seconds}s"
+    objs = gateway.render(ctx)
+    route = _one(objs, "HTTPRoute")
+    assert {r["timeouts"]["request"] for r in route["spec"]["rules"]} == {t}
+    assert _one(objs, "BackendTrafficPolicy")["spec"]["timeout"]["http"]["requestTimeout"] == t
+    assert _one(objs, "ClientTrafficPolicy")["spec"]["timeout"]["http"]["streamIdleTimeout"] == t
+    assert _one(objs, "EnvoyProxy")["spec"]["shutdown"]["drainTimeout"] == t
+
+
+def test_jwt_from_settings(ctx):
+    auth = ctx.settings.serving.auth
+    sp = _one(gateway.render(ctx), "SecurityPolicy")
+    assert sp["spec"]["targetRefs"] == [{"group": "gateway.networking.k8s.io", "kind": "HTTPRoute", "name": ctx.release}]
+    (provider,) = sp["spec"]["jwt"]["providers"]
+    assert provider["issuer"] == auth.issuer
+    assert provider["audiences"] == auth.audiences
+    assert provider["remoteJWKS"]["uri"] == auth.jwks_uri
+    assert provider["claimToHeaders"] == [{"claim": auth.consumer_claim, "header": gateway.CONSUMER_HEADER}]
+
+
+def test_consumer_header_cannot_be_forged(ctx):
+    ctp = _one(gateway.render(ctx), "ClientTrafficPolicy")
+    assert gateway.CONSUMER_HEADER in ctp["spec"]["headers"]["earlyRequestHeaders"]["remove"]
+    assert ctp["spec"]["targetRefs"][0]["kind"] == "Gateway"
+
+
+def test_disabled_auth_renders_no_security_policy_and_no_rate_limit():
+    ctx = _ctx(_with(stacks.load("prod"), **{"serving.auth": {"enabled": False}}))
+    objs = gateway.render(ctx)
+    assert not [o for o in objs if o["kind"] == "SecurityPolicy"]
+    assert "rateLimit" not in _one(objs, "BackendTrafficPolicy")["spec"]
+    for obj in objs:
+        if obj["kind"] != "EnvoyProxy":  # see test_envoy_proxy_schema
+            validate(obj)
+
+
+def test_default_limit_for_every_consumer(ctx):
+    rl = ctx.settings.serving.rate_limits
+    rules = _one(gateway.render(ctx), "BackendTrafficPolicy")["spec"]["rateLimit"]["global"]["rules"]
+    default = rules[0]
+    headers = default["clientSelectors"][0]["headers"]
+    assert headers[0] == {"name": gateway.CONSUMER_HEADER, "type": "Distinct"}
+    assert default["limit"] == {"requests": rl.requests, "unit": rl.unit}
+    assert len(rules) == 1 + len(rl.consumers)
+
+
+def test_staging_override_is_exempt_from_the_default():
+    ctx = _ctx(stacks.load("staging"))
+    (override,) = ctx.settings.serving.rate_limits.consumers
+    rules = gateway.rate_limit_rules(ctx)
+    default_headers = rules[0]["clientSelectors"][0]["headers"]
+    assert {"name": gateway.CONSUMER_HEADER, "type": "Exact", "value": override.consumer, "invert": True} in default_headers
+    assert rules[1] == {
+        "clientSelectors": [{"headers": [{"name": gateway.CONSUMER_HEADER, "type": "Exact", "value": override.consumer}]}],
+        "limit": {"requests": override.requests, "unit": override.unit},
+    }
+
+
+def test_rate_limits_can_be_turned_off():
+    ctx = _ctx(_with(stacks.load("staging"), **{"serving.rate_limits": {"enabled": False}}))
+    assert "rateLimit" not in _one(gateway.render(ctx), "BackendTrafficPolicy")["spec"]
+
+
+def test_entry_service_selects_our_proxies(ctx):
+    svc = _one(gateway.render(ctx), "Service")
+    assert svc["metadata"]["name"] == entry_service(ctx.release)
+    assert svc["metadata"]["namespace"] == ENTRY_NAMESPACE
+    sel = svc["spec"]["selector"]
+    assert sel[gateway.OWNING_GATEWAY_NAME] == _one(gateway.render(ctx), "Gateway")["metadata"]["name"]
+    assert sel[gateway.OWNING_GATEWAY_NAMESPACE] == ctx.namespace
+    (port,) = svc["spec"]["ports"]
+    assert (port["port"], port["targetPort"]) == (80, 10080)
+
+
+def test_edge_targets_the_entry_service(ctx):
+    (up,) = ctx.settings.edge_upstreams()
+    svc = _one(gateway.render(ctx), "Service")
+    assert (up["namespace"], up["service"], up["port"]) == (
+        svc["metadata"]["namespace"], svc["metadata"]["name"], svc["spec"]["ports"][0]["port"])
+
+
+def test_gateway_listener_and_class(ctx):
+    objs = gateway.render(ctx)
+    gw, gc = _one(objs, "Gateway"), _one(objs, "GatewayClass")
+    assert gw["spec"]["gatewayClassName"] == gc["metadata"]["name"]
+    assert gc["spec"]["controllerName"] == "gateway.envoyproxy.io/gatewayclass-controller"
+    assert "namespace" not in gc["metadata"]
+    (listener,) = gw["spec"]["listeners"]
+    assert (listener["protocol"], listener["port"]) == ("HTTP", 80)
+    route = _one(objs, "HTTPRoute")
+    assert route["spec"]["parentRefs"] == [{"name": gw["metadata"]["name"], "sectionName": listener["name"]}]
+    proxy = _one(objs, "EnvoyProxy")
+    assert gw["spec"]["infrastructure"]["parametersRef"]["name"] == proxy["metadata"]["name"]
+    assert proxy["spec"]["provider"]["kubernetes"]["envoyService"]["type"] == "ClusterIP"
+    assert proxy["spec"]["provider"]["kubernetes"]["envoyDeployment"]["replicas"] == ctx.settings.serving.gateway_replicas
+
+
+def test_no_in_cluster_gateway_renders_nothing():
+    ctx = _ctx(_with(stacks.load("prod"), serving={"in_cluster_gateway": False}))
+    assert gateway.render(ctx) == []

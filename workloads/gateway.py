@@ -1,0 +1,292 @@
+"""The in-cluster gateway: Envoy Gateway in front of vLLM, with JWT auth and rate limits.
+
+    APIG edge (TLS, A/B header, retries) -> entry Service (ENTRY_NAMESPACE, port 80)
+      -> Envoy proxy pods of our Gateway (JWT, per-consumer rate limit)
+      -> HTTPRoute: A/B header -> canary; otherwise stable/canary by weight
+      -> vLLM pods (port 8000)
+
+TLS terminates at the APIG edge; the hop from the edge to the proxies stays inside the
+VPC, so the Gateway listens on plain HTTP port 80.
+
+The APIG provider has no JWT, consumer or rate-limit resources (FACTS.md), which is why
+they live here. With `serving.in_cluster_gateway` false nothing is rendered and the edge
+splits traffic itself (`StackSettings.edge_upstreams`).
+"""
+
+from __future__ import annotations
+
+from workloads.context import HTTP_PORT, ServingContext
+from workloads.names import ENTRY_NAMESPACE, entry_service
+
+GATEWAY_API = "gateway.networking.k8s.io/v1"
+ENVOY_GATEWAY_API = "gateway.envoyproxy.io/v1alpha1"
+
+# Our own GatewayClass (the Envoy Gateway quickstart's is "eg"; a distinct name keeps a
+# quickstart install on the same cluster from colliding with ours).
+GATEWAY_CLASS = "envoy-gateway"
+CONTROLLER_NAME = "gateway.envoyproxy.io/gatewayclass-controller"
+
+LISTENER = "http"
+LISTENER_PORT = 80
+# Envoy Gateway binds listeners below 1024 at port + 10000 so the proxy needs no
+# CAP_NET_BIND_SERVICE (envoyproxy/gateway internal/gatewayapi: wellKnownPortShift = 10000).
+PROXY_CONTAINER_PORT = LISTENER_PORT + 10000
+
+# Labels Envoy Gateway puts on the proxy Deployment/pods of a Gateway.
+OWNING_GATEWAY_NAME = "gateway.envoyproxy.io/owning-gateway-name"
+OWNING_GATEWAY_NAMESPACE = "gateway.envoyproxy.io/owning-gateway-namespace"
+
+# The JWT's consumer claim is copied into this header; it is the rate-limit key. Clients
+# cannot set it themselves: the ClientTrafficPolicy strips it before any filter runs.
+CONSUMER_HEADER = "x-deepseek-consumer"
+
+API_PREFIX = "/v1/"
+AB_RULE = "ab-canary"
+# Argo Rollouts' gatewayAPI plugin rewrites the weights of every rule holding both the
+# stable and the canary backend: only this one (the A/B rule holds the canary alone).
+SPLIT_RULE = "weighted"
+
+
+def gateway_name(ctx: ServingContext) -> str:
+    return ctx.release
+
+
+def proxy_selector(ctx: ServingContext) -> dict[str, str]:
+    """Pods of the Envoy proxies Envoy Gateway runs for our Gateway."""
+    return {
+        "app.kubernetes.io/name": "envoy",
+        "app.kubernetes.io/component": "proxy",
+        "app.kubernetes.io/managed-by": "envoy-gateway",
+        OWNING_GATEWAY_NAME: gateway_name(ctx),
+        OWNING_GATEWAY_NAMESPACE: ctx.namespace,
+    }
+
+
+def _timeout(ctx: ServingContext) -> str:
+    # Same budget as the edge: a reasoning model may think for minutes before the first
+    # byte. Envoy's own default route timeout is 15 s, which would cut every generation.
+    return f"{ctx.settings.gateway.request_timeout_seconds}s"
+
+
+def _target(kind: str, name: str) -> dict:
+    return {"group": "gateway.networking.k8s.io", "kind": kind, "name": name}
+
+
+# --------------------------------------------------------------------------- objects
+
+
+def gateway_class(ctx: ServingContext) -> dict:
+    md = ctx.metadata(GATEWAY_CLASS, "gateway")
+    md.pop("namespace")  # cluster-scoped
+    return {
+        "apiVersion": GATEWAY_API,
+        "kind": "GatewayClass",
+        "metadata": md,
+        "spec": {"controllerName": CONTROLLER_NAME},
+    }
+
+
+def envoy_proxy(ctx: ServingContext) -> dict:
+    """Proxy deployment shape. ClusterIP: the default Service type is LoadBalancer, which on
+    VKE would buy a CLB nobody needs (the edge reaches the proxies through the entry
+    Service). Drain as long as a request may run so a proxy rollout cuts no generation."""
+    return {
+        "apiVersion": ENVOY_GATEWAY_API,
+        "kind": "EnvoyProxy",
+        "metadata": ctx.metadata(f"{ctx.release}-proxy", "gateway"),
+        "spec": {
+            "provider": {
+                "type": "Kubernetes",
+                "kubernetes": {
+                    "envoyDeployment": {"replicas": ctx.settings.serving.gateway_replicas},
+                    "envoyService": {"type": "ClusterIP"},
+                },
+            },
+            "shutdown": {"drainTimeout": _timeout(ctx)},
+        },
+    }
+
+
+def gateway(ctx: ServingContext) -> dict:
+    return {
+        "apiVersion": GATEWAY_API,
+        "kind": "Gateway",
+        "metadata": ctx.metadata(gateway_name(ctx), "gateway"),
+        "spec": {
+            "gatewayClassName": GATEWAY_CLASS,
+            "infrastructure": {
+                "parametersRef": {"group": "gateway.envoyproxy.io", "kind": "EnvoyProxy", "name": f"{ctx.release}-proxy"}
+            },
+            "listeners": [
+                {
+                    "name": LISTENER,
+                    "protocol": "HTTP",
+                    "port": LISTENER_PORT,
+                    # Only routes of the serving namespace may attach.
+                    "allowedRoutes": {"namespaces": {"from": "Same"}},
+                }
+            ],
+        },
+    }
+
+
+def route_weights(ctx: ServingContext) -> tuple[int, int]:
+    """(stable, canary) percentages of the weighted rule at deploy time."""
+    canary = ctx.settings.gateway.canary_weight
+    return 100 - canary, canary
+
+
+def _backend(name: str, weight: int) -> dict:
+    return {"group": "", "kind": "Service", "name": name, "port": HTTP_PORT, "weight": weight}
+
+
+def http_route(ctx: ServingContext) -> dict:
+    ab = ctx.settings.gateway.ab_header
+    stable, canary = route_weights(ctx)
+    timeouts = {"request": _timeout(ctx)}
+    path = {"type": "PathPrefix", "value": API_PREFIX}
+    return {
+        "apiVersion": GATEWAY_API,
+        "kind": "HTTPRoute",
+        "metadata": ctx.metadata(ctx.release, "gateway"),
+        "spec": {
+            "parentRefs": [{"name": gateway_name(ctx), "sectionName": LISTENER}],
+            "rules": [
+                {
+                    # Requests that opt into the B variant always reach the canary track.
+                    "name": AB_RULE,
+                    "matches": [{"path": path, "headers": [{"type": "Exact", "name": ab.name, "value": ab.value}]}],
+                    "backendRefs": [_backend(ctx.canary_service, 100)],
+                    "timeouts": timeouts,
+                },
+                {
+                    "name": SPLIT_RULE,
+                    "matches": [{"path": path}],
+                    # Both backends are always listed (weight 0 included) so a rollout only
+                    # has to move weights, never add a backend.
+                    "backendRefs": [_backend(ctx.stable_service, stable), _backend(ctx.canary_service, canary)],
+                    "timeouts": timeouts,
+                },
+            ],
+        },
+    }
+
+
+def client_traffic_policy(ctx: ServingContext) -> dict:
+    t = _timeout(ctx)
+    return {
+        "apiVersion": ENVOY_GATEWAY_API,
+        "kind": "ClientTrafficPolicy",
+        "metadata": ctx.metadata(f"{ctx.release}-clients", "gateway"),
+        "spec": {
+            "targetRefs": [_target("Gateway", gateway_name(ctx))],
+            # Removed before routing and before the JWT filter writes it, so the rate-limit
+            # key can only come from a verified token.
+            "headers": {"earlyRequestHeaders": {"remove": [CONSUMER_HEADER]}},
+            # Envoy's stream idle timeout defaults to 5 min; a non-streamed completion sends
+            # no byte until it is done, so it gets the whole request budget.
+            "timeout": {"http": {"streamIdleTimeout": t}},
+        },
+    }
+
+
+def security_policy(ctx: ServingContext) -> dict:
+    auth = ctx.settings.serving.auth
+    return {
+        "apiVersion": ENVOY_GATEWAY_API,
+        "kind": "SecurityPolicy",
+        "metadata": ctx.metadata(f"{ctx.release}-jwt", "gateway"),
+        "spec": {
+            "targetRefs": [_target("HTTPRoute", ctx.release)],
+            "jwt": {
+                "providers": [
+                    {
+                        "name": "issuer",
+                        "issuer": auth.issuer,
+                        "audiences": list(auth.audiences),
+                        "remoteJWKS": {"uri": auth.jwks_uri},
+                        "claimToHeaders": [{"claim": auth.consumer_claim, "header": CONSUMER_HEADER}],
+                    }
+                ]
+            },
+        },
+    }
+
+
+def rate_limit_rules(ctx: ServingContext) -> list[dict]:
+    """Global rules keyed on the consumer header.
+
+    Global rules all apply to a request that matches several (Envoy Gateway: "a single
+    request might increase the rate limit counters for multiple rules"), so the default
+    rule excludes the consumers that have an override; otherwise a consumer granted more
+    than the default would still be held to the default.
+    """
+    rl = ctx.settings.serving.rate_limits
+    overrides = list(rl.consumers)
+    default_headers = [{"name": CONSUMER_HEADER, "type": "Distinct"}]
+    default_headers += [
+        {"name": CONSUMER_HEADER, "type": "Exact", "value": c.consumer, "invert": True} for c in overrides
+    ]
+    rules = [{"clientSelectors": [{"headers": default_headers}], "limit": {"requests": rl.requests, "unit": rl.unit}}]
+    for c in overrides:
+        rules.append({
+            "clientSelectors": [{"headers": [{"name": CONSUMER_HEADER, "type": "Exact", "value": c.consumer}]}],
+            "limit": {"requests": c.requests, "unit": c.unit},
+        })
+    return rules
+
+
+def backend_traffic_policy(ctx: ServingContext) -> dict:
+    """Per-consumer rate limits (Global: counted across all proxy replicas in Redis, see
+    workloads/platform.py; Local limits would multiply by the replica count and Envoy
+    Gateway does not support Distinct keys for them) and the upstream timeouts.
+
+    Rate limits need a verified consumer identity, so they are rendered only with auth on;
+    no retries here: a generation is not idempotent, and the edge already retries the
+    failures that happen before a response starts."""
+    sv = ctx.settings.serving
+    spec: dict = {
+        "targetRefs": [_target("HTTPRoute", ctx.release)],
+        "timeout": {"http": {"requestTimeout": _timeout(ctx)}},
+    }
+    if sv.auth.enabled and sv.rate_limits.enabled:
+        spec["rateLimit"] = {"global": {"rules": rate_limit_rules(ctx)}}
+    return {
+        "apiVersion": ENVOY_GATEWAY_API,
+        "kind": "BackendTrafficPolicy",
+        "metadata": ctx.metadata(f"{ctx.release}-traffic", "gateway"),
+        "spec": spec,
+    }
+
+
+def entry(ctx: ServingContext) -> dict:
+    """The stable-named Service the APIG edge targets. Envoy Gateway names its own Service
+    with a hash (envoy-<ns>-<gateway>-<hash>), which the edge cannot know in advance."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": ctx.metadata(entry_service(ctx.release), "gateway", namespace=ENTRY_NAMESPACE),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": proxy_selector(ctx),
+            "ports": [{"name": "http", "port": LISTENER_PORT, "targetPort": PROXY_CONTAINER_PORT, "protocol": "TCP"}],
+        },
+    }
+
+
+def render(ctx: ServingContext) -> list[dict]:
+    sv = ctx.settings.serving
+    if not sv.in_cluster_gateway:
+        return []
+    objs = [
+        gateway_class(ctx),
+        envoy_proxy(ctx),
+        gateway(ctx),
+        http_route(ctx),
+        client_traffic_policy(ctx),
+        backend_traffic_policy(ctx),
+        entry(ctx),
+    ]
+    if sv.auth.enabled:
+        objs.insert(5, security_policy(ctx))
+    return objs

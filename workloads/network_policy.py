@@ -1,0 +1,113 @@
+"""Network isolation of the serving namespace: deny by default, then admit each hop.
+
+    ingress  :8000  <- Envoy proxies (ENTRY_NAMESPACE)        [in-cluster gateway]
+                    <- APIG edge in the node subnets          [edge splits itself]
+                    <- Prometheus (monitoring namespace)      [/metrics]
+    egress   :53    -> kube-system (cluster DNS)
+             :443   -> outside the cluster's own ranges       [TOS weights, STS for IRSA]
+    both     all    <-> the serving pods themselves           [multi-node only]
+
+vLLM never calls the Kubernetes API (the pods do not even mount a token), so no policy
+admits the API server. Kubelet probes come from the pod's own node, which NetworkPolicy
+implementations let through regardless of policy.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+
+from workloads.context import HTTP_PORT, ServingContext
+from workloads.names import ENTRY_NAMESPACE
+
+NS_LABEL = "kubernetes.io/metadata.name"  # set by the API server on every namespace (1.22+)
+API = "networking.k8s.io/v1"
+
+
+def _ns(name: str) -> dict:
+    return {"namespaceSelector": {"matchLabels": {NS_LABEL: name}}}
+
+
+def _policy(ctx: ServingContext, name: str, spec: dict) -> dict:
+    return {"apiVersion": API, "kind": "NetworkPolicy", "metadata": ctx.metadata(name, "network"), "spec": spec}
+
+
+def cluster_cidrs(ctx: ServingContext) -> list[str]:
+    """Address ranges of the cluster itself: the VPC (nodes, VPC-CNI pods, the API server's
+    private endpoint), the service CIDR and, in Flannel mode, the overlay pod CIDR."""
+    s = ctx.settings
+    ranges = [s.network.vpc_cidr, s.network.service_cidr]
+    if s.cluster.pod_network_mode == "Flannel":
+        ranges.append(s.network.flannel_pod_cidr)
+    return [str(r) for r in ipaddress.collapse_addresses(ranges)]
+
+
+def default_deny(ctx: ServingContext) -> dict:
+    return _policy(ctx, f"{ctx.release}-default-deny", {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]})
+
+
+def ingress_http(ctx: ServingContext) -> dict:
+    """Port 8000 only, and only from the gateway hop and from Prometheus."""
+    s = ctx.settings
+    sources: list[dict] = []
+    if s.serving.in_cluster_gateway:
+        sources.append(_ns(ENTRY_NAMESPACE))
+    else:
+        # The APIG edge reaches the pods from its ENIs in the node subnets (infra/__init__.py
+        # gives the gateway network.node_subnet_ids), not from a namespace.
+        sources += [{"ipBlock": {"cidr": str(c)}} for c in s.node_subnets().values()]
+    if s.monitoring.enabled:
+        sources.append(_ns(s.monitoring.namespace))
+    return _policy(ctx, f"{ctx.release}-ingress-http", {
+        "podSelector": {"matchLabels": ctx.selector("server")},
+        "policyTypes": ["Ingress"],
+        "ingress": [{"from": sources, "ports": [{"protocol": "TCP", "port": HTTP_PORT}]}],
+    })
+
+
+def egress_dns(ctx: ServingContext) -> dict:
+    # Any pod of kube-system: CoreDNS's labels differ between distributions.
+    return _policy(ctx, f"{ctx.release}-egress-dns", {
+        "podSelector": {},
+        "policyTypes": ["Egress"],
+        "egress": [{"to": [_ns("kube-system")],
+                    "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]}],
+    })
+
+
+def egress_https(ctx: ServingContext) -> dict:
+    """HTTPS to the weight store (init container and runai_streamer) and STS (IRSA).
+
+    TOS's endpoint addresses (tos-<region>.ivolces.com, tos-s3-<region>.ivolces.com) are
+    not published as fixed ranges, and plain NetworkPolicy cannot match a DNS name (that
+    needs an FQDN-aware CNI such as Cilium). So: port 443 only, to anything outside the
+    cluster's own ranges. The trade-off: a compromised pod could reach any HTTPS host
+    through the NAT gateway, but nothing inside the cluster or VPC (no other pod, node,
+    kubelet or the API server), nothing on another port (the ECS metadata service is plain
+    HTTP), and the weights credential is scoped to read one bucket prefix anyway.
+    """
+    return _policy(ctx, f"{ctx.release}-egress-https", {
+        "podSelector": {"matchLabels": ctx.selector("server")},
+        "policyTypes": ["Egress"],
+        "egress": [{"to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": cluster_cidrs(ctx)}}],
+                    "ports": [{"protocol": "TCP", "port": 443}]}],
+    })
+
+
+def group_traffic(ctx: ServingContext) -> dict:
+    """Multi-node replicas: leader and workers talk on dynamic ports (torch.distributed
+    store, NCCL bootstrap and sockets, Ray/gloo), so all ports, but only among the serving
+    pods. RDMA traffic bypasses the kernel network stack and is not subject to this."""
+    peers = [{"podSelector": {"matchLabels": ctx.selector("server")}}]
+    return _policy(ctx, f"{ctx.release}-group", {
+        "podSelector": {"matchLabels": ctx.selector("server")},
+        "policyTypes": ["Ingress", "Egress"],
+        "ingress": [{"from": peers}],
+        "egress": [{"to": peers}],
+    })
+
+
+def render(ctx: ServingContext) -> list[dict]:
+    objs = [default_deny(ctx), ingress_http(ctx), egress_dns(ctx), egress_https(ctx)]
+    if ctx.multi_node:
+        objs.append(group_traffic(ctx))
+    return objs
