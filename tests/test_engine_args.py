@@ -1,0 +1,83 @@
+"""Engine settings -> vLLM arguments, from the settings and the capacity plan."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from stacks import load, parse, read_raw
+from workloads import engine_args
+from workloads.context import build_context
+
+
+def ctx_for(stack: str, raw: dict | None = None):
+    s = parse(raw) if raw is not None else load(stack)
+    return build_context(s, image_repository="r.example/ns/repo", weights_bucket=s.bucket_name)
+
+
+def flag(args: list[str], name: str) -> str | None:
+    return args[args.index(name) + 1] if name in args else None
+
+
+@pytest.mark.parametrize("stack", ["dev", "staging", "prod"])
+def test_sizes_come_from_the_plan(stack):
+    ctx = ctx_for(stack)
+    args = engine_args.render(engine_args.from_context(ctx, "/models"))
+    p = ctx.plan
+    assert flag(args, "--tensor-parallel-size") == str(p.tensor_parallel_size)
+    assert flag(args, "--pipeline-parallel-size") == str(p.pipeline_parallel_size)
+    assert flag(args, "--max-model-len") == str(p.max_model_len)
+    assert flag(args, "--max-num-seqs") == str(p.max_num_seqs)
+    assert flag(args, "--gpu-memory-utilization") == f"{p.gpu_memory_utilization:.2f}"
+    assert flag(args, "--served-model-name") == ctx.served_model_name
+
+
+def test_switches_come_from_the_engine_settings():
+    raw = copy.deepcopy(read_raw("dev"))
+    raw["serving"]["engine"].update(enable_prefix_caching=False, enable_chunked_prefill=False,
+                                    dtype="float16", extra_args=["--seed", "7"])
+    raw["serving"]["served_model_name"] = "r1-7b"
+    args = engine_args.render(engine_args.from_context(ctx_for("dev", raw), "/models"))
+    assert "--no-enable-prefix-caching" in args and "--enable-prefix-caching" not in args
+    assert "--no-enable-chunked-prefill" in args
+    assert flag(args, "--dtype") == "float16"
+    assert flag(args, "--served-model-name") == "r1-7b"
+    assert args[-2:] == ["--seed", "7"]
+
+
+def test_quantization_and_kv_cache_dtype():
+    ctx = ctx_for("prod")
+    args = engine_args.render(engine_args.from_context(ctx, "/models"))
+    assert flag(args, "--kv-cache-dtype") == "fp8"
+    assert "--quantization" not in args  # the R1 checkpoint is natively FP8; nothing to request
+    raw = copy.deepcopy(read_raw("staging"))
+    raw["serving"]["engine"]["quantization"] = "awq"
+    args = engine_args.render(engine_args.from_context(ctx_for("staging", raw), "/models"))
+    assert flag(args, "--quantization") == "awq"
+
+
+def test_load_format_follows_the_weights_mode():
+    staging = ctx_for("staging")  # stream
+    dev = ctx_for("dev")  # sync
+    assert flag(engine_args.render(engine_args.from_context(staging, "s3://b/m")), "--load-format") == "runai_streamer"
+    assert flag(engine_args.render(engine_args.from_context(dev, "/models")), "--load-format") == "safetensors"
+
+
+def test_multi_node_arguments():
+    ctx = ctx_for("prod")
+    assert ctx.multi_node
+    base = engine_args.from_context(ctx, "/models")
+    leader = engine_args.render(engine_args.for_rank(base, node_rank="0", master_addr="$(LWS_LEADER_ADDRESS)"))
+    assert flag(leader, "--nnodes") == str(ctx.plan.nodes)
+    assert flag(leader, "--node-rank") == "0"
+    assert flag(leader, "--master-addr") == "$(LWS_LEADER_ADDRESS)"
+    assert flag(leader, "--distributed-executor-backend") == "mp"
+    single = engine_args.render(engine_args.from_context(ctx_for("dev"), "/models"))
+    assert "--nnodes" not in single
+
+
+def test_without_flags_drops_pairs_and_bare_flags():
+    args = ["--a", "1", "--b", "--c", "3", "--d"]
+    assert engine_args.without_flags(args, {"--a", "--b"}) == ["--c", "3", "--d"]
+    assert engine_args.without_flags(args, {"--d"}) == ["--a", "1", "--b", "--c", "3"]
