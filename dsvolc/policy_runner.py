@@ -1,0 +1,250 @@
+"""Run the policy pack offline, through pulumi_policy's own analyzer servicer.
+
+The Pulumi CLI runs `policies/__main__.py`, whose PolicyPack serves
+`pulumi_policy.policy._PolicyAnalyzerServicer` over gRPC, then calls it: `GetAnalyzerInfo`,
+`Configure` with the pack config (`--policy-pack-config`), `Analyze` once per resource and
+`AnalyzeStack` once for the whole graph. This module makes the same calls on the same
+servicer in-process, with requests built from a `dsvolc.engine.Recording` the way the
+engine builds them (type, properties as a Struct with secrets marked, URN, name, options,
+provider; for the stack also parent and dependencies). Nothing is re-implemented: verdicts,
+messages and enforcement levels are the servicer's.
+
+The servicer is private API of pulumi-policy, which is why pyproject.toml pins it exactly.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+from google.protobuf import empty_pb2, struct_pb2
+from pulumi.runtime.proto import analyzer_pb2 as proto
+from pulumi_policy import EnforcementLevel
+from pulumi_policy.deserialize import SPECIAL_SECRET_SIG, SPECIAL_SIG_KEY
+from pulumi_policy.policy import _PolicyAnalyzerServicer
+
+from dsvolc import engine
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIG_DIR = ROOT / "stacks"
+
+LEVELS = {
+    "advisory": proto.ADVISORY,
+    "mandatory": proto.MANDATORY,
+    "disabled": proto.DISABLED,
+    "remediate": proto.REMEDIATE,
+}
+LEVEL_NAMES = {v: k for k, v in LEVELS.items()}
+
+
+class PolicyConfigError(ValueError):
+    """The policy config names an unknown policy, level or property (the CLI refuses it too)."""
+
+
+# --------------------------------------------------------------------------- the servicer
+
+
+def build_servicer() -> _PolicyAnalyzerServicer:
+    """The servicer PolicyPack would serve, built without PolicyPack (whose constructor
+    starts a gRPC server and blocks)."""
+    from policies.pack import PACK_NAME, POLICIES, pack_description, pack_version
+
+    return _PolicyAnalyzerServicer(
+        PACK_NAME,
+        pack_version(),
+        POLICIES,
+        EnforcementLevel.MANDATORY,
+        None,
+        pack_description(),
+    )
+
+
+def policy_infos(servicer: _PolicyAnalyzerServicer | None = None) -> list[proto.PolicyInfo]:
+    """What `GetAnalyzerInfo` tells the engine: name, description, level, config schema."""
+    servicer = servicer or build_servicer()
+    return list(servicer.GetAnalyzerInfo(empty_pb2.Empty(), None).policies)
+
+
+# --------------------------------------------------------------------------- config
+
+
+def config_path(stack: str) -> Path:
+    return CONFIG_DIR / f"policy-config.{stack}.json"
+
+
+def load_policy_config(stack: str) -> dict:
+    """`stacks/policy-config.<stack>.json` (Pulumi's policy pack config format), or {}."""
+    path = config_path(stack)
+    if not path.is_file():
+        return {}
+    try:
+        doc = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise PolicyConfigError(f"{path}: not valid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise PolicyConfigError(f"{path}: expected an object mapping policy names to levels")
+    return doc
+
+
+@dataclass(frozen=True)
+class ResolvedPolicyConfig:
+    enforcement_level: str
+    properties: dict[str, Any]
+
+
+def _level(value: Any, where: str) -> int:
+    if not isinstance(value, str) or value not in LEVELS:
+        raise PolicyConfigError(f"{where}: expected one of {', '.join(LEVELS)}, got {value!r}")
+    return LEVELS[value]
+
+
+def resolve_config(infos: list[proto.PolicyInfo], config: dict | None) -> dict[str, ResolvedPolicyConfig]:
+    """Merge the pack's defaults with a config file as the engine does before `Configure`
+    (pulumi's ReconcilePolicyPackConfig): each policy starts at its declared level with its
+    schema defaults; `all` sets every level; a policy's entry overrides its level and
+    properties; the result is validated against each policy's config schema."""
+    from google.protobuf import json_format
+
+    config = dict(config or {})
+    result: dict[str, tuple[int, dict]] = {}
+    schemas: dict[str, dict] = {}
+    for info in infos:
+        schema = json_format.MessageToDict(info.configSchema) if info.HasField("configSchema") else {}
+        props = {k: v["default"] for k, v in schema.get("properties", {}).items() if "default" in v}
+        result[info.name] = (info.enforcementLevel, props)
+        schemas[info.name] = schema
+    if "all" in config:
+        level = _level(config.pop("all"), "all")
+        result = {k: (level, p) for k, (_, p) in result.items()}
+    for name, value in config.items():
+        if name not in result:
+            raise PolicyConfigError(f"{name}: no such policy in the pack; known: {', '.join(sorted(result))}")
+        level, props = result[name]
+        if isinstance(value, str):
+            level = _level(value, name)
+        elif isinstance(value, dict):
+            value = dict(value)
+            if "enforcementLevel" in value:
+                level = _level(value.pop("enforcementLevel"), f"{name}.enforcementLevel")
+            props = {**props, **value}
+        else:
+            raise PolicyConfigError(f"{name}: expected a level or an object, got {value!r}")
+        result[name] = (level, props)
+    resolved = {}
+    for name, (level, props) in result.items():
+        schema = schemas[name]
+        if props or schema:
+            full = {"type": "object", "properties": schema.get("properties", {}),
+                    "required": schema.get("required", []), "additionalProperties": False}
+            try:
+                jsonschema.validate(props, full)
+            except jsonschema.ValidationError as exc:
+                where = ".".join(str(p) for p in exc.absolute_path)
+                raise PolicyConfigError(f"{name}{'.' + where if where else ''}: {exc.message}") from None
+        resolved[name] = ResolvedPolicyConfig(LEVEL_NAMES[level], props)
+    return resolved
+
+
+def configure(servicer: _PolicyAnalyzerServicer, resolved: dict[str, ResolvedPolicyConfig]) -> None:
+    """`Configure`, the call `--policy-pack-config` turns into."""
+    request = proto.ConfigureAnalyzerRequest()
+    for name, c in resolved.items():
+        pc = proto.PolicyConfig(enforcementLevel=LEVELS[c.enforcement_level])
+        if c.properties:
+            pc.properties.update(c.properties)
+        request.policyConfig[name].CopyFrom(pc)
+    servicer.Configure(request, None)
+
+
+# --------------------------------------------------------------------------- requests
+
+
+def _wire(shown: Any, raw: Any) -> Any:
+    """Raw inputs with secrets marked as on the wire: where the recording masked a value
+    (`inputs`), wrap the raw value in Pulumi's secret signature."""
+    if shown == engine.MASK and raw != engine.MASK:
+        return {SPECIAL_SIG_KEY: SPECIAL_SECRET_SIG, "value": raw}
+    if isinstance(raw, dict) and isinstance(shown, dict):
+        return {k: _wire(shown.get(k), v) for k, v in raw.items()}
+    if isinstance(raw, list) and isinstance(shown, list) and len(raw) == len(shown):
+        return [_wire(s, v) for s, v in zip(shown, raw)]
+    return raw
+
+
+def _struct(props: dict) -> struct_pb2.Struct:
+    s = struct_pb2.Struct()
+    s.update(props)
+    return s
+
+
+def _provider(rec: engine.Recording, r: engine.Recorded) -> proto.AnalyzerProviderResource | None:
+    if not r.provider:
+        return None
+    urn = r.provider.rsplit("::", 1)[0]
+    for p in rec.resources:
+        if p.urn == urn:
+            return proto.AnalyzerProviderResource(
+                type=p.type, properties=_struct(_wire(p.inputs, p.raw_inputs)), urn=p.urn, name=p.name)
+    return None
+
+
+def _options(r: engine.Recorded) -> proto.AnalyzerResourceOptions:
+    return proto.AnalyzerResourceOptions(parent=r.parent or "")
+
+
+def analyze_request(rec: engine.Recording, r: engine.Recorded) -> proto.AnalyzeRequest:
+    req = proto.AnalyzeRequest(type=r.type, properties=_struct(_wire(r.inputs, r.raw_inputs)), urn=r.urn,
+                               name=r.name, options=_options(r))
+    prov = _provider(rec, r)
+    if prov is not None:
+        req.provider.CopyFrom(prov)
+    return req
+
+
+def analyze_stack_request(rec: engine.Recording) -> proto.AnalyzeStackRequest:
+    req = proto.AnalyzeStackRequest()
+    for r in rec.resources:
+        ar = proto.AnalyzerResource(type=r.type, properties=_struct(_wire(r.inputs, r.raw_inputs)), urn=r.urn,
+                                    name=r.name, options=_options(r), parent=r.parent or "",
+                                    dependencies=r.dependencies)
+        prov = _provider(rec, r)
+        if prov is not None:
+            ar.provider.CopyFrom(prov)
+        req.resources.append(ar)
+    return req
+
+
+# --------------------------------------------------------------------------- analyze
+
+
+def analyze(recording: engine.Recording, policy_config: dict | None = None) -> list[dict]:
+    """Every violation of the pack over a recorded stack, as
+    {"policy", "enforcement_level", "message", "description", "resource", "type"}."""
+    servicer = build_servicer()
+    configure(servicer, resolve_config(policy_infos(servicer), policy_config))
+    types = {r.urn: r.type for r in recording.resources}
+    diagnostics: list[tuple[proto.AnalyzeDiagnostic, str | None]] = []
+    for r in recording.resources:
+        response = servicer.Analyze(analyze_request(recording, r), None)
+        diagnostics += [(d, r.urn) for d in response.diagnostics]
+    response = servicer.AnalyzeStack(analyze_stack_request(recording), None)
+    diagnostics += [(d, None) for d in response.diagnostics]
+
+    out = []
+    for d, subject in diagnostics:
+        urn = d.urn or subject
+        message = d.message
+        if message.startswith(d.description):
+            message = message[len(d.description):].lstrip("\n") or d.description
+        out.append({
+            "policy": d.policyName,
+            "enforcement_level": LEVEL_NAMES.get(d.enforcementLevel, "advisory"),
+            "message": message,
+            "description": d.description,
+            "resource": urn,
+            "type": types.get(urn) if urn else None,
+        })
+    return out

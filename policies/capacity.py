@@ -1,0 +1,149 @@
+"""Capacity: the engine arguments the model server actually runs with fit its GPUs.
+
+Settings are planned when loaded (stacks/settings.py), but what reaches the cluster is the
+container's command line; an extra arg, a hand edit or a transform can change it after
+planning. This stack policy reads the vLLM flags from the Deployment/LeaderWorkerSet, the
+GPU model and count from the node pool the pods are pinned to, and asks the same planner
+(`workloads.planner.plan`) whether that configuration fits.
+"""
+
+from __future__ import annotations
+
+from pathlib import PurePosixPath
+
+from .common import (
+    GPU_COUNT_LABEL,
+    GPU_MODEL_LABEL,
+    VKE_NODE_POOL,
+    container_argv,
+    dig,
+    engine_flag,
+    is_vllm,
+    items,
+    k8s_kind,
+    label_list,
+    name_of,
+    number,
+    of_type,
+    pod_templates,
+    stack_policy,
+    containers,
+)
+
+POOL_LABEL = "deepseek-volc/pool"
+
+
+def _pool_of(template) -> str | None:
+    terms = items(dig(template, "spec", "affinity", "nodeAffinity",
+                      "requiredDuringSchedulingIgnoredDuringExecution", "nodeSelectorTerms"))
+    for term in terms:
+        for expr in items(dig(term, "matchExpressions")):
+            if dig(expr, "key") == POOL_LABEL and dig(expr, "operator") == "In":
+                values = items(dig(expr, "values"))
+                if values:
+                    return str(values[0])
+    return dig(template, "spec", "nodeSelector", POOL_LABEL)
+
+
+def _model_candidates(argv: list[str], template) -> list[str]:
+    out = []
+    served = engine_flag(argv, "--served-model-name")
+    if served:
+        out.append(served)
+    model = engine_flag(argv, "--model")
+    if model:
+        out.append(PurePosixPath(model.rstrip("/")).name)
+    for v in items(dig(template, "spec", "volumes")):
+        path = dig(v, "hostPath", "path")
+        if path:
+            out.append(PurePosixPath(str(path).rstrip("/")).name)
+    return out
+
+
+def _int(argv, flag):
+    v = number(engine_flag(argv, flag))
+    return int(v) if v is not None else None
+
+
+def _fits(args, report):
+    from workloads.catalog import get_gpu, get_model
+    from workloads.planner import PlanError, plan
+
+    pools = {}
+    for p in of_type(args.resources, VKE_NODE_POOL):
+        labels = label_list(dig(p.props, "kubernetesConfig", "labels"))
+        if POOL_LABEL in labels:
+            pools[labels[POOL_LABEL]] = labels
+    for w in args.resources:
+        kind = k8s_kind(w.resource_type)
+        for role, t in pod_templates(kind, w.props):
+            for c in containers(t, init=False):
+                if not is_vllm(c):
+                    continue
+                where = f"{kind} {name_of(w.props)} ({role})"
+                argv = container_argv(c)
+                pool = _pool_of(t)
+                labels = pools.get(pool or "")
+                if labels is None or GPU_MODEL_LABEL not in labels:
+                    report(f"{where} is not pinned to a GPU pool of this stack ({pool!r}), so its engine settings "
+                           "cannot be checked against a GPU. Fix: require node label deepseek-volc/pool In "
+                           "[serving.gpu_pool].", w.urn)
+                    continue
+                model = None
+                for candidate in _model_candidates(argv, t):
+                    try:
+                        model = get_model(candidate)
+                        break
+                    except (KeyError, OSError, ValueError):
+                        continue
+                if model is None:
+                    report(f"{where}: none of {_model_candidates(argv, t)} is a catalogued model, so capacity "
+                           "cannot be checked. Fix: serve a model from workloads/catalog.py (dsvolc size lists them).",
+                           w.urn)
+                    continue
+                gpu_name = labels[GPU_MODEL_LABEL]
+                per_node = int(number(labels.get(GPU_COUNT_LABEL), 1) or 1)
+                try:
+                    p = plan(
+                        model,
+                        get_gpu(gpu_name),
+                        gpus_per_node=per_node,
+                        context=_int(argv, "--max-model-len"),
+                        quantization=engine_flag(argv, "--quantization"),
+                        kv_cache_dtype=engine_flag(argv, "--kv-cache-dtype") or "auto",
+                        tensor_parallel_size=_int(argv, "--tensor-parallel-size") or 1,
+                        pipeline_parallel_size=_int(argv, "--pipeline-parallel-size") or 1,
+                        max_num_seqs=_int(argv, "--max-num-seqs"),
+                        gpu_memory_utilization=number(engine_flag(argv, "--gpu-memory-utilization")),
+                        max_num_batched_tokens=_int(argv, "--max-num-batched-tokens"),
+                    )
+                except (PlanError, KeyError) as exc:
+                    report(f"{where}: engine arguments are malformed for the planner: {exc}. Fix: correct "
+                           "serving.engine in the stack settings.", w.urn)
+                    continue
+                if not p.fits:
+                    report(f"{where}: {model.name} with {' '.join(_engine_summary(argv))} does not fit on "
+                           f"{gpu_name} x {per_node}: {'; '.join(p.reasons)}. Fix: run `dsvolc size --model "
+                           f"{model.name} --gpu {gpu_name}` and adopt its max_model_len / tensor_parallel_size / "
+                           "gpu_memory_utilization in serving.engine.", w.urn)
+
+
+def _engine_summary(argv: list[str]) -> list[str]:
+    out = []
+    for flag in ("--tensor-parallel-size", "--pipeline-parallel-size", "--max-model-len", "--max-num-seqs",
+                 "--gpu-memory-utilization", "--kv-cache-dtype", "--quantization"):
+        v = engine_flag(argv, flag)
+        if v is not None:
+            out.append(f"{flag} {v}")
+    return out
+
+
+POLICIES = [
+    stack_policy(
+        "engine-fits-gpu",
+        "The serving engine's arguments fit the GPUs of its node pool (per the capacity planner).",
+        _fits,
+        fix="Adopt the sizes `dsvolc size` recommends in serving.engine.",
+        tags=["capacity"],
+    ),
+]

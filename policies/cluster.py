@@ -1,0 +1,154 @@
+"""VKE: GPU pools tainted and labelled, sane autoscaling, a supported version, protection
+against deletion in prod, control-plane audit logs."""
+
+from __future__ import annotations
+
+from stacks.regions import SUPPORTED_KUBERNETES_VERSIONS
+
+from .common import (
+    GPU_COUNT_LABEL,
+    GPU_MODEL_LABEL,
+    GPU_RESOURCE,
+    VKE_CLUSTER,
+    VKE_NODE_POOL,
+    cfg,
+    dig,
+    items,
+    label_list,
+    number,
+    resource_policy,
+)
+
+
+def _is_gpu_pool(props) -> bool:
+    return GPU_MODEL_LABEL in label_list(dig(props, "kubernetesConfig", "labels"))
+
+
+def _gpu_tainted(args, report):
+    if args.resource_type != VKE_NODE_POOL or not _is_gpu_pool(args.props):
+        return
+    taints = items(dig(args.props, "kubernetesConfig", "taints"))
+    if not any(dig(t, "key") == GPU_RESOURCE and dig(t, "effect") == "NoSchedule" for t in taints):
+        report(f"GPU node pool {dig(args.props, 'name')!r} has no {GPU_RESOURCE}=present:NoSchedule taint, so "
+               "system pods can land on (and keep awake) GPU nodes. Fix: add the taint to "
+               "kubernetes_config.taints (infra/cluster.py GPU_TAINT).")
+
+
+def _gpu_labelled(args, report):
+    if args.resource_type != VKE_NODE_POOL or not _is_gpu_pool(args.props):
+        return
+    labels = label_list(dig(args.props, "kubernetesConfig", "labels"))
+    count = number(labels.get(GPU_COUNT_LABEL))
+    if count is None or count < 1:
+        report(f"GPU node pool {dig(args.props, 'name')!r} lacks a numeric {GPU_COUNT_LABEL} label, which the "
+               "capacity check and the pod's GPU request rely on. Fix: set gpus_per_node on the pool.")
+
+
+def _autoscaling_bounds(args, report):
+    if args.resource_type != VKE_NODE_POOL:
+        return
+    a = dig(args.props, "autoScaling", default={})
+    name = dig(args.props, "name")
+    if dig(a, "enabled") is not True:
+        report(f"node pool {name!r} does not autoscale. Fix: set auto_scaling.enabled=True with min/max bounds.")
+        return
+    lo = number(dig(a, "minReplicas"), 0.0)
+    hi = number(dig(a, "maxReplicas"), 0.0)
+    desired = number(dig(a, "desiredReplicas"), lo)
+    cap = number(cfg(args, "maxNodes", 64))
+    problems = []
+    if lo < 0:
+        problems.append(f"min {lo:g} < 0")
+    if hi < 1:
+        problems.append(f"max {hi:g} < 1")
+    if lo > hi:
+        problems.append(f"min {lo:g} > max {hi:g}")
+    if not lo <= desired <= hi:
+        problems.append(f"desired {desired:g} outside [{lo:g}, {hi:g}]")
+    if hi > cap:
+        problems.append(f"max {hi:g} above the cap of {cap:g} nodes")
+    if problems:
+        report(f"node pool {name!r} autoscaling bounds are not sane: {'; '.join(problems)}. Fix: set "
+               "min_nodes <= desired_nodes <= max_nodes (cluster.gpu_pools.<pool> or cluster.system_pool).")
+
+
+def _supported_version(args, report):
+    if args.resource_type != VKE_CLUSTER:
+        return
+    supported = [str(v) for v in cfg(args, "supportedVersions", list(SUPPORTED_KUBERNETES_VERSIONS))]
+    version = str(dig(args.props, "kubernetesVersion", default=""))
+    if version not in supported:
+        report(f"Kubernetes {version or '(unset)'} is not a supported VKE version. Fix: set "
+               f"cluster.kubernetes_version to one of {', '.join(supported)}.")
+
+
+def _delete_protection(args, report):
+    if args.resource_type != VKE_CLUSTER:
+        return
+    if not cfg(args, "required", True):
+        args.not_applicable("delete protection not required by this stack's policy config")
+    if dig(args.props, "deleteProtectionEnabled", default=False) is not True:
+        report("the cluster can be deleted by one API call. Fix: set cluster.delete_protection: true in the "
+               "stack settings.")
+
+
+def _audit_logging(args, report):
+    if args.resource_type != VKE_CLUSTER:
+        return
+    setups = items(dig(args.props, "loggingConfig", "logSetups"))
+    if not any(dig(s, "logType") == "Audit" and dig(s, "enabled") is True for s in setups):
+        report("the cluster's audit log is off: nobody can tell who changed the serving objects. Fix: set "
+               "cluster.control_plane_logging: true.")
+
+
+POLICIES = [
+    resource_policy(
+        "gpu-pool-tainted",
+        "GPU node pools must carry the nvidia.com/gpu NoSchedule taint.",
+        _gpu_tainted,
+        fix="Add nvidia.com/gpu=present:NoSchedule to the pool's taints.",
+        tags=["cluster"],
+    ),
+    resource_policy(
+        "gpu-pool-labelled",
+        "GPU node pools must state their GPU model and count as labels.",
+        _gpu_labelled,
+        fix="Set gpu and gpus_per_node on the pool (or use a catalogued instance type).",
+        tags=["cluster"],
+    ),
+    resource_policy(
+        "node-pool-autoscaling-bounds",
+        "Node pools autoscale within sane bounds (0 <= min <= desired <= max <= cap).",
+        _autoscaling_bounds,
+        fix="Set min_nodes <= desired_nodes <= max_nodes.",
+        config={"maxNodes": {"type": "integer", "default": 64, "minimum": 1,
+                             "description": "largest max_nodes a pool may ask for"}},
+        tags=["cluster"],
+    ),
+    resource_policy(
+        "vke-supported-version",
+        "The cluster runs a Kubernetes version VKE supports.",
+        _supported_version,
+        fix="Pick a supported cluster.kubernetes_version.",
+        config={"supportedVersions": {"type": "array", "items": {"type": "string"},
+                                      "default": list(SUPPORTED_KUBERNETES_VERSIONS),
+                                      "description": "accepted VKE minor versions"}},
+        tags=["cluster"],
+    ),
+    resource_policy(
+        "vke-delete-protection",
+        "The cluster must have delete protection (required in prod).",
+        _delete_protection,
+        fix="Set cluster.delete_protection: true.",
+        config={"required": {"type": "boolean", "default": True,
+                             "description": "whether this stack requires delete protection"}},
+        tags=["cluster"],
+    ),
+    resource_policy(
+        "vke-audit-logging",
+        "The cluster ships its audit log.",
+        _audit_logging,
+        fix="Set cluster.control_plane_logging: true.",
+        tags=["cluster"],
+    ),
+]

@@ -1,0 +1,123 @@
+"""Gateway: every public route is authenticated with a JWT and rate-limited.
+
+Public traffic enters at the APIG edge, whose own auth is off (the provider has no JWT
+resource), and is forwarded to the in-cluster Envoy Gateway, where SecurityPolicy (JWT)
+and BackendTrafficPolicy (rate limits) attach to the HTTPRoutes. A route or an edge
+upstream that skips them is a public, unauthenticated model endpoint.
+"""
+
+from __future__ import annotations
+
+from .common import (
+    APIG_SERVICE,
+    APIG_UPSTREAM,
+    dig,
+    items,
+    k8s_kind,
+    mapping,
+    name_of,
+    number,
+    of_kind,
+    of_type,
+    stack_policy,
+)
+
+GATEWAY_API_GROUP = "gateway.networking.k8s.io"
+OWNING_GATEWAY_NAME = "gateway.envoyproxy.io/owning-gateway-name"
+OWNING_GATEWAY_NAMESPACE = "gateway.envoyproxy.io/owning-gateway-namespace"
+
+
+def _ns(r) -> str:
+    return str(dig(r.props, "metadata", "namespace", default="default"))
+
+
+def _targets(policy) -> list[tuple[str, str]]:
+    refs = items(dig(policy.props, "spec", "targetRefs"))
+    single = dig(policy.props, "spec", "targetRef")
+    if single is not None:
+        refs.append(single)
+    return [(str(dig(r, "kind", default="")), str(dig(r, "name", default=""))) for r in refs]
+
+
+def _route_gateways(route) -> list[str]:
+    return [str(dig(p, "name")) for p in items(dig(route.props, "spec", "parentRefs"))
+            if dig(p, "kind", default="Gateway") == "Gateway"]
+
+
+def _covers(policy, route) -> bool:
+    """An Envoy Gateway policy applies to a route when it targets the route or one of the
+    Gateways it attaches to (same namespace; policies cannot target across namespaces)."""
+    if _ns(policy) != _ns(route):
+        return False
+    name = dig(route.props, "metadata", "name")
+    targets = _targets(policy)
+    return ("HTTPRoute", name) in targets or any(("Gateway", g) in targets for g in _route_gateways(route))
+
+
+def _jwt_policies(resources) -> list:
+    out = []
+    for p in of_kind(resources, "SecurityPolicy"):
+        providers = items(dig(p.props, "spec", "jwt", "providers"))
+        if providers and dig(p.props, "spec", "jwt", "optional") is not True:
+            out.append(p)
+    return out
+
+
+def _unauthenticated_routes(resources) -> list:
+    jwt = _jwt_policies(resources)
+    return [r for r in of_kind(resources, "HTTPRoute") if not any(_covers(p, r) for p in jwt)]
+
+
+def _jwt(args, report):
+    for route in _unauthenticated_routes(args.resources):
+        report(f"HTTPRoute {name_of(route.props)} is reachable without a JWT: anyone on the internet can spend "
+               "the GPUs. Fix: enable serving.auth (a SecurityPolicy with a jwt provider targeting the route or "
+               "its Gateway).", route.urn)
+    # The edge: with APIG auth off, an upstream must be the entry Service of a Gateway
+    # (the Envoy proxies), never the model Services directly.
+    services = {(_ns(s), str(dig(s.props, "metadata", "name"))): s for s in of_kind(args.resources, "Service")}
+    edge_auth = any(dig(s.props, "authSpec", "enable") is True for s in of_type(args.resources, APIG_SERVICE))
+    if edge_auth:
+        return
+    for up in of_type(args.resources, APIG_UPSTREAM):
+        svc_ref = dig(up.props, "upstreamSpec", "k8sService", default={})
+        key = (str(dig(svc_ref, "namespace", default="")), str(dig(svc_ref, "name", default="")))
+        svc = services.get(key)
+        selector = mapping(dig(svc.props, "spec", "selector", default={})) if svc is not None else {}
+        gw = selector.get(OWNING_GATEWAY_NAME)
+        if gw is None:
+            report(f"APIG upstream {dig(up.props, 'name')!r} forwards public traffic to {key[0]}/{key[1]}, which is "
+                   "not behind the authenticating gateway. Fix: set serving.in_cluster_gateway: true so the edge "
+                   "targets the Envoy Gateway entry Service.", up.urn)
+
+
+def _rate_limited(args, report):
+    limits = []
+    for p in of_kind(args.resources, "BackendTrafficPolicy"):
+        rl = dig(p.props, "spec", "rateLimit", default={})
+        rules = items(dig(rl, "global", "rules")) + items(dig(rl, "local", "rules"))
+        if rules and all(number(dig(r, "limit", "requests"), 0) > 0 for r in rules):
+            limits.append(p)
+    for route in of_kind(args.resources, "HTTPRoute"):
+        if not any(_covers(p, route) for p in limits):
+            report(f"HTTPRoute {name_of(route.props)} has no rate limit: one client can starve every other. Fix: "
+                   "enable serving.rate_limits (a BackendTrafficPolicy with rateLimit rules targeting the route).",
+                   route.urn)
+
+
+POLICIES = [
+    stack_policy(
+        "gateway-jwt-auth",
+        "Every public route requires a JWT (Envoy Gateway SecurityPolicy), and the edge only forwards to it.",
+        _jwt,
+        fix="Enable serving.auth and serving.in_cluster_gateway.",
+        tags=["gateway"],
+    ),
+    stack_policy(
+        "gateway-rate-limits",
+        "Every public route is rate-limited (Envoy Gateway BackendTrafficPolicy).",
+        _rate_limited,
+        fix="Enable serving.rate_limits.",
+        tags=["gateway"],
+    ),
+]

@@ -1,0 +1,424 @@
+"""Kubernetes workloads: pinned images from the stack's registry, sized containers,
+probes that survive a model load, shared memory for tensor parallelism, replicas and a
+disruption budget, no privilege, no plain-text secrets, default-deny networking, labels."""
+
+from __future__ import annotations
+
+import re
+
+from stacks.regions import cr_registry_host
+
+from .common import (
+    CR_NAMESPACE,
+    CR_REGISTRY,
+    CR_REPOSITORY,
+    GPU_RESOURCE,
+    SECRET_NAME,
+    WORKLOAD_KINDS,
+    cfg,
+    container_argv,
+    containers,
+    dig,
+    engine_flag,
+    is_vllm,
+    items,
+    iter_workload_containers,
+    k8s_kind,
+    mapping,
+    name_of,
+    number,
+    of_kind,
+    of_type,
+    pod_templates,
+    resource_policy,
+    selector_matches,
+    serving_workloads,
+    stack_policy,
+)
+
+RECOMMENDED_LABELS = (
+    "app.kubernetes.io/name",
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/component",
+    "app.kubernetes.io/part-of",
+    "app.kubernetes.io/managed-by",
+)
+DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
+
+
+def _workload(args):
+    kind = k8s_kind(args.resource_type)
+    return kind if kind in WORKLOAD_KINDS else None
+
+
+def _serving_container(c) -> bool:
+    """A vLLM container that answers HTTP (group workers run `--headless`)."""
+    return is_vllm(c) and "--headless" not in container_argv(c)
+
+
+def _image_tag(image: str) -> str | None:
+    if "@" in image:
+        return None
+    last = image.rsplit("/", 1)[-1]
+    return last.split(":", 1)[1] if ":" in last else ""
+
+
+# --------------------------------------------------------------------------- images
+
+
+def _image_pinned(args, report):
+    kind = _workload(args)
+    if kind is None:
+        return
+    require_digest = bool(cfg(args, "requireDigest", False))
+    for _, _, c in iter_workload_containers(kind, args.props):
+        image = str(dig(c, "image", default=""))
+        tag = _image_tag(image)
+        where = f"{kind} {name_of(args.props)} container {dig(c, 'name')!r}"
+        if tag in ("", "latest"):
+            report(f"{where} runs {image!r}, which floats ({'no tag' if tag == '' else 'latest'}): nodes may run "
+                   "different code. Fix: pin serving.image.tag to a version (or serving.image.digest).")
+        elif require_digest and is_vllm(c) and not DIGEST.search(image):
+            report(f"{where} runs {image!r} by tag; this stack requires digests for the serving image. Fix: set "
+                   "serving.image.digest (sha256:...) in the stack settings.")
+
+
+def _stack_repository(resources) -> str | None:
+    regs, nss, repos = (of_type(resources, t) for t in (CR_REGISTRY, CR_NAMESPACE, CR_REPOSITORY))
+    if not (regs and nss and repos):
+        return None
+    reg = regs[0]
+    region = dig(reg.provider.props, "region") if reg.provider is not None else None
+    if not region:
+        return None
+    host = cr_registry_host(str(dig(reg.props, "name")), str(region))
+    return f"{host}/{dig(nss[0].props, 'name')}/{dig(repos[0].props, 'name')}"
+
+
+def _image_registry(args, report):
+    repo = _stack_repository(args.resources)
+    for w in serving_workloads(args.resources):
+        kind = k8s_kind(w.resource_type)
+        for _, _, c in iter_workload_containers(kind, w.props):
+            image = str(dig(c, "image", default=""))
+            if repo is None or not (image.startswith(repo + ":") or image.startswith(repo + "@")):
+                report(f"{kind} {name_of(w.props)} container {dig(c, 'name')!r} runs {image!r}, not an image of "
+                       f"the stack's registry ({repo or 'no CR repository in the stack'}). Fix: push the serving "
+                       "image (workloads/image) to the stack's CR repository and leave serving.image.repository "
+                       "unset.", w.urn)
+
+
+# --------------------------------------------------------------------------- resources
+
+
+def _resources(args, report):
+    kind = _workload(args)
+    if kind is None:
+        return
+    for _, t, c in iter_workload_containers(kind, args.props):
+        where = f"{kind} {name_of(args.props)} container {dig(c, 'name')!r}"
+        req = mapping(dig(c, "resources", "requests", default={}))
+        lim = mapping(dig(c, "resources", "limits", default={}))
+        missing = [f"requests.{k}" for k in ("cpu", "memory") if k not in req]
+        missing += ["limits.memory"] if "memory" not in lim else []
+        serving = is_vllm(c)
+        if serving and "cpu" not in lim:
+            missing.append("limits.cpu")
+        if missing:
+            report(f"{where} has no {', '.join(missing)}: the scheduler cannot place it safely and a leak takes "
+                   "the node down. Fix: set CPU and memory requests and limits (workloads/manifests.py resources).")
+        if serving:
+            tp = number(engine_flag(container_argv(c), "--tensor-parallel-size"), 1.0)
+            g_req, g_lim = number(req.get(GPU_RESOURCE)), number(lim.get(GPU_RESOURCE))
+            if g_lim is None or g_lim != g_req or g_lim != tp:
+                report(f"{where} asks for {req.get(GPU_RESOURCE)} / {lim.get(GPU_RESOURCE)} {GPU_RESOURCE} "
+                       f"(requests/limits) but runs tensor parallel {tp:g}. Fix: request and limit exactly "
+                       f"{tp:g} GPU(s), one per tensor-parallel rank.")
+
+
+# --------------------------------------------------------------------------- probes
+
+
+def _probes(args, report):
+    kind = _workload(args)
+    if kind is None:
+        return
+    for _, _, c in iter_workload_containers(kind, args.props, init=False):
+        if not _serving_container(c):
+            continue
+        where = f"{kind} {name_of(args.props)} container {dig(c, 'name')!r}"
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            p = dig(c, probe)
+            if p is None:
+                report(f"{where} has no {probe}. Fix: probe GET /health on port http with startup, readiness "
+                       "and liveness probes (workloads/manifests.py probes).")
+                continue
+            missing = [k for k in ("timeoutSeconds", "periodSeconds", "failureThreshold") if dig(p, k) is None]
+            if missing:
+                report(f"{where} {probe} leaves {', '.join(missing)} to the kubelet default (1 s timeout): a busy "
+                       "engine fails it and is restarted. Fix: set them explicitly.")
+
+
+def _startup_budget(args, report):
+    kind = _workload(args)
+    if kind is None:
+        return
+    floor = number(cfg(args, "minStartupSeconds", 1200))
+    for _, _, c in iter_workload_containers(kind, args.props, init=False):
+        if not _serving_container(c):
+            continue
+        p = dig(c, "startupProbe")
+        if p is None:
+            continue  # serving-probes reports the missing probe
+        budget = number(dig(p, "initialDelaySeconds"), 0.0) + number(dig(p, "periodSeconds"), 10.0) * number(
+            dig(p, "failureThreshold"), 3.0)
+        if budget < floor:
+            report(f"{kind} {name_of(args.props)} container {dig(c, 'name')!r} gets {budget:g} s to load the model "
+                   f"before the kubelet restarts it; loading takes up to {floor:g} s (kserve#5062). Fix: raise "
+                   "serving.startup_timeout_seconds (startupProbe failureThreshold x periodSeconds).")
+
+
+def _shm(args, report):
+    kind = _workload(args)
+    if kind is None:
+        return
+    for _, t, c in iter_workload_containers(kind, args.props, init=False):
+        if not is_vllm(c):
+            continue
+        tp = number(engine_flag(container_argv(c), "--tensor-parallel-size"), 1.0)
+        pp = number(engine_flag(container_argv(c), "--pipeline-parallel-size"), 1.0)
+        if tp * pp <= 1:
+            continue
+        mem_volumes = {dig(v, "name") for v in items(dig(t, "spec", "volumes"))
+                       if dig(v, "emptyDir", "medium") == "Memory"}
+        mounted = any(dig(m, "mountPath") == "/dev/shm" and dig(m, "name") in mem_volumes
+                      for m in items(dig(c, "volumeMounts")))
+        if not mounted:
+            report(f"{kind} {name_of(args.props)} runs {tp:g} x {pp:g} ranks with the container's 64 MiB /dev/shm; "
+                   "NCCL and vLLM's worker IPC fail (vllm#1710). Fix: mount an emptyDir with medium Memory at "
+                   "/dev/shm.")
+
+
+# --------------------------------------------------------------------------- availability
+
+
+def _template_labels(kind, props) -> list[dict]:
+    return [mapping(dig(t, "metadata", "labels", default={})) for _, t in pod_templates(kind, props)]
+
+
+def _pdb(args, report):
+    pdbs = of_kind(args.resources, "PodDisruptionBudget")
+    for w in serving_workloads(args.resources):
+        kind = k8s_kind(w.resource_type)
+        ns = dig(w.props, "metadata", "namespace")
+        labels = _template_labels(kind, w.props)
+        covered = [p for p in pdbs if dig(p.props, "metadata", "namespace") == ns
+                   and any(selector_matches(dig(p.props, "spec", "selector"), lb) for lb in labels)]
+        if not covered:
+            report(f"{kind} {name_of(w.props)} has no PodDisruptionBudget: a node drain can evict every replica "
+                   "at once. Fix: add a PodDisruptionBudget (maxUnavailable: 1) selecting its pods.", w.urn)
+        for p in covered:
+            if number(dig(p.props, "spec", "maxUnavailable"), None) == 0 or (
+                    dig(p.props, "spec", "minAvailable") is not None
+                    and str(dig(p.props, "spec", "minAvailable")) == "100%"):
+                report(f"PodDisruptionBudget {name_of(p.props)} allows no disruption, which blocks node drains "
+                       "and upgrades forever. Fix: use maxUnavailable: 1.", p.urn)
+
+
+def _replica_floor(resources, w) -> tuple[float, str]:
+    """The fewest replicas the serving workload runs with: a ScaledObject's
+    minReplicaCount when one scales it (or the Rollout owning its pods), else spec.replicas."""
+    kind = k8s_kind(w.resource_type)
+    name = dig(w.props, "metadata", "name")
+    ns = dig(w.props, "metadata", "namespace")
+    owners = [(kind, name, w.props)]
+    for r in of_kind(resources, "Rollout"):
+        ref = dig(r.props, "spec", "workloadRef", default={})
+        if dig(ref, "name") == name and dig(ref, "kind", default="Deployment") == kind \
+                and dig(r.props, "metadata", "namespace") == ns:
+            owners.append(("Rollout", dig(r.props, "metadata", "name"), r.props))
+    for so in of_kind(resources, "ScaledObject"):
+        ref = dig(so.props, "spec", "scaleTargetRef", default={})
+        if dig(so.props, "metadata", "namespace") != ns:
+            continue
+        for okind, oname, _ in owners:
+            if dig(ref, "name") == oname and dig(ref, "kind", default="Deployment") == okind:
+                return number(dig(so.props, "spec", "minReplicaCount"), 0.0), f"ScaledObject {name_of(so.props)}"
+    okind, oname, oprops = owners[-1]
+    return number(dig(oprops, "spec", "replicas"), 1.0), f"{okind} {ns}/{oname}"
+
+
+def _min_replicas(args, report):
+    floor = number(cfg(args, "minReplicas", 2))
+    for w in serving_workloads(args.resources):
+        n, source = _replica_floor(args.resources, w)
+        if n < floor:
+            report(f"{k8s_kind(w.resource_type)} {name_of(w.props)} may run {n:g} replica(s) ({source}); this stack "
+                   f"requires at least {floor:g} so one node failure or rollout does not take the API down. Fix: "
+                   f"set serving.replicas (and autoscaling.min_replicas) to {floor:g} or more.", w.urn)
+
+
+# --------------------------------------------------------------------------- security
+
+
+def _privileged(args, report):
+    kind = _workload(args)
+    if kind is None:
+        return
+    for _, t in pod_templates(kind, args.props):
+        spec = dig(t, "spec", default={})
+        for flag in ("hostNetwork", "hostPID", "hostIPC"):
+            if dig(spec, flag) is True:
+                report(f"{kind} {name_of(args.props)} sets {flag}: its pods share the node's namespaces. Fix: "
+                       f"remove {flag}; serve through a Service port.")
+        for c in containers(t):
+            sc = dig(c, "securityContext", default={})
+            if dig(sc, "privileged") is True:
+                report(f"{kind} {name_of(args.props)} container {dig(c, 'name')!r} is privileged: it owns the node. "
+                       "Fix: drop privileged; the GPU device plugin exposes GPUs without it.")
+            for port in items(dig(c, "ports")):
+                if dig(port, "hostPort") is not None:
+                    report(f"{kind} {name_of(args.props)} container {dig(c, 'name')!r} binds hostPort "
+                           f"{dig(port, 'hostPort')}. Fix: expose it through a Service instead.")
+
+
+def _env_secrets(args, report):
+    kind = _workload(args)
+    if kind is None:
+        return
+    for _, _, c in iter_workload_containers(kind, args.props):
+        for e in items(dig(c, "env")):
+            name = str(dig(e, "name", default=""))
+            value = dig(e, "value")
+            if value is None or value == "":
+                continue
+            if SECRET_NAME.search(name) and not name.endswith(("_FILE", "_PATH", "_TRN", "_SESSION_NAME")):
+                report(f"{kind} {name_of(args.props)} container {dig(c, 'name')!r} sets {name} as a plain value "
+                       "visible to anyone who can read the object. Fix: put it in a Secret and use "
+                       "valueFrom.secretKeyRef (or IRSA, which needs no key at all).")
+
+
+def _default_deny(args, report):
+    namespaces = {str(dig(w.props, "metadata", "namespace", default="default"))
+                  for w in serving_workloads(args.resources)}
+    for ns in sorted(namespaces):
+        denies = [p for p in of_kind(args.resources, "NetworkPolicy")
+                  if dig(p.props, "metadata", "namespace") == ns
+                  and not mapping(dig(p.props, "spec", "podSelector", default={})).get("matchLabels")
+                  and not items(dig(p.props, "spec", "podSelector", "matchExpressions"))
+                  and "Ingress" in [str(x) for x in items(dig(p.props, "spec", "policyTypes"))]
+                  and not items(dig(p.props, "spec", "ingress"))]
+        if not denies:
+            report(f"namespace {ns!r} runs the model server without a default-deny NetworkPolicy: any pod in the "
+                   "cluster can call vLLM directly, bypassing authentication. Fix: add a NetworkPolicy with an "
+                   "empty podSelector, policyTypes [Ingress, Egress] and no rules, then allow the gateway and "
+                   "Prometheus explicitly.")
+
+
+def _labels(args, report):
+    kind = k8s_kind(args.resource_type)
+    if kind is None or dig(args.props, "metadata") is None:
+        return
+    labels = mapping(dig(args.props, "metadata", "labels", default={}))
+    missing = [k for k in RECOMMENDED_LABELS if k not in labels]
+    if kind in WORKLOAD_KINDS:
+        for _, t in pod_templates(kind, args.props):
+            tl = mapping(dig(t, "metadata", "labels", default={}))
+            missing += [f"template {k}" for k in RECOMMENDED_LABELS if k not in tl]
+    if missing:
+        report(f"{kind} {name_of(args.props)} lacks the recommended labels {', '.join(missing)}: dashboards, "
+               "selectors and cost reports group by them. Fix: build metadata with ctx.metadata()/ctx.labels().")
+
+
+POLICIES = [
+    resource_policy(
+        "image-pinned",
+        "Container images are pinned: never 'latest' or untagged (a digest where the stack requires it).",
+        _image_pinned,
+        fix="Pin serving.image.tag to a version or set serving.image.digest.",
+        config={"requireDigest": {"type": "boolean", "default": False,
+                                  "description": "require the serving image by digest"}},
+        tags=["workloads"],
+    ),
+    stack_policy(
+        "image-from-stack-registry",
+        "Serving images come from the stack's own CR repository.",
+        _image_registry,
+        fix="Push the image to the stack's CR repository; leave serving.image.repository unset.",
+        tags=["workloads"],
+    ),
+    resource_policy(
+        "container-resources",
+        "Containers declare CPU/memory requests and limits; vLLM containers request exactly their GPUs.",
+        _resources,
+        fix="Set requests and limits for cpu, memory and nvidia.com/gpu.",
+        tags=["workloads"],
+    ),
+    resource_policy(
+        "serving-probes",
+        "The model server has startup, readiness and liveness probes with explicit timeouts.",
+        _probes,
+        fix="Add the three probes on /health with timeoutSeconds, periodSeconds and failureThreshold.",
+        tags=["workloads"],
+    ),
+    resource_policy(
+        "serving-startup-budget",
+        "The startup probe gives the model long enough to load.",
+        _startup_budget,
+        fix="Raise serving.startup_timeout_seconds.",
+        config={"minStartupSeconds": {"type": "number", "default": 1200, "minimum": 0,
+                                      "description": "least time a pod gets to load the model"}},
+        tags=["workloads"],
+    ),
+    resource_policy(
+        "serving-shm",
+        "Tensor/pipeline-parallel model servers mount a memory-backed /dev/shm.",
+        _shm,
+        fix="Mount an emptyDir (medium: Memory) at /dev/shm.",
+        tags=["workloads"],
+    ),
+    stack_policy(
+        "serving-pdb",
+        "The model server has a PodDisruptionBudget that allows one disruption at a time.",
+        _pdb,
+        fix="Add a PodDisruptionBudget with maxUnavailable: 1.",
+        tags=["workloads"],
+    ),
+    stack_policy(
+        "serving-min-replicas",
+        "The model server keeps enough replicas (at least two in prod).",
+        _min_replicas,
+        fix="Raise serving.replicas / autoscaling.min_replicas.",
+        config={"minReplicas": {"type": "integer", "default": 2, "minimum": 1,
+                                "description": "fewest serving replicas this stack accepts"}},
+        tags=["workloads"],
+    ),
+    resource_policy(
+        "no-privileged-pods",
+        "No privileged containers, host namespaces (network, PID, IPC) or host ports.",
+        _privileged,
+        fix="Remove privileged, hostNetwork/hostPID/hostIPC and hostPort.",
+        tags=["workloads"],
+    ),
+    resource_policy(
+        "no-plaintext-secret-env",
+        "Credentials are never plain environment values.",
+        _env_secrets,
+        fix="Use valueFrom.secretKeyRef (or IRSA).",
+        tags=["workloads"],
+    ),
+    stack_policy(
+        "serving-default-deny-network",
+        "The serving namespace has a default-deny NetworkPolicy.",
+        _default_deny,
+        fix="Add a NetworkPolicy with an empty podSelector and no rules.",
+        tags=["workloads", "network"],
+    ),
+    resource_policy(
+        "recommended-labels",
+        "Kubernetes objects carry the app.kubernetes.io recommended labels.",
+        _labels,
+        fix="Use ctx.metadata()/ctx.labels() for every object.",
+        tags=["workloads"],
+    ),
+]
