@@ -1,0 +1,186 @@
+"""The real program under Pulumi's mock engine, one run per stack, asserted against the
+values in the stack's settings."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dsvolc import engine
+from stacks import load, read_raw
+
+STACKS = ["dev", "staging", "prod"]
+
+
+@pytest.fixture(scope="module")
+def runs() -> dict[str, engine.Recording]:
+    return {s: engine.run(s, read_raw(s)) for s in STACKS}
+
+
+def of(rec: engine.Recording, short: str) -> list[engine.Recorded]:
+    return [r for r in rec.resources if r.type.endswith(short)]
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_one_subnet_per_zone_inside_the_vpc(runs, stack):
+    s = load(stack)
+    rec = runs[stack]
+    vpc = of(rec, "vpc/vpc:Vpc")[0]
+    assert vpc.inputs["cidrBlock"] == str(s.network.vpc_cidr)
+    node = {r.inputs["zoneId"]: r.inputs["cidrBlock"] for r in of(rec, "vpc/subnet:Subnet") if "-nodes-" in r.name}
+    assert node == {z: str(c) for z, c in s.node_subnets().items()}
+    pods = {r.inputs["zoneId"] for r in of(rec, "vpc/subnet:Subnet") if "-pods-" in r.name}
+    assert pods == set(s.zones)  # VPC-CNI in every shipped stack
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_egress_through_nat_with_snat_for_every_subnet(runs, stack):
+    rec = runs[stack]
+    nat = of(rec, "nat/gateway:Gateway")
+    assert len(nat) == 1
+    subnets = {r.urn for r in of(rec, "vpc/subnet:Subnet")}
+    snat = of(rec, "nat/snatEntry:SnatEntry")
+    assert len(snat) == len(subnets)
+    assert of(rec, "eip/associate:Associate")[0].inputs["instanceType"] == "Nat"
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_no_public_ingress(runs, stack):
+    s = load(stack)
+    for rule in of(runs[stack], "vpc/securityGroupRule:SecurityGroupRule"):
+        if rule.inputs["direction"] == "ingress":
+            assert rule.inputs["cidrIp"] == str(s.network.vpc_cidr)
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_cluster_settings(runs, stack):
+    s = load(stack)
+    cluster = of(runs[stack], "vke/cluster:Cluster")[0].inputs
+    assert cluster["kubernetesVersion"] == s.cluster.kubernetes_version
+    assert cluster["clusterConfig"]["apiServerPublicAccessEnabled"] is s.cluster.api_server_public
+    assert cluster["deleteProtectionEnabled"] is s.cluster.delete_protection
+    assert cluster["podsConfig"]["podNetworkMode"] == s.cluster.pod_network_mode
+    assert all(x["enabled"] for x in cluster["loggingConfig"]["logSetups"]) is s.cluster.control_plane_logging
+
+
+def test_prod_api_server_is_private_and_protected(runs):
+    cluster = of(runs["prod"], "vke/cluster:Cluster")[0].inputs
+    assert cluster["clusterConfig"]["apiServerPublicAccessEnabled"] is False
+    assert cluster["deleteProtectionEnabled"] is True
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_gpu_pools_follow_the_map(runs, stack):
+    s = load(stack)
+    pools = {r.name.rsplit("-gpu-", 1)[1]: r.inputs for r in of(runs[stack], "vke/nodePool:NodePool") if "-gpu-" in r.name}
+    assert set(pools) == set(s.cluster.gpu_pools)
+    for name, pool in s.cluster.gpu_pools.items():
+        got = pools[name]
+        gpu, per_node = pool.hardware()
+        assert got["nodeConfig"]["instanceTypeIds"] == [pool.instance_type]
+        assert got["autoScaling"]["minReplicas"] == pool.min_nodes
+        assert got["autoScaling"]["maxReplicas"] == pool.max_nodes
+        assert got["kubernetesConfig"]["taints"] == [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]
+        labels = {x["key"]: x["value"] for x in got["kubernetesConfig"]["labels"]}
+        assert labels["deepseek-volc/gpu-model"] == gpu and labels["deepseek-volc/gpus-per-node"] == str(per_node)
+        assert got["kubernetesConfig"]["kubeletConfig"]["topologyManagerPolicy"] == "single-numa-node"
+        assert got["nodeConfig"]["dataVolumes"][0]["size"] == pool.data_disk_gib
+        assert len(got["nodeConfig"]["subnetIds"]) == len(s.pool_zones(name))
+    system = next(r.inputs for r in of(runs[stack], "vke/nodePool:NodePool") if r.name.endswith("-system"))
+    assert "taints" not in system["kubernetesConfig"]
+    assert system["autoScaling"]["minReplicas"] == s.cluster.system_pool.min_nodes
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_bucket_is_private_encrypted_versioned(runs, stack):
+    s = load(stack)
+    rec = runs[stack]
+    bucket = of(rec, "tos/bucket:Bucket")[0].inputs
+    assert bucket["bucketName"] == s.bucket_name
+    assert bucket["publicAcl"] == "private" and bucket["enableVersion"] is True
+    enc = of(rec, "tos/bucketEncryption:BucketEncryption")[0].inputs
+    assert enc["rule"]["applyServerSideEncryptionByDefault"]["sseAlgorithm"] == s.weights.sse_algorithm
+    life = of(rec, "tos/bucketLifecycle:BucketLifecycle")[0].inputs["rules"][0]
+    assert life["nonCurrentVersionExpiration"]["nonCurrentDays"] == s.weights.noncurrent_version_days
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_reader_policy_is_least_privilege(runs, stack):
+    s = load(stack)
+    doc = json.loads(of(runs[stack], "iam/policy:Policy")[0].inputs["policyDocument"])
+    by_action = {a: st for st in doc["Statement"] for a in st["Action"]}
+    assert set(by_action) == {"tos:GetObject", "tos:ListBucket"}
+    assert by_action["tos:GetObject"]["Resource"] == [f"trn:tos:::{s.bucket_name}/{s.weights.prefix}/*"]
+    listing = by_action["tos:ListBucket"]
+    assert listing["Resource"] == [f"trn:tos:::{s.bucket_name}"]
+    assert listing["Condition"] == {"StringLike": {"tos:prefix": [f"{s.weights.prefix}/*"]}}
+    assert all(st["Effect"] == "Allow" for st in doc["Statement"])
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_reader_role_trusts_only_the_serving_service_account(runs, stack):
+    s = load(stack)
+    rec = runs[stack]
+    role = of(rec, "iam/role:Role")[0].inputs
+    trust = json.loads(role["trustPolicyDocument"])["Statement"][0]
+    assert trust["Action"] == ["sts:AssumeRoleWithOIDC"]
+    assert trust["Condition"]["StringEquals"]["oidc:sub"] == [
+        f"system:serviceaccount:{s.serving.namespace}:{s.serving.service_account}"]
+    attach = of(rec, "iam/rolePolicyAttachment:RolePolicyAttachment")[0].inputs
+    policy = of(rec, "iam/policy:Policy")[0].inputs
+    assert attach["roleName"] == role["roleName"] and attach["policyName"] == policy["policyName"]
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_edge_routes_to_the_in_cluster_entry(runs, stack):
+    s = load(stack)
+    rec = runs[stack]
+    upstreams = of(rec, "apig/apigUpstream:ApigUpstream")
+    assert [u.inputs["upstreamSpec"]["k8sService"]["name"] for u in upstreams] == [
+        u["service"] for u in s.edge_upstreams()]
+    routes = {r.name.rsplit("-", 1)[1]: r.inputs for r in of(rec, "apig/apigRoute:ApigRoute")}
+    assert sum(u["weight"] for u in routes["default"]["upstreamLists"]) == 10000
+    header = routes["ab"]["matchRule"]["headers"][0]
+    assert header == {"key": s.gateway.ab_header.name,
+                      "value": {"matchType": "Exact", "matchContent": s.gateway.ab_header.value}}
+
+
+def test_edge_splits_by_weight_without_the_in_cluster_gateway():
+    raw = json.loads(json.dumps(read_raw("staging")))
+    raw["serving"]["in_cluster_gateway"] = False
+    rec = engine.run("staging", raw)
+    route = next(r.inputs for r in rec.resources if r.name.endswith("-route-default"))
+    weights = [u["weight"] for u in route["upstreamLists"]]
+    w = raw["gateway"]["canary_weight"]
+    assert weights == [(100 - w) * 100, w * 100]
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_registry_and_vmp(runs, stack):
+    s = load(stack)
+    rec = runs[stack]
+    repo = of(rec, "cr/repository:Repository")[0].inputs
+    assert repo["name"] == s.registry.repository and repo["accessLevel"] == "Private"
+    assert bool(of(rec, "vmp/workspace:Workspace")) is s.observability.vmp_enabled
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_every_cloud_resource_has_a_component_parent(runs, stack):
+    rec = runs[stack]
+    components = {r.urn for r in rec.resources if not r.custom}
+    for r in rec.resources:
+        if r.custom and not r.type.startswith("pulumi:providers:"):
+            assert r.parent in components, r.name
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_secrets_are_masked(runs, stack):
+    k8s_provider = next(r for r in runs[stack].resources if r.type == "pulumi:providers:kubernetes")
+    assert k8s_provider.inputs["kubeconfig"] == engine.MASK
+    assert k8s_provider.raw_inputs["kubeconfig"] != engine.MASK
+
+
+def test_runs_do_not_leak_into_each_other(runs):
+    again = engine.run("dev", read_raw("dev"))
+    assert sorted(r.urn for r in again.resources) == sorted(r.urn for r in runs["dev"].resources)
