@@ -88,6 +88,11 @@ class Serving(pulumi.ComponentResource):
                 )
             )
 
+        # Plain manifests the controllers need besides their charts (e.g. the rate-limit
+        # Redis), in namespaces the charts create.
+        after_charts = pulumi.ResourceOptions.merge(base, pulumi.ResourceOptions(depends_on=list(releases)))
+        releases += [k8s_apply.apply(name, obj, after_charts) for obj in platform.manifests(ctx.settings)]
+
         objs = render_all(ctx, args.reader_role_trn)
         namespaces = {}
         for obj in [o for o in objs if o["kind"] == "Namespace"]:
