@@ -130,14 +130,13 @@ def _grouped_topk_kernel(
 
 
 def _pick_block(t: int) -> tuple[int, int]:
-    """(BLOCK_T, num_warps). Few tokens: one token per program so programs spread over
-    the SMs and reductions stay inside a warp; many tokens: several per program so each
-    program has enough independent work to hide the reduction latency."""
+    """(BLOCK_T, num_warps), from an H200 sweep (kernels/bench/results/*_v1_sweep.json).
+    Up to 512 tokens: one token per single-warp program, so every reduction is a warp
+    shuffle and programs spread over the SMs (3.8 us at 1 token). Beyond: 4 tokens over
+    2 warps gave the best throughput (22.7 us at 8192 vs 33 us with 4 warps)."""
     if t <= 512:
         return 1, 1
-    if t <= 4096:
-        return 2, 2
-    return 4, 4
+    return 4, 2
 
 
 def grouped_topk(

@@ -15,11 +15,14 @@ One kernel serves both shapes of work:
 - large M (prefill): plain output tiling with bigger BLOCK_M, no split unless the
   tile count is below the SM count.
 
-Dequantisation per tile element costs a shift, one logic op (AND+OR fuse into LOP3), an
-fp32 subtract of the zero point and a conversion: nibbles become floats by OR-ing
-them into the mantissa of 2**23 (0x4B000000) instead of an int->float convert, and the
-group scale multiplies the [BLOCK_M, BLOCK_N] partial product after the dot, not every
-weight (BLOCK_K divides the group size, so a tile has one scale row).
+Dequantisation works per nibble position: nibble i of each packed int32 across the tile
+is a [BLOCK_K, BLOCK_N / 8] sub-tile of whole columns, so the kernel runs 8 dots per K
+step and never reshapes or interleaves the unpacked tile (a first version that did ran at
+~20% of the copy bandwidth on an H200; kernels/bench/results/*_v1_*). Each weight costs
+a shift and one logic op: the nibble is OR-ed into the mantissa of 128.0 in the
+activation dtype (1024.0 for fp16), giving 128 + q exactly, and the zero point, the offset and the
+group scale are applied to the [BLOCK_M, BLOCK_N / 8] dot result (BLOCK_K divides the
+group size, so a K step sees one scale/zero row).
 """
 
 from __future__ import annotations
@@ -32,6 +35,31 @@ import triton.language as tl
 
 GROUP_SIZE = 128
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@triton.jit
+def _nibble_dot(acc, x, xsum, qw, qz, sc_ptr, sc_row, offs_p, mask_p,
+                I: tl.constexpr, MAGIC: tl.constexpr, BASE: tl.constexpr, UPCAST_DOT: tl.constexpr):
+    # Nibble I of every packed int32 is one [BLOCK_K, BLOCK_P] sub-tile: the column
+    # AWQ_ORDER[I] = (I % 4) * 2 + I // 4 of each 8-column block. Working per nibble needs
+    # no reshape/interleave (which cost a shared-memory layout conversion per tile).
+    # OR-ing the nibble into the mantissa of BASE (bits MAGIC, ulp 1) gives BASE + q exactly
+    # in the activation dtype: one shift and one LOP3 per weight, no int->float convert.
+    w = (((qw >> (4 * I)) & 0xF) | MAGIC).to(tl.int16).to(x.dtype, bitcast=True)
+    if UPCAST_DOT:
+        part = tl.dot(x.to(tl.float32), w.to(tl.float32))
+    else:
+        part = tl.dot(x, w)
+    # sum_k x (BASE + q - BASE - z) = x.(BASE + q) - sum(x) (BASE + z): the zero point and
+    # the BASE offset cost BLOCK_M x BLOCK_P work per tile instead of a subtract per weight.
+    z = ((qz >> (4 * I)) & 0xF).to(tl.float32) + BASE
+    s = tl.load(sc_ptr + sc_row + offs_p * 8 + ((I % 4) * 2 + I // 4), mask=mask_p, other=0.0)
+    return acc + (part - xsum[:, None] * z[None, :]) * s.to(tl.float32)[None, :]
+
+
+@triton.jit
+def _store_nibble(out, acc, offs_p, omask, I: tl.constexpr):
+    tl.store(out + offs_p[None, :] * 8 + ((I % 4) * 2 + I // 4), acc.to(out.dtype.element_ty), mask=omask)
 
 
 @triton.jit
@@ -52,26 +80,30 @@ def _w4a16_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    MAGIC: tl.constexpr,
+    BASE: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
 ):
+    BLOCK_P: tl.constexpr = BLOCK_N // 8
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     pid_k = tl.program_id(2)
+    NP = N // 8
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_p = pid_n * (BLOCK_N // 8) + tl.arange(0, BLOCK_N // 8)  # packed columns
+    offs_p = pid_n * BLOCK_P + tl.arange(0, BLOCK_P)  # packed columns
     offs_k = tl.arange(0, BLOCK_K)
     mask_m = offs_m < M
-    mask_n = offs_n < N
-    mask_p = offs_p < N // 8
+    mask_p = offs_p < NP
 
-    # Column c of an 8-block sits in nibble REVERSE[c] = [0, 4, 1, 5, 2, 6, 3, 7][c],
-    # i.e. shift = 4 * REVERSE[c] = (c >> 1) * 4 + (c & 1) * 16.
-    c8 = tl.arange(0, 8)
-    shifts = (c8 >> 1) * 4 + (c8 & 1) * 16
-
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    a0 = tl.zeros((BLOCK_M, BLOCK_P), dtype=tl.float32)
+    a1 = tl.zeros((BLOCK_M, BLOCK_P), dtype=tl.float32)
+    a2 = tl.zeros((BLOCK_M, BLOCK_P), dtype=tl.float32)
+    a3 = tl.zeros((BLOCK_M, BLOCK_P), dtype=tl.float32)
+    a4 = tl.zeros((BLOCK_M, BLOCK_P), dtype=tl.float32)
+    a5 = tl.zeros((BLOCK_M, BLOCK_P), dtype=tl.float32)
+    a6 = tl.zeros((BLOCK_M, BLOCK_P), dtype=tl.float32)
+    a7 = tl.zeros((BLOCK_M, BLOCK_P), dtype=tl.float32)
     kb0 = pid_k * k_iters
     kb_end = tl.minimum(kb0 + k_iters, tl.cdiv(K, BLOCK_K))
     for kb in range(kb0, kb_end):
@@ -82,29 +114,34 @@ def _w4a16_kernel(
             mask=mask_m[:, None] & mask_k[None, :],
             other=0.0,
         )
+        xsum = tl.sum(x.to(tl.float32), axis=1)
         qw = tl.load(
-            qw_ptr + k[:, None].to(tl.int64) * (N // 8) + offs_p[None, :],
+            qw_ptr + k[:, None].to(tl.int64) * NP + offs_p[None, :],
             mask=mask_k[:, None] & mask_p[None, :],
             other=0,
         )
         grp = (kb * BLOCK_K) // GROUP
-        qz = tl.load(qz_ptr + grp * (N // 8) + offs_p, mask=mask_p, other=0)
-        sc = tl.load(sc_ptr + grp * N + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+        qz = tl.load(qz_ptr + grp * NP + offs_p, mask=mask_p, other=0)
+        row = grp * N
+        a0 = _nibble_dot(a0, x, xsum, qw, qz, sc_ptr, row, offs_p, mask_p, 0, MAGIC, BASE, UPCAST_DOT)
+        a1 = _nibble_dot(a1, x, xsum, qw, qz, sc_ptr, row, offs_p, mask_p, 1, MAGIC, BASE, UPCAST_DOT)
+        a2 = _nibble_dot(a2, x, xsum, qw, qz, sc_ptr, row, offs_p, mask_p, 2, MAGIC, BASE, UPCAST_DOT)
+        a3 = _nibble_dot(a3, x, xsum, qw, qz, sc_ptr, row, offs_p, mask_p, 3, MAGIC, BASE, UPCAST_DOT)
+        a4 = _nibble_dot(a4, x, xsum, qw, qz, sc_ptr, row, offs_p, mask_p, 4, MAGIC, BASE, UPCAST_DOT)
+        a5 = _nibble_dot(a5, x, xsum, qw, qz, sc_ptr, row, offs_p, mask_p, 5, MAGIC, BASE, UPCAST_DOT)
+        a6 = _nibble_dot(a6, x, xsum, qw, qz, sc_ptr, row, offs_p, mask_p, 6, MAGIC, BASE, UPCAST_DOT)
+        a7 = _nibble_dot(a7, x, xsum, qw, qz, sc_ptr, row, offs_p, mask_p, 7, MAGIC, BASE, UPCAST_DOT)
 
-        # nibble -> fp32 exactly: bits 0x4B00000q are the float 2**23 + q.
-        q = ((qw[:, :, None] >> shifts[None, None, :]) & 0xF) | 0x4B000000
-        q = tl.reshape(q, (BLOCK_K, BLOCK_N)).to(tl.float32, bitcast=True)
-        z = (qz[:, None] >> shifts[None, :]) & 0xF
-        z = tl.reshape(z, (BLOCK_N,)).to(tl.float32) + 8388608.0
-        w = (q - z[None, :]).to(x_ptr.dtype.element_ty)  # integers in [-15, 15]: exact
-        if UPCAST_DOT:
-            part = tl.dot(x.to(tl.float32), w.to(tl.float32))
-        else:
-            part = tl.dot(x, w)
-        acc += part * sc[None, :]
-
-    out = out_ptr + pid_k * stride_os + offs_m[:, None] * stride_om + offs_n[None, :]
-    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+    out = out_ptr + pid_k * stride_os + offs_m[:, None] * stride_om
+    omask = mask_m[:, None] & mask_p[None, :]
+    _store_nibble(out, a0, offs_p, omask, 0)
+    _store_nibble(out, a1, offs_p, omask, 1)
+    _store_nibble(out, a2, offs_p, omask, 2)
+    _store_nibble(out, a3, offs_p, omask, 3)
+    _store_nibble(out, a4, offs_p, omask, 4)
+    _store_nibble(out, a5, offs_p, omask, 5)
+    _store_nibble(out, a6, offs_p, omask, 6)
+    _store_nibble(out, a7, offs_p, omask, 7)
 
 
 @triton.jit
@@ -132,7 +169,7 @@ def pick_config(m: int, n: int, k: int, num_sms: int) -> dict:
         bn, bk, warps, stages = 128, 128, 4, 4
     else:
         bm = 64 if m <= 128 else 128
-        bn, bk, warps, stages = 128, 64, 8, 3
+        bn, bk, warps, stages = 256, 64, 8, 3
     tiles = triton.cdiv(n, bn) * triton.cdiv(m, bm)
     kb = triton.cdiv(k, bk)
     target = 4 * num_sms if m <= 64 else num_sms
@@ -186,6 +223,10 @@ def w4a16_gemm(
         m * n,
         k_iters,
         GROUP=GROUP_SIZE,
+        # A base whose ulp is 1 (bf16: 128 = 0x4300, 7 mantissa bits; fp16: 1024 =
+        # 0x6400, 10 bits): OR-ing a nibble q into its mantissa gives exactly base + q.
+        MAGIC=0x4300 if x.dtype == torch.bfloat16 else 0x6400,
+        BASE=128.0 if x.dtype == torch.bfloat16 else 1024.0,
         # Triton's CPU interpreter (3.9) multiplies bf16 dot operands as raw bits; an
         # fp32 dot of the same bf16 values is the same exact-product, fp32-sum math.
         UPCAST_DOT=_INTERPRET and x.dtype == torch.bfloat16,

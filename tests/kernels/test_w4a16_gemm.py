@@ -75,9 +75,9 @@ def test_w4a16_default_config(m, k, n, dtype):
     check(m, k, n, dtype, seed=m + k + n)
 
 
-SPLIT = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SPLIT_K=2, num_warps=4, num_stages=2)
-TILED = dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=64, SPLIT_K=1, num_warps=4, num_stages=2)
-SPLIT_BK64 = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=64, SPLIT_K=3, num_warps=4, num_stages=2)
+SPLIT = dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=128, SPLIT_K=2, num_warps=4, num_stages=2)
+TILED = dict(BLOCK_M=32, BLOCK_N=256, BLOCK_K=64, SPLIT_K=1, num_warps=4, num_stages=2)
+SPLIT_BK64 = dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=64, SPLIT_K=3, num_warps=4, num_stages=2)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
@@ -86,7 +86,7 @@ SPLIT_BK64 = dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=64, SPLIT_K=3, num_warps=4, nu
     [
         (5, 640, 72, SPLIT),  # 5 K blocks over 2 splits: 3 + 2
         (2, 384, 96, SPLIT_BK64),  # two K tiles per scale group, 6 blocks over 3 splits
-        (45, 384, 104, TILED),  # M and N tails
+        (45, 384, 264, TILED),  # M and N tails (N = 256 + 8)
         (1, 1152, 40, dict(SPLIT, SPLIT_K=4)),  # 9 blocks / 4 -> 3 splits of 3
     ],
     ids=["split2", "split3_bk64", "tiled", "split_uneven"],
