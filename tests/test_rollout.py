@@ -99,3 +99,16 @@ def test_no_rollout_when_disabled_or_multi_node():
     prod = ctx_for("prod")
     assert prod.multi_node and prod.settings.rollout.enabled
     assert rollout.render(prod) == []
+
+
+def test_the_route_argo_edits_exists_and_splits_between_the_two_services():
+    from workloads import gateway
+
+    ctx = ctx_for("dev")
+    plugin = objects(ctx)["Rollout"]["spec"]["strategy"]["canary"]["trafficRouting"]["plugins"][
+        rollout.GATEWAY_API_PLUGIN]
+    routes = [o for o in gateway.render(ctx) if o["kind"] == "HTTPRoute"
+              and o["metadata"]["name"] == plugin["httpRoute"] and o["metadata"]["namespace"] == plugin["namespace"]]
+    assert len(routes) == 1
+    backends = [{b["name"] for b in rule.get("backendRefs", [])} for rule in routes[0]["spec"]["rules"]]
+    assert {ctx.stable_service, ctx.canary_service} in backends
