@@ -82,4 +82,5 @@ def test_instance_type_sets_gpu_and_count():
 def test_local_model_dir(tiny_llama):
     res = run("--model", str(tiny_llama), "--gpu", "A10", "--json")
     assert res.exit_code == 0, res.output
-    assert json.loads(res.stdout)["kv_bytes_per_token_per_gpu"] == 2 * 2 * 1 * 64 * 2
+    # 2 (K,V) x 2 layers x 1 KV head x 64 x 4 bytes (the tiny llama is float32)
+    assert json.loads(res.stdout)["kv_bytes_per_token_per_gpu"] == 2 * 2 * 1 * 64 * 4
