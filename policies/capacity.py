@@ -102,7 +102,10 @@ def _fits(args, report):
                            w.urn)
                     continue
                 gpu_name = labels[GPU_MODEL_LABEL]
-                per_node = int(number(labels.get(GPU_COUNT_LABEL), 1) or 1)
+                count = number(labels.get(GPU_COUNT_LABEL))
+                if count is None or count < 1:
+                    continue  # gpu-pool-labelled reports the missing count; guessing one would mislead
+                per_node = int(count)
                 try:
                     p = plan(
                         model,

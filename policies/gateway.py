@@ -73,22 +73,27 @@ def _jwt(args, report):
         report(f"HTTPRoute {name_of(route.props)} is reachable without a JWT: anyone on the internet can spend "
                "the GPUs. Fix: enable serving.auth (a SecurityPolicy with a jwt provider targeting the route or "
                "its Gateway).", route.urn)
-    # The edge: with APIG auth off, an upstream must be the entry Service of a Gateway
-    # (the Envoy proxies), never the model Services directly.
-    services = {(_ns(s), str(dig(s.props, "metadata", "name"))): s for s in of_kind(args.resources, "Service")}
-    edge_auth = any(dig(s.props, "authSpec", "enable") is True for s in of_type(args.resources, APIG_SERVICE))
-    if edge_auth:
-        return
-    for up in of_type(args.resources, APIG_UPSTREAM):
-        svc_ref = dig(up.props, "upstreamSpec", "k8sService", default={})
-        key = (str(dig(svc_ref, "namespace", default="")), str(dig(svc_ref, "name", default="")))
-        svc = services.get(key)
+    if any(dig(s.props, "authSpec", "enable") is True for s in of_type(args.resources, APIG_SERVICE)):
+        return  # the edge authenticates by itself
+    for up, ns, name in _edge_bypasses(args.resources):
+        report(f"APIG upstream {dig(up.props, 'name')!r} forwards public traffic to {ns}/{name}, which is not "
+               "behind the authenticating gateway. Fix: set serving.in_cluster_gateway: true so the edge targets "
+               "the Envoy Gateway entry Service.", up.urn)
+
+
+def _edge_bypasses(resources) -> list:
+    """APIG upstreams whose Kubernetes Service is not the entry of an Envoy Gateway (the
+    proxies that carry JWT and rate limits): public traffic reaching pods directly."""
+    services = {(_ns(s), str(dig(s.props, "metadata", "name"))): s for s in of_kind(resources, "Service")}
+    out = []
+    for up in of_type(resources, APIG_UPSTREAM):
+        ref = dig(up.props, "upstreamSpec", "k8sService", default={})
+        ns, name = str(dig(ref, "namespace", default="")), str(dig(ref, "name", default=""))
+        svc = services.get((ns, name))
         selector = mapping(dig(svc.props, "spec", "selector", default={})) if svc is not None else {}
-        gw = selector.get(OWNING_GATEWAY_NAME)
-        if gw is None:
-            report(f"APIG upstream {dig(up.props, 'name')!r} forwards public traffic to {key[0]}/{key[1]}, which is "
-                   "not behind the authenticating gateway. Fix: set serving.in_cluster_gateway: true so the edge "
-                   "targets the Envoy Gateway entry Service.", up.urn)
+        if OWNING_GATEWAY_NAME not in selector:
+            out.append((up, ns, name))
+    return out
 
 
 def _rate_limited(args, report):
@@ -103,6 +108,9 @@ def _rate_limited(args, report):
             report(f"HTTPRoute {name_of(route.props)} has no rate limit: one client can starve every other. Fix: "
                    "enable serving.rate_limits (a BackendTrafficPolicy with rateLimit rules targeting the route).",
                    route.urn)
+    for up, ns, name in _edge_bypasses(args.resources):
+        report(f"APIG upstream {dig(up.props, 'name')!r} forwards public traffic to {ns}/{name} past the gateway "
+               "that rate-limits. Fix: set serving.in_cluster_gateway: true.", up.urn)
 
 
 POLICIES = [

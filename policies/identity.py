@@ -20,8 +20,9 @@ from .common import (
     statements,
 )
 
-# Read-only TOS verbs: everything else (Put, Delete, Abort, Restore, ...) writes.
-READ_VERB = re.compile(r"^tos:(Get|List|Head)[A-Za-z]*$")
+# Read-only TOS verbs: everything else (Put, Delete, Abort, Restore, ...) writes. A
+# wildcard is read-only only when every action it matches is (`tos:Get*` yes, `tos:*` no).
+READ_VERB = re.compile(r"^tos:(Get|List|Head)[A-Za-z*]*$")
 
 
 def _wildcard_action(action: str) -> bool:

@@ -58,7 +58,8 @@ def _bucket_encrypted(args, report):
                    "rule.apply_server_side_encryption_by_default.sse_algorithm 'AES256' or 'kms' "
                    "(weights.sse_algorithm).", b.urn)
         elif algo not in SSE_ALGORITHMS:
-            report(f"bucket {name!r} encryption names algorithm {algo!r}. Fix: set sse_algorithm to "
+            report(f"bucket {name!r} has a BucketEncryption with algorithm {algo or '(none)'!r}, which encrypts "
+                   f"nothing. Fix: set sse_algorithm to "
                    f"one of {', '.join(SSE_ALGORITHMS)} (weights.sse_algorithm).", b.urn)
 
 

@@ -101,7 +101,8 @@ def _image_registry(args, report):
         kind = k8s_kind(w.resource_type)
         for _, _, c in iter_workload_containers(kind, w.props):
             image = str(dig(c, "image", default=""))
-            if repo is None or not (image.startswith(repo + ":") or image.startswith(repo + "@")):
+            # the repository alone (no tag) is image-pinned's finding, not this one's
+            if repo is None or not (image == repo or image.startswith((repo + ":", repo + "@"))):
                 report(f"{kind} {name_of(w.props)} container {dig(c, 'name')!r} runs {image!r}, not an image of "
                        f"the stack's registry ({repo or 'no CR repository in the stack'}). Fix: push the serving "
                        "image (workloads/image) to the stack's CR repository and leave serving.image.repository "
