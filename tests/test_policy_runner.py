@@ -1,0 +1,125 @@
+"""The offline runner drives pulumi_policy's own servicer the way the engine does."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+from google.protobuf import json_format
+
+from dsvolc import engine, policy_runner
+from policies.pack import POLICIES
+from pulumi_policy.deserialize import SPECIAL_SECRET_SIG, SPECIAL_SIG_KEY
+from stacks import read_raw
+
+
+@pytest.fixture(scope="module")
+def prod() -> engine.Recording:
+    return engine.run("prod", read_raw("prod"))
+
+
+@pytest.fixture(scope="module")
+def dev() -> engine.Recording:
+    return engine.run("dev", read_raw("dev"))
+
+
+def _edit_bucket(rec: engine.Recording, **props) -> engine.Recording:
+    rec = copy.deepcopy(rec)
+    bucket = rec.of_type("volcengine:tos/bucket:Bucket")[0]
+    bucket.raw_inputs.update(props)
+    bucket.inputs.update(props)
+    return rec
+
+
+def test_analyzer_info_lists_every_policy_with_its_schema():
+    infos = {i.name: i for i in policy_runner.policy_infos()}
+    assert set(infos) == {p.name for p in POLICIES}
+    schema = json_format.MessageToDict(infos["serving-min-replicas"].configSchema)
+    assert schema["properties"]["minReplicas"]["default"] == 2
+
+
+def test_analyze_request_matches_the_recorded_registration(prod):
+    bucket = prod.of_type("volcengine:tos/bucket:Bucket")[0]
+    req = policy_runner.analyze_request(prod, bucket)
+    assert (req.type, req.urn, req.name) == (bucket.type, bucket.urn, bucket.name)
+    assert json_format.MessageToDict(req.properties)["bucketName"] == bucket.raw_inputs["bucketName"]
+    # the provider travels with the request, as the engine sends it (region from settings)
+    assert req.provider.type == "pulumi:providers:volcengine"
+    assert json_format.MessageToDict(req.provider.properties)["region"] == read_raw("prod")["region"]
+    assert req.options.parent == bucket.parent
+
+
+def test_analyze_stack_request_carries_parents_and_dependencies(prod):
+    req = policy_runner.analyze_stack_request(prod)
+    assert len(req.resources) == len(prod.resources)
+    snat = next(r for r in req.resources if r.type == "volcengine:nat/snatEntry:SnatEntry")
+    recorded = next(r for r in prod.resources if r.urn == snat.urn)
+    assert list(snat.dependencies) == recorded.dependencies and snat.dependencies
+    assert snat.parent == recorded.parent
+
+
+def test_secrets_are_marked_on_the_wire():
+    shown = {"a": engine.MASK, "b": {"c": "plain"}}
+    raw = {"a": "s3cr3t", "b": {"c": "plain"}}
+    wired = policy_runner._wire(shown, raw)
+    assert wired["a"] == {SPECIAL_SIG_KEY: SPECIAL_SECRET_SIG, "value": "s3cr3t"}
+    assert wired["b"] == {"c": "plain"}
+
+
+def test_levels_come_from_the_config_not_the_code(dev):
+    """The same unversioned bucket: advisory under dev's config, mandatory under prod's."""
+    rec = _edit_bucket(dev, enableVersion=False)
+    as_dev = [v for v in policy_runner.analyze(rec, policy_runner.load_policy_config("dev"))
+              if v["policy"] == "tos-bucket-versioned"]
+    as_prod = [v for v in policy_runner.analyze(rec, policy_runner.load_policy_config("prod"))
+               if v["policy"] == "tos-bucket-versioned"]
+    assert [v["enforcement_level"] for v in as_dev] == ["advisory"]
+    assert [v["enforcement_level"] for v in as_prod] == ["mandatory"]
+    assert as_prod[0]["resource"] == rec.of_type("volcengine:tos/bucket:Bucket")[0].urn
+    assert as_prod[0]["type"] == "volcengine:tos/bucket:Bucket"
+
+
+def test_disabled_policy_reports_nothing(prod):
+    rec = _edit_bucket(prod, publicAcl="public-read")
+    fired = {v["policy"] for v in policy_runner.analyze(rec, {"tos-bucket-not-public": "disabled"})}
+    assert "tos-bucket-not-public" not in fired
+    fired = {v["policy"] for v in policy_runner.analyze(rec, {})}
+    assert "tos-bucket-not-public" in fired  # no config: the pack's default (mandatory)
+
+
+def test_config_properties_reach_the_policy(dev):
+    """dev's config sets minReplicas 1 and delete protection not required; without it the
+    same recording violates both."""
+    fired = {v["policy"] for v in policy_runner.analyze(dev, policy_runner.load_policy_config("dev"))}
+    assert not fired & {"serving-min-replicas", "vke-delete-protection"}
+    fired = {v["policy"] for v in policy_runner.analyze(dev, {})}
+    assert {"serving-min-replicas", "vke-delete-protection"} <= fired
+
+
+@pytest.mark.parametrize("config, error", [
+    ({"no-such-policy": "mandatory"}, "no-such-policy: no such policy"),
+    ({"tos-bucket-versioned": "strict"}, "tos-bucket-versioned: expected one of"),
+    ({"serving-min-replicas": {"minReplicas": "two"}}, "serving-min-replicas.minReplicas"),
+    ({"serving-min-replicas": {"minReplica": 2}}, "serving-min-replicas"),
+])
+def test_bad_config_is_refused_with_its_path(config, error):
+    with pytest.raises(policy_runner.PolicyConfigError, match=error.replace(".", r"\.")):
+        policy_runner.resolve_config(policy_runner.policy_infos(), config)
+
+
+@pytest.mark.parametrize("stack", ["dev", "staging", "prod"])
+def test_shipped_configs_resolve(stack):
+    resolved = policy_runner.resolve_config(policy_runner.policy_infos(), policy_runner.load_policy_config(stack))
+    assert set(resolved) == {p.name for p in POLICIES}
+    if stack == "prod":
+        assert {c.enforcement_level for c in resolved.values()} == {"mandatory"}
+        assert resolved["image-pinned"].properties["requireDigest"] is True
+    if stack == "dev":
+        assert "advisory" in {c.enforcement_level for c in resolved.values()}
+
+
+def test_config_files_are_json_objects():
+    for stack in ("dev", "staging", "prod"):
+        doc = json.loads(policy_runner.config_path(stack).read_text())
+        assert isinstance(doc, dict) and doc.get("all") == "mandatory"
