@@ -238,6 +238,7 @@ MODELS: dict[str, ModelSpec] = {
         **_V2_LITE_COMMON,
     ),
     # https://huggingface.co/onnx-community/DeepSeek-R1-Distill-Qwen-1.5B-ONNX/blob/main/config.json
+    # and https://huggingface.co/oumi-ai/MiniMath-R1-1.5B/blob/main/config.json
     # (_name_or_path deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B): 28 layers, hidden 1536,
     # 12 heads, 2 KV heads, intermediate 8960, vocab 151936, 131072 positions.
     "deepseek-r1-distill-qwen-1.5b": _qwen2(
@@ -246,8 +247,9 @@ MODELS: dict[str, ModelSpec] = {
         "https://huggingface.co/deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B/blob/main/config.json "
         "(read via huggingface.co/onnx-community/DeepSeek-R1-Distill-Qwen-1.5B-ONNX config.json)",
     ),
+    # https://huggingface.co/ABrain/HPGPT-DeepSeek-R1-Distill-Qwen-7B-R/blob/main/config.json and
     # https://huggingface.co/mlfoundations-dev/DeepSeek-R1-Distill-Qwen-7B_OpenThoughts3/blob/main/config.json
-    # (_name_or_path is the deepseek-ai/DeepSeek-R1-Distill-Qwen-7B snapshot): 28 layers,
+    # (_name_or_path deepseek-ai/DeepSeek-R1-Distill-Qwen-7B): 28 layers,
     # hidden 3584, 28 heads, 4 KV heads, intermediate 18944, vocab 152064.
     "deepseek-r1-distill-qwen-7b": _qwen2(
         "deepseek-r1-distill-qwen-7b", "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B",
@@ -255,6 +257,7 @@ MODELS: dict[str, ModelSpec] = {
         "https://huggingface.co/deepseek-ai/DeepSeek-R1-Distill-Qwen-7B/blob/main/config.json "
         "(read via huggingface.co/ABrain/HPGPT-DeepSeek-R1-Distill-Qwen-7B-R config.json)",
     ),
+    # https://huggingface.co/unsloth/DeepSeek-R1-Distill-Qwen-14B-bnb-4bit config.json and
     # https://huggingface.co/neody/r1-14b-awq/blame/main/config.json (_name_or_path is the
     # deepseek-ai/DeepSeek-R1-Distill-Qwen-14B snapshot): 48 layers, hidden 5120, 40 heads,
     # 8 KV heads, intermediate 13824, vocab 152064.
@@ -282,6 +285,7 @@ MODELS: dict[str, ModelSpec] = {
         "https://huggingface.co/deepseek-ai/DeepSeek-R1-Distill-Llama-8B/blob/main/config.json "
         "(read via huggingface.co/casperhansen/deepseek-r1-distill-llama-8b-awq config.json)",
     ),
+    # https://huggingface.co/unsloth/DeepSeek-R1-Distill-Llama-70B-bnb-4bit and
     # https://huggingface.co/perplexity-ai/r1-1776-distill-llama-70b/blame/main/config.json
     # (_name_or_path deepseek-ai/DeepSeek-R1-Distill-Llama-70B): 80 layers, hidden 8192,
     # 64 heads, 8 KV heads, head_dim 128, intermediate 28672, vocab 128256.
