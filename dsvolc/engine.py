@@ -10,6 +10,7 @@ OIDC provider, a kubeconfig), so that dependent resources see realistic values.
 from __future__ import annotations
 
 import base64
+import inspect
 import json
 import runpy
 from dataclasses import dataclass, field
@@ -145,6 +146,8 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
         self.recording = recording
 
     def RegisterResource(self, request):
+        if self._stack_transforms and request.type != "pulumi:pulumi:Stack":
+            self._apply_stack_transforms(request)
         response = super().RegisterResource(request)
         if request.type == "pulumi:pulumi:Stack":
             return response
@@ -167,6 +170,29 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
             )
         )
         return response
+
+
+    def _apply_stack_transforms(self, request) -> None:
+        """Run the registered stack transforms the way the engine does (Pulumi's mock
+        monitor records them but never calls them). A transform that changes the
+        properties replaces the registration's inputs; secrets in a changed registration
+        are re-sent as plain values (this path serves tests injecting violations)."""
+        props = rpc.deserialize_properties(request.object, keep_internal=True)
+        props = _unwrap(props, mask=False)
+        changed = False
+        for transform in self._stack_transforms:
+            args = pulumi.ResourceTransformArgs(
+                custom=bool(request.custom), type_=request.type, name=request.name,
+                props=props, opts=pulumi.ResourceOptions())
+            result = transform(args)
+            if inspect.isawaitable(result):
+                result = _sync_await(result)
+            if result is not None:
+                props = dict(result.props)
+                changed = True
+        if changed:
+            request.object.Clear()
+            request.object.update(_sync_await(rpc.serialize_properties(props, {})))
 
 
 def _secret_paths(struct) -> list[tuple]:
