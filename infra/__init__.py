@@ -65,6 +65,7 @@ def build_infra(s: StackSettings) -> Infra:
             desired_nodes=pool.desired_nodes if pool.desired_nodes is not None else pool.min_nodes,
             data_disk_gib=pool.data_disk_gib,
             system_disk_gib=pool.system_disk_gib,
+            data_disk_type=pool.data_disk_type,
             labels=pool.labels,
         )
     c = s.cluster

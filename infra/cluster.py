@@ -39,6 +39,7 @@ class GpuPoolArgs:
     desired_nodes: int
     data_disk_gib: int
     system_disk_gib: int
+    data_disk_type: str = "ESSD_PL0"
     labels: dict[str, str] = field(default_factory=dict)
 
 
@@ -175,7 +176,7 @@ class Cluster(pulumi.ComponentResource):
                     "system_volume": {"type": "ESSD_PL0", "size": pool.system_disk_gib},
                     # The model cache: weights synced from TOS survive pod restarts here.
                     "data_volumes": [
-                        {"type": "ESSD_PL0", "size": pool.data_disk_gib, "mount_point": MODEL_CACHE_MOUNT}
+                        {"type": pool.data_disk_type, "size": pool.data_disk_gib, "mount_point": MODEL_CACHE_MOUNT}
                     ],
                     "instance_charge_type": "PostPaid",
                     # The serving pods run as uid 1000 and write the cache (base64 script).

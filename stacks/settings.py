@@ -94,6 +94,9 @@ class GpuPoolSettings(_Model):
     data_disk_gib: int = Field(
         500, ge=100, le=32768, description="data disk for the node's model cache (mounted at /mnt/model-cache)"
     )
+    data_disk_type: Literal["ESSD_PL0", "ESSD_PL1", "ESSD_PL2", "ESSD_PL3"] = Field(
+        "ESSD_PL0", description="model-cache disk type: its throughput bounds how fast a large model loads"
+    )
     system_disk_gib: int = Field(200, ge=40, le=2048, description="system disk (container images are large)")
     labels: dict[str, str] = Field(default_factory=dict, description="extra node labels")
 

@@ -86,6 +86,7 @@ def test_gpu_pools_follow_the_map(runs, stack):
         assert labels["deepseek-volc/gpu-model"] == gpu and labels["deepseek-volc/gpus-per-node"] == str(per_node)
         assert got["kubernetesConfig"]["kubeletConfig"]["topologyManagerPolicy"] == "single-numa-node"
         assert got["nodeConfig"]["dataVolumes"][0]["size"] == pool.data_disk_gib
+        assert got["nodeConfig"]["dataVolumes"][0]["type"] == pool.data_disk_type
         assert len(got["nodeConfig"]["subnetIds"]) == len(s.pool_zones(name))
     system = next(r.inputs for r in of(runs[stack], "vke/nodePool:NodePool") if r.name.endswith("-system"))
     assert "taints" not in system["kubernetesConfig"]
