@@ -51,7 +51,7 @@ def test_engine_kv_capacity_matches_planner(request, vllm_server, fixture, kv_dt
         "relative_error": (predicted - engine_tokens) / engine_tokens,
         "startup_seconds": server.startup_seconds,
     })
-    if os.environ.get("VLLM_KV_RESULTS"):  # record the figures for docs/planner.md
+    if os.environ.get("VLLM_KV_RESULTS"):  # record the figures for the README
         Path(os.environ["VLLM_KV_RESULTS"]).write_text(json.dumps(RESULTS, indent=2) + "\n")
     assert engine_tokens > 0
     assert predicted == pytest.approx(engine_tokens, rel=0.01), (

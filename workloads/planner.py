@@ -18,7 +18,7 @@ Memory model per GPU (the worst pipeline stage), as vLLM allocates it::
 * reserve: activation peak of the profiling forward pass for
   ``max_num_batched_tokens`` tokens plus sampler logits for ``max_num_seqs``, CUDA
   context/workspaces, communication buffers and CUDA graphs (constants below,
-  explained in docs/planner.md).
+  explained in README.md).
 * KV per token per GPU: GQA ``2 x layers/pp x max(1, kv_heads/tp) x head_dim x bytes``;
   MLA ``layers/pp x (kv_lora_rank + rope_dim) x bytes`` (the latent is replicated on
   every tensor-parallel rank). An FP8 KV cache halves it. Tokens are counted in whole
@@ -34,7 +34,7 @@ from typing import Any
 from workloads.catalog import GiB, MiB, GPUSpec, ModelSpec
 
 # ----------------------------------------------------------------------------
-# Constants of the reserve estimate (see docs/planner.md for where they come from)
+# Constants of the reserve estimate (see README.md for where they come from)
 # ----------------------------------------------------------------------------
 CUDA_CONTEXT_BYTES = 600 * MiB  # CUDA context + cuBLAS/cuDNN workspaces (non-torch memory)
 COMM_BUFFER_BYTES = 512 * MiB  # NCCL channels + vLLM custom all-reduce buffers, when world > 1
@@ -570,7 +570,7 @@ __all__ = [
 
 
 # ----------------------------------------------------------------------------
-# Documentation table (docs/planner.md is regenerated from this, never typed)
+# Documentation table (README.md is regenerated from this, never typed)
 # ----------------------------------------------------------------------------
 
 DOC_GPUS = ("A10", "L20", "A100-80G", "H20", "H100", "H800", "H200")
@@ -628,7 +628,7 @@ if __name__ == "__main__":  # python -m workloads.planner [--update-docs [PATH]]
     import sys
 
     if len(sys.argv) >= 2 and sys.argv[1] == "--update-docs":
-        target = sys.argv[2] if len(sys.argv) > 2 else "docs/planner.md"
+        target = sys.argv[2] if len(sys.argv) > 2 else "README.md"
         print(f"{target}: {'updated' if _update_docs(target) else 'already up to date'}")
     else:
         print(catalog_table_markdown())
