@@ -130,13 +130,15 @@ def _grouped_topk_kernel(
 
 
 def _pick_block(t: int) -> tuple[int, int]:
-    """(BLOCK_T, num_warps), from an H200 sweep (kernels/bench/results/*_v1_sweep.json).
+    """(BLOCK_T, num_warps), from H200 sweeps (kernels/bench/results/*router*.json).
     Up to 512 tokens: one token per single-warp program, so every reduction is a warp
-    shuffle and programs spread over the SMs (3.8 us at 1 token). Beyond: 4 tokens over
-    2 warps gave the best throughput (22.7 us at 8192 vs 33 us with 4 warps)."""
+    shuffle and programs spread over the SMs (3.9 us at 1 token). Beyond: 4 tokens per
+    single-warp program (18.9 us at 8192 tokens against 24.0 with 4 tokens over 2 warps
+    and 33.5 over 4 warps). BLOCK_T = 2 was as fast but gave wrong ids for the V2 layout
+    on the H200 with Triton 3.6 (right under the interpreter), so it is refused on CUDA."""
     if t <= 512:
         return 1, 1
-    return 4, 2
+    return 4, 1
 
 
 def grouped_topk(
@@ -169,6 +171,7 @@ def grouped_topk(
     bt, nw = _pick_block(t)
     bt = block_t or bt
     nw = num_warps or nw
+    assert not (logits.is_cuda and bt == 2), "BLOCK_T=2 miscompiles on Triton 3.6 (see _pick_block)"
     grid = (triton.cdiv(t, bt),)
     _grouped_topk_kernel[grid](
         logits,

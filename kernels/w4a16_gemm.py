@@ -161,20 +161,21 @@ def _num_sms(device: torch.device) -> int:
 
 
 def pick_config(m: int, n: int, k: int, num_sms: int) -> dict:
-    """Block sizes and split by shape. Decode (M <= 64) is a weight stream: the M tile
-    is the smallest the tensor cores take (16) and K is split until ~4 programs per SM
-    are in flight. Prefill tiles M by 64/128 and splits only to fill the SMs."""
-    if m <= 64:
-        bm = max(16, triton.next_power_of_2(m))
-        bn, bk, warps, stages = 128, 128, 4, 4
+    """Block sizes and split by shape, from an H200 sweep (bench/results/*_v2_sweep.json).
+    Decode (M <= 16) is a weight stream: the smallest M tile the tensor cores take (16),
+    256-column tiles and K split until ~8 programs per SM are in flight (1080 programs
+    for 5120 x 27648: 70 us against 153 us with 128 columns and 4 per SM). M = 64 and
+    prefill tile M by 64/128 and split only to fill the SMs."""
+    if m <= 16:
+        bm, bn, bk, warps, stages, waves = 16, 256, 64, 4, 3, 8
+    elif m <= 64:
+        bm, bn, bk, warps, stages, waves = 64, 128, 128, 4, 3, 2
     else:
-        bm = 64 if m <= 128 else 128
-        bn, bk, warps, stages = 256, 64, 8, 3
+        bm, bn, bk, warps, stages, waves = 128, 256, 128, 8, 3, 1
     tiles = triton.cdiv(n, bn) * triton.cdiv(m, bm)
     kb = triton.cdiv(k, bk)
-    target = 4 * num_sms if m <= 64 else num_sms
-    split = max(1, min(kb // 2 if kb >= 2 else 1, triton.cdiv(target, tiles)))
-    if m > 64 and tiles >= num_sms:
+    split = max(1, min(kb, triton.cdiv(waves * num_sms, tiles)))
+    if waves == 1 and tiles >= num_sms:
         split = 1
     return dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, num_warps=warps, num_stages=stages)
 
