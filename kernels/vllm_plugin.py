@@ -19,10 +19,13 @@ import os
 
 import torch
 
-logger = logging.getLogger("deepseek_volc.kernels")
+# a child of vLLM's logger, so the lines land in vLLM's log with its format
+logger = logging.getLogger("vllm.deepseek_volc.kernels")
 
 ENV_SWITCH = "DSVOLC_KERNELS"
 QUANT_NAME = "dsvolc_awq"
+# devices whose tensors go to the Triton kernels; tests add "cpu" under TRITON_INTERPRET=1
+KERNEL_DEVICES = {"cuda"}
 
 
 def enabled() -> bool:
@@ -32,7 +35,7 @@ def enabled() -> bool:
 def _router_ok(gating_output: torch.Tensor, n_group: int, topk_group: int, topk: int, scoring: str) -> bool:
     e = gating_output.shape[-1]
     return (
-        gating_output.is_cuda
+        gating_output.device.type in KERNEL_DEVICES
         and gating_output.dim() == 2
         and scoring in ("sigmoid", "softmax")
         and n_group >= 1

@@ -111,5 +111,5 @@ def test_pick_config_by_shape():
     # H200: 132 SMs. Decode splits K to fill the GPU; prefill with many tiles does not.
     dec = pick_config(1, 5120, 27648, 132)
     assert dec["BLOCK_M"] == 16 and dec["SPLIT_K"] > 1
-    pre = pick_config(256, 27648, 5120, 132)
+    pre = pick_config(256, 27648, 5120, 132)  # n = 27648: 216 tiles, no split
     assert pre["BLOCK_M"] == 128 and pre["SPLIT_K"] == 1

