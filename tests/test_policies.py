@@ -25,7 +25,7 @@ from policies.pack import MODULES, PACK_DIR, POLICIES
 from stacks import read_raw
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_policies_matrix import MATRIX, _apply_recorded  # noqa: E402
+from test_policies_matrix import MATRIX, _pulumi_transform  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 KEBAB = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)+$")
@@ -112,10 +112,9 @@ def test_an_unsafe_prod_is_refused_naming_each_fix():
     settings at once: each is reported, mandatory, with its fix."""
     cases = [_case("tos-bucket-not-public"), _case("iam-no-wildcard-actions"), _case("image-pinned"),
              _case("serving-probes"), _case("engine-fits-gpu")]
-    result = preview.run_preview("prod")
-    for c in cases:
-        _apply_recorded(result.recording, c.transform)
-    violations = policy_runner.analyze(result.recording, policy_runner.load_policy_config("prod"))
+    calls: list = []
+    result = preview.run_preview("prod", transforms=[_pulumi_transform(c.transform, calls) for c in cases])
+    violations = result.violations
     by_policy = {v["policy"]: v for v in violations}
     for c in cases:
         v = by_policy.get(c.policy)
