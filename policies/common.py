@@ -31,6 +31,19 @@ ResourceCheck = Callable[[ResourceValidationArgs, ReportViolation], None]
 StackCheck = Callable[[StackValidationArgs, ReportViolation], None]
 
 
+def _policy(cls, name: str, description: str, check, fix: str, config: dict[str, dict] | None,
+            tags: list[str] | None):
+    return cls(
+        name=name,
+        description=description,
+        validate=check,
+        enforcement_level=DEFAULT_LEVEL,
+        config_schema=PolicyConfigSchema(properties=config) if config else None,
+        remediation_steps=fix,
+        tags=tags,
+    )
+
+
 def resource_policy(
     name: str,
     description: str,
@@ -41,15 +54,7 @@ def resource_policy(
     tags: list[str] | None = None,
 ) -> ResourceValidationPolicy:
     """A resource policy; `fix` is the remediation text shown by `pulumi policy` tooling."""
-    return ResourceValidationPolicy(
-        name=name,
-        description=description,
-        validate=check,
-        enforcement_level=DEFAULT_LEVEL,
-        config_schema=PolicyConfigSchema(properties=config) if config else None,
-        remediation_steps=fix,
-        tags=tags,
-    )
+    return _policy(ResourceValidationPolicy, name, description, check, fix, config, tags)
 
 
 def stack_policy(
@@ -61,15 +66,8 @@ def stack_policy(
     config: dict[str, dict] | None = None,
     tags: list[str] | None = None,
 ) -> StackValidationPolicy:
-    return StackValidationPolicy(
-        name=name,
-        description=description,
-        validate=check,
-        enforcement_level=DEFAULT_LEVEL,
-        config_schema=PolicyConfigSchema(properties=config) if config else None,
-        remediation_steps=fix,
-        tags=tags,
-    )
+    """A stack policy: sees every resource of the stack at once."""
+    return _policy(StackValidationPolicy, name, description, check, fix, config, tags)
 
 
 def cfg(args: ResourceValidationArgs | StackValidationArgs, key: str, default: Any) -> Any:
