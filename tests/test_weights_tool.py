@@ -130,3 +130,27 @@ def test_cli_sync_from_a_directory(bucket, tmp_path):
     dest = tmp_path / "cache"
     assert wt.main(["sync", "--source-dir", str(bucket), "--dest", str(dest), "--verify"]) == 0
     assert (dest / "config.json").is_file()
+
+
+def test_the_tool_runs_in_the_serving_image_without_the_project_dependencies():
+    """The image installs this package with --no-deps: the tool may only need the standard
+    library (plus tos/transformers, imported lazily), never pulumi or pydantic."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "for m in ('pulumi', 'pydantic', 'pulumi_kubernetes', 'pulumi_volcengine', 'stacks', 'yaml'):\n"
+            "    sys.modules[m] = None\n"
+            "import workloads.weights_tool as wt\n"
+            "raise SystemExit(wt.main(['sync', '--source-dir', sys.argv[1], '--dest', sys.argv[2]]))\n")
+    src = Path(__file__).resolve().parents[1]
+    dockerfile = (src / "workloads" / "image" / "Dockerfile").read_text()
+    assert "COPY workloads ./workloads" in dockerfile and "tos==" in dockerfile
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / "src").mkdir()
+        (Path(d) / "src" / "config.json").write_text("{}")
+        out = subprocess.run([sys.executable, "-c", code, str(Path(d) / "src"), str(Path(d) / "dst")],
+                             cwd=src, capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        assert (Path(d) / "dst" / "config.json").is_file()
