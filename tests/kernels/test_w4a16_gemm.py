@@ -9,9 +9,10 @@ from kernels.reference import (
     awq_unpack,
     w4a16_reference,
 )
-from kernels.w4a16_gemm import pick_config, w4a16_gemm
+from kernels.w4a16_gemm import awq_dequantize_triton, gemv_config, pick_config, w4a16_gemm
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+INTERPRET = DEVICE == "cpu"
 
 
 def test_pack_layout_is_autoawq_order():
@@ -52,6 +53,14 @@ def test_quantize_round_trip():
 TOL = {torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7}
 
 
+def _round(w, dtype):
+    """fp32 -> dtype as the dequantiser stores it: round to nearest even on the GPU; Triton's
+    CPU interpreter (3.9) truncates fp32 -> bf16."""
+    if INTERPRET and dtype == torch.bfloat16:
+        return (w.contiguous().view(torch.int32) & -65536).view(torch.float32).to(dtype)
+    return w.to(dtype)
+
+
 def check(m, k, n, dtype, config=None, seed=0):
     gen = torch.Generator().manual_seed(seed)
     w = torch.randn(k, n, generator=gen)
@@ -59,14 +68,21 @@ def check(m, k, n, dtype, config=None, seed=0):
     x = torch.randn(m, k, generator=gen).to(dtype).to(DEVICE)
     y = w4a16_gemm(x, qw, qz, sc, config=config)
     assert y.shape == (m, n) and y.dtype == dtype
-    ref = w4a16_reference(x, qw, qz, sc)
+    path = (config or pick_config(m, n, k, 132 if INTERPRET else torch.cuda.get_device_properties(0).multi_processor_count)).get("PATH", "mma")
+    if path == "dequant":
+        # dequantise-then-GEMM rounds W to the activation dtype once: compare with the
+        # fp32 product of those rounded weights (the rounding itself is test_dequantize_exact's)
+        ref = x.float() @ _round(awq_dequantize(qw, qz, sc), dtype).float()
+    else:
+        ref = w4a16_reference(x, qw, qz, sc)
     err = (y.float() - ref).abs()
     bound = TOL[dtype] * ref.abs() + 1e-3 * ref.abs().max()
     assert torch.isfinite(y).all()
     assert (err <= bound).all(), f"max err {err.max().item()} at {(err - bound).argmax().item()}"
 
 
-SHAPES = [(1, 128, 8), (3, 384, 72), (17, 640, 200), (33, 256, 264), (80, 384, 136)]
+# default paths: M = 1, 2 GEMV; 3, 17 tile kernel; 80 dequantise + GEMM
+SHAPES = [(1, 128, 8), (2, 384, 72), (3, 384, 72), (17, 640, 200), (80, 384, 136)]
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
@@ -107,9 +123,74 @@ def test_w4a16_batched_input_and_empty():
     assert w4a16_gemm(x[:0], qw, qz, sc).shape == (0, 3, 64)
 
 
+GEMV = dict(PATH="gemv", BLOCK_N=64, BLOCK_K=32, num_warps=4, num_stages=1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize(
+    "m,k,n,rows,scale_each,split",
+    [
+        (1, 640, 72, 1, False, 2),  # 5 groups over 2 splits: 3 + 2; N tail (72 = 64 + 8)
+        (1, 384, 200, 1, True, 1),  # no split: the kernel writes the output dtype directly
+        (3, 384, 136, 2, True, 3),  # two row blocks, the second half empty
+        (5, 512, 72, 4, False, 3),  # 4 groups / 3 -> 2 splits of 2; rows 5..7 masked
+        (7, 256, 64, 4, True, 1),
+    ],
+    ids=["r1_grp_split", "r1_each_nosplit", "r2_each", "r4_grp", "r4_each"],
+)
+def test_w4a16_gemv(m, k, n, rows, scale_each, split, dtype):
+    cfg = dict(GEMV, ROWS=rows, SCALE_EACH=scale_each, SPLIT_K=split)
+    check(m, k, n, dtype, config=cfg, seed=k + n + m)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("m,k,n,split", [(1, 640, 72, 2), (2, 384, 64, 1), (1, 128, 8, 1)],
+                         ids=["split_uneven", "two_rows_nosplit", "one_group"])
+def test_w4a16_gemv_prefetch(m, k, n, split, dtype):
+    # next group's tiles loaded while the current one is unpacked; the last group's
+    # prefetch is masked off
+    cfg = dict(PATH="gemv", ROWS=1, PREFETCH=True, BLOCK_N=64, BLOCK_K=32, SPLIT_K=split, num_warps=4, num_stages=1)
+    check(m, k, n, dtype, config=cfg, seed=k + m)
+
+
+def test_w4a16_gemv_block_k16():
+    # BLOCK_K = 16: eight sub-tiles per group, the shipped decode block
+    cfg = dict(GEMV, ROWS=1, SCALE_EACH=False, SPLIT_K=2, BLOCK_K=16)
+    check(1, 256, 64, torch.bfloat16, config=cfg, seed=5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_dequantize_exact(dtype):
+    # (q - z) * s in fp32, rounded once to the activation dtype: the reference's values
+    gen = torch.Generator().manual_seed(7)
+    qw, qz, sc = (t.to(DEVICE) for t in awq_quantize(torch.randn(256, 200, generator=gen)))
+    want = _round(awq_dequantize(qw, qz, sc), dtype)
+    for bk, bp in ((32, 8), (128, 16), (16, 64)):  # BLOCK_P 16/64: column tails (25 packed)
+        got = awq_dequantize_triton(qw, qz, sc, dtype=dtype, block_k=bk, block_p=bp)
+        assert got.shape == (256, 200) and got.dtype == dtype
+        assert torch.equal(got, want), (bk, bp)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_w4a16_dequant_path(dtype):
+    check(19, 384, 136, dtype, config=dict(PATH="dequant", BLOCK_N=64, BLOCK_K=32, num_warps=4), seed=11)
+
+
 def test_pick_config_by_shape():
-    # H200: 132 SMs. Decode splits K to fill the GPU; prefill with many tiles does not.
-    dec = pick_config(1, 5120, 27648, 132)
-    assert dec["BLOCK_M"] == 16 and dec["SPLIT_K"] > 1
-    pre = pick_config(256, 27648, 5120, 132)  # n = 27648: 216 tiles, no split
-    assert pre["BLOCK_M"] == 128 and pre["SPLIT_K"] == 1
+    # H200: 132 SMs. M <= 2 runs the CUDA-core GEMV with K split over scale groups to fill
+    # the GPU; M = 3..32 the tensor-core tile kernel; M >= 64 dequantises once and calls cuBLAS.
+    for k, n in ((5120, 27648), (27648, 5120), (8192, 28672), (7168, 18432)):
+        dec = pick_config(1, n, k, 132)
+        assert dec["PATH"] == "gemv" and dec["ROWS"] == 1
+        groups = k // 128
+        assert 1 < dec["SPLIT_K"] <= groups
+        progs = -(-n // dec["BLOCK_N"]) * -(-groups // -(-groups // dec["SPLIT_K"]))
+        assert progs >= 132
+        two = pick_config(2, n, k, 132)
+        assert two["PATH"] == "gemv" and two["ROWS"] == 2
+        assert pick_config(3, n, k, 132)["PATH"] == "mma"
+        assert pick_config(4, n, k, 132)["PATH"] == "mma"
+        assert pick_config(32, n, k, 132)["PATH"] == "mma"
+        assert pick_config(64, n, k, 132)["PATH"] == "dequant"
+        assert pick_config(256, n, k, 132)["PATH"] == "dequant"
+    assert gemv_config(3, 5120, 27648, 132)["ROWS"] == 4
