@@ -146,6 +146,7 @@ def build_infra(s: StackSettings) -> Infra:
 
     if s.gateway.edge_enabled:
         g = s.gateway
+        upstreams = [EdgeUpstream(**u) for u in s.edge_upstreams()]
         EdgeGateway(
             name,
             EdgeArgs(
@@ -157,10 +158,11 @@ def build_infra(s: StackSettings) -> Infra:
                 instance_spec=g.instance_spec,
                 replicas=g.replicas,
                 public_bandwidth_mbps=g.public_bandwidth_mbps,
-                upstreams=[EdgeUpstream(**u) for u in s.edge_upstreams()],
+                upstreams=upstreams,
                 ab_header_name=g.ab_header.name,
                 ab_header_value=g.ab_header.value,
-                ab_upstream_role=s.edge_upstreams()[-1]["role"],
+                # the canary when the edge splits, else the in-cluster gateway's one upstream
+                ab_upstream_role=upstreams[-1].role,
                 timeout_seconds=g.request_timeout_seconds,
                 project_name=s.project_name,
                 tags=tags,

@@ -596,11 +596,13 @@ class StackSettings(_Model):
                 {"role": "gateway", "namespace": ENTRY_NAMESPACE, "service": entry_service(self.serving.name),
                  "port": 80, "weight": 100}
             ]
+        from workloads.names import HTTP_PORT
+
         w = self.gateway.canary_weight
         ns, name = self.serving.namespace, self.serving.name
         return [
-            {"role": "stable", "namespace": ns, "service": f"{name}-stable", "port": 8000, "weight": 100 - w},
-            {"role": "canary", "namespace": ns, "service": f"{name}-canary", "port": 8000, "weight": w},
+            {"role": "stable", "namespace": ns, "service": f"{name}-stable", "port": HTTP_PORT, "weight": 100 - w},
+            {"role": "canary", "namespace": ns, "service": f"{name}-canary", "port": HTTP_PORT, "weight": w},
         ]
 
     def resource_tags(self) -> dict[str, str]:

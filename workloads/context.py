@@ -11,11 +11,11 @@ from dataclasses import dataclass
 
 from stacks.settings import StackSettings
 from workloads.catalog import GPUSpec, ModelSpec, get_gpu
+from workloads.names import HTTP_PORT  # noqa: F401  (re-exported for renderers)
 from workloads.planner import Plan
 
 PART_OF = "deepseek-volc"
 MANAGED_BY = "pulumi"
-HTTP_PORT = 8000
 MODEL_CACHE_HOST_PATH = "/mnt/model-cache"  # the GPU pools' data disk (infra/cluster.py)
 MODEL_DIR = "/models"  # where the engine sees the weights inside the pod
 

@@ -15,7 +15,7 @@ import pulumi_volcengine as volc
 
 from workloads import k8s as k8s_apply
 from workloads import manifests
-from workloads.context import ServingContext
+from workloads.context import HTTP_PORT, ServingContext
 
 Renderer = Callable[[ServingContext], list[dict]]
 
@@ -143,7 +143,7 @@ class Serving(pulumi.ComponentResource):
             )
 
         self.endpoint = pulumi.Output.from_input(
-            f"http://{ctx.stable_service}.{ctx.namespace}.svc:{8000}/v1"
+            f"http://{ctx.stable_service}.{ctx.namespace}.svc:{HTTP_PORT}/v1"
         )
         self.register_outputs({"endpoint": self.endpoint})
 
