@@ -13,8 +13,8 @@ Contract (stable; other tests import it):
   ``additionalProperties: false``), so a misspelt field fails. The requested version is
   mapped to the newest shipped version not newer than it (the oldest shipped one if the
   request predates them all); ``schema_version()`` says which one that is.
-* Custom resources are checked against the CRD manifests in ``../shared/crds/`` (see
-  SOURCES.md there), picked by API group + kind, using the served version named by the
+* Custom resources are checked against the CRD manifests in ``tests/data/crds/`` (see
+  tests/data/SOURCES.md), picked by API group + kind, using the served version named by the
   object's ``apiVersion``. An API server *prunes* unknown fields of a structural schema
   silently; a silently dropped field is a bug for us, so every object node without
   ``x-kubernetes-preserve-unknown-fields`` and without ``additionalProperties`` is
@@ -43,8 +43,7 @@ from referencing import Registry, Resource
 
 __all__ = ["CRD_DIR", "schema_version", "validate", "validate_all"]
 
-# ../shared from the repository root (CI has it at the same place).
-CRD_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "crds"
+CRD_DIR = Path(__file__).resolve().parent / "data" / "crds"  # sources: data/SOURCES.md
 
 _K8S_SCHEMAS = resources.files("kubernetes_validate") / "kubernetes-json-schema"
 _OBJECT_META = "io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"

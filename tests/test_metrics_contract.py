@@ -4,9 +4,9 @@ Two halves:
 
 * offline, every stack: each name in every shipped query (autoscaler, canary analysis,
   recording and alert rules, dashboard) is one of
-  - a vLLM 0.32 metric in ../shared/vllm-metrics.txt (a real scrape; histogram series
-    add `_bucket`/`_sum`/`_count` to the listed name),
-  - a dcgm-exporter counter listed in ../shared/FACTS.md,
+  - a vLLM 0.32 metric in tests/data/vllm-0.32-metrics.txt (a real scrape; histogram
+    series add `_bucket`/`_sum`/`_count` to the listed name),
+  - a counter of the deployed dcgm-exporter release (tests/data/dcgm-exporter/*.csv),
   - a series one of our own recording rules defines,
   - or one of ALLOWED below, each with where it comes from;
 * live (integration): a real vLLM serving a tiny DeepSeek-V2 is sent a few requests,
@@ -30,7 +30,7 @@ from test_autoscaling import STACKS, ctx_for
 from workloads import engine_args, monitoring
 from workloads.context import build_context
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
+DATA = Path(__file__).resolve().parent / "data"  # sources: data/SOURCES.md
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 
 # Not vLLM's `vllm:` family and not DCGM, each from a named exporter.
@@ -52,7 +52,7 @@ ALLOWED = {
 def vllm_reference() -> dict[str, str]:
     """name -> type, from the real scrape (lines `name type`)."""
     out = {}
-    for line in (SHARED / "vllm-metrics.txt").read_text().splitlines():
+    for line in (DATA / "vllm-0.32-metrics.txt").read_text().splitlines():
         parts = line.split()
         if len(parts) == 2:
             out[parts[0]] = parts[1]
@@ -61,8 +61,12 @@ def vllm_reference() -> dict[str, str]:
 
 
 def dcgm_reference() -> set[str]:
-    section = (SHARED / "FACTS.md").read_text().split("## DCGM exporter metric names", 1)[1].split("\n## ", 1)[0]
-    names = set(re.findall(r"`(DCGM_FI_\w+)`", section))
+    names = set()
+    for csv in sorted((DATA / "dcgm-exporter").glob("*.csv")):
+        for line in csv.read_text().splitlines():
+            field = line.split(",", 1)[0].strip()
+            if field.startswith("DCGM_FI_"):
+                names.add(field)
     assert "DCGM_FI_DEV_GPU_UTIL" in names
     return names
 
@@ -119,7 +123,7 @@ def test_every_metric_read_exists_in_its_source(stack):
 
 
 def test_the_check_rejects_a_renamed_metric():
-    # vLLM renamed gpu_cache_usage_perc to kv_cache_usage_perc (FACTS.md): the old name
+    # vLLM renamed gpu_cache_usage_perc to kv_cache_usage_perc: the old name
     # must not pass, nor a histogram suffix on a gauge.
     ref = vllm_reference()
     assert not in_vllm("vllm:gpu_cache_usage_perc", ref)

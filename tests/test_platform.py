@@ -25,9 +25,9 @@ def _with(settings, section, **fields):
 
 
 def _sources() -> dict[str, str]:
-    """SOURCES.md: CRD file -> release tag."""
+    """tests/data/SOURCES.md: CRD file -> release tag."""
     out = {}
-    for line in (CRD_DIR / "SOURCES.md").read_text().splitlines():
+    for line in (CRD_DIR.parent / "SOURCES.md").read_text().splitlines():
         cells = [c.strip().strip("`") for c in line.split("|")]
         if len(cells) > 5 and cells[1].endswith(".yaml"):
             out[cells[1]] = cells[4]

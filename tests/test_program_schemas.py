@@ -10,9 +10,8 @@ from dsvolc import engine
 from stacks import load, read_raw
 
 STACKS = ["dev", "staging", "prod"]
-# Helm releases are charts, not objects; EnvoyProxy's CRD is not among ../shared/crds.
+# Helm releases are charts, not objects.
 NOT_OBJECTS = {"kubernetes:helm.sh/v3:Release"}
-NO_SCHEMA = {"kubernetes:gateway.envoyproxy.io/v1alpha1:EnvoyProxy"}
 
 
 @pytest.mark.parametrize("stack", STACKS)
@@ -21,7 +20,7 @@ def test_every_registered_object_is_schema_valid(stack):
     rec = engine.run(stack, read_raw(stack))
     checked = 0
     for r in rec.resources:
-        if not r.type.startswith("kubernetes:") or r.type in NOT_OBJECTS | NO_SCHEMA:
+        if not r.type.startswith("kubernetes:") or r.type in NOT_OBJECTS:
             continue
         obj = dict(r.raw_inputs)
         assert obj.get("apiVersion") and obj.get("kind"), r.name
@@ -31,7 +30,7 @@ def test_every_registered_object_is_schema_valid(stack):
     assert checked >= 20 and len(kinds) >= 12
 
 
-def test_only_envoyproxy_lacks_a_schema():
+def test_every_custom_kind_has_a_schema():
     known = k8s_schema.known_kinds()
     kinds = {(r.raw_inputs["apiVersion"], r.raw_inputs["kind"]) for s in STACKS
              for r in engine.run(s, read_raw(s)).resources
@@ -40,4 +39,4 @@ def test_only_envoyproxy_lacks_a_schema():
     custom = {(av, kind) for av, kind in kinds if "/" in av and av.split("/")[0] not in builtin_groups}
     missing = {(av, kind) for av, kind in custom
                if av.split("/")[1] not in known.get((av.split("/")[0], kind), ())}
-    assert missing <= {("gateway.envoyproxy.io/v1alpha1", "EnvoyProxy")}, missing
+    assert not missing, missing
