@@ -19,8 +19,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from workloads.catalog import GPUS, MODELS  # noqa: E402
-from workloads.planner import plan  # noqa: E402
+from capacity.catalog import GPUS, MODELS  # noqa: E402
+from capacity.planner import plan  # noqa: E402
 
 REPEATS = 7
 BUDGET_S = 1.0

@@ -15,8 +15,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from workloads.catalog import GiB, GPUS, MODELS, get_gpu, get_model, resolve_instance_type
-from workloads.planner import Plan, PlanError, plan
+from capacity.catalog import GiB, GPUS, MODELS, get_gpu, get_model
+from capacity.instances import resolve_instance_type
+from capacity.planner import Plan, PlanError, plan
 
 
 def _gib(x: int) -> str:

@@ -1,4 +1,8 @@
-"""The VolcEngine layer: one ComponentResource per unit, built from `StackSettings`."""
+"""The VolcEngine layer: one ComponentResource per unit, built from `StackSettings`.
+
+May import: `stacks`, `capacity`, pulumi and pulumi_volcengine. Never `workloads`:
+the serving layer receives infra only through the component outputs gathered in `Infra`.
+"""
 
 from __future__ import annotations
 

@@ -11,13 +11,17 @@ import pulumi
 import pulumi_volcengine as volc
 
 from infra.common import child, tag_list
+from stacks.constants import (
+    GPU_COUNT_LABEL,
+    GPU_MODEL_LABEL,
+    GPU_TAINT,
+    MODEL_CACHE_HOST_PATH,
+    POOL_LABEL,
+    SERVING_UID,
+)
 
-GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
-GPU_MODEL_LABEL = "deepseek-volc/gpu-model"
-GPU_COUNT_LABEL = "deepseek-volc/gpus-per-node"
-POOL_LABEL = "deepseek-volc/pool"
-MODEL_CACHE_MOUNT = "/mnt/model-cache"
-MODEL_CACHE_OWNER = 1000  # workloads/manifests.py RUN_AS_USER
+MODEL_CACHE_MOUNT = MODEL_CACHE_HOST_PATH
+MODEL_CACHE_OWNER = SERVING_UID
 MODEL_CACHE_INIT_SCRIPT = base64.b64encode(
     f"#!/bin/bash\nset -e\nmkdir -p {MODEL_CACHE_MOUNT}\n"
     f"chown {MODEL_CACHE_OWNER}:{MODEL_CACHE_OWNER} {MODEL_CACHE_MOUNT}\nchmod 0750 {MODEL_CACHE_MOUNT}\n".encode()

@@ -14,10 +14,11 @@ import pulumi
 import pulumi_volcengine as volc
 
 from infra.common import child, tag_list
+from stacks.constants import STS_AUDIENCE
 
 READ_ACTIONS = ("tos:GetObject",)
 LIST_ACTIONS = ("tos:ListBucket",)
-OIDC_AUDIENCE = "sts.volcengine.com"
+OIDC_AUDIENCE = STS_AUDIENCE
 
 
 def read_policy_document(bucket: str, prefix: str) -> dict:

@@ -4,7 +4,7 @@ Settings are planned when loaded (stacks/settings.py), but what reaches the clus
 container's command line; an extra arg, a hand edit or a transform can change it after
 planning. This stack policy reads the vLLM flags from the Deployment/LeaderWorkerSet, the
 GPU model and count from the node pool the pods are pinned to, and asks the same planner
-(`workloads.planner.plan`) whether that configuration fits.
+(`capacity.planner.plan`) whether that configuration fits.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from pathlib import PurePosixPath
 from .common import (
     GPU_COUNT_LABEL,
     GPU_MODEL_LABEL,
+    POOL_LABEL,
     VKE_NODE_POOL,
     container_argv,
     dig,
@@ -30,7 +31,6 @@ from .common import (
     containers,
 )
 
-POOL_LABEL = "deepseek-volc/pool"
 
 
 def _pool_of(template) -> str | None:
@@ -66,8 +66,8 @@ def _int(argv, flag):
 
 
 def _fits(args, report):
-    from workloads.catalog import get_gpu, get_model
-    from workloads.planner import PlanError, plan
+    from capacity.catalog import get_gpu, get_model
+    from capacity.planner import PlanError, plan
 
     pools = {}
     for p in of_type(args.resources, VKE_NODE_POOL):

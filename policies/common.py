@@ -23,6 +23,8 @@ from pulumi_policy import (
     StackValidationPolicy,
 )
 
+from stacks.constants import GPU_COUNT_LABEL, GPU_MODEL_LABEL, GPU_RESOURCE, POOL_LABEL  # noqa: F401
+
 # Every policy defaults to mandatory: a stack run without a config file gets the strictest
 # verdict. stacks/policy-config.<stack>.json relaxes levels per environment.
 DEFAULT_LEVEL = EnforcementLevel.MANDATORY
@@ -180,9 +182,6 @@ APIG_UPSTREAM = "volcengine:apig/apigUpstream:ApigUpstream"
 APIG_SERVICE = "volcengine:apig/apigGatewayService:ApigGatewayService"
 VOLC_PROVIDER = "pulumi:providers:volcengine"
 
-GPU_MODEL_LABEL = "deepseek-volc/gpu-model"  # infra/cluster.py puts these on GPU pools
-GPU_COUNT_LABEL = "deepseek-volc/gpus-per-node"
-GPU_RESOURCE = "nvidia.com/gpu"
 
 
 def k8s_kind(resource_type: str) -> str | None:

@@ -13,7 +13,6 @@ from .common import (
     APIG_UPSTREAM,
     dig,
     items,
-    k8s_kind,
     mapping,
     name_of,
     number,

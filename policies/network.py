@@ -14,7 +14,6 @@ from .common import (
     VKE_CLUSTER,
     cfg,
     dig,
-    items,
     k8s_kind,
     number,
     of_type,

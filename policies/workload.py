@@ -105,7 +105,7 @@ def _image_registry(args, report):
             if repo is None or not (image == repo or image.startswith((repo + ":", repo + "@"))):
                 report(f"{kind} {name_of(w.props)} container {dig(c, 'name')!r} runs {image!r}, not an image of "
                        f"the stack's registry ({repo or 'no CR repository in the stack'}). Fix: push the serving "
-                       "image (workloads/image) to the stack's CR repository and leave serving.image.repository "
+                       "image (runtime/Dockerfile) to the stack's CR repository and leave serving.image.repository "
                        "unset.", w.urn)
 
 

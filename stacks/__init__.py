@@ -1,4 +1,9 @@
-"""Stack settings: the pydantic model and the loader for `stacks/Pulumi.<env>.yaml`."""
+"""Stack settings: the pydantic model, the loader for `stacks/Pulumi.<stack>.yaml`, the
+regions and zones table, and the constants infra and workloads share (`stacks.constants`).
+
+May import: `capacity` (settings are sized and checked by the planner) and third-party
+libraries. Never `infra`, `workloads`, `policies` or `dsvolc`: they all build on this.
+"""
 
 from stacks.loader import SETTINGS_KEY, SettingsError, from_pulumi_config, load, parse, read_raw, stack_file
 from stacks.settings import StackSettings

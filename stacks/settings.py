@@ -21,9 +21,14 @@ from pydantic import (
     model_validator,
 )
 
+from capacity.catalog import GPUS, get_gpu, get_model
+from capacity.instances import resolve_instance_type
+from capacity.planner import PlanError, plan
+from stacks.constants import ENTRY_NAMESPACE, HTTP_PORT, entry_service
 from stacks.regions import (
     REGION_ZONES,
     SUPPORTED_KUBERNETES_VERSIONS,
+    cr_registry_host,
 )
 
 Environment = Literal["dev", "staging", "prod"]
@@ -119,8 +124,6 @@ class GpuPoolSettings(_Model):
         """(GPU model, GPUs per node): from the settings, else from the instance-type catalog."""
         if self.gpu is not None and self.gpus_per_node is not None:
             return self.gpu, self.gpus_per_node
-        from workloads.catalog import resolve_instance_type
-
         resolved = resolve_instance_type(self.instance_type)
         assert resolved is not None, "validated by StackSettings"
         return resolved
@@ -425,9 +428,6 @@ class StackSettings(_Model):
 
     def _plan_serving(self) -> None:
         """Fill unset engine sizes from the planner; refuse settings that cannot fit."""
-        from workloads.catalog import get_gpu, get_model
-        from workloads.planner import PlanError, plan
-
         sv, e = self.serving, self.serving.engine
         try:
             model = get_model(sv.model)
@@ -470,12 +470,12 @@ class StackSettings(_Model):
 
     @property
     def serving_plan(self):
-        """The capacity plan the serving engine runs with (workloads.planner.Plan)."""
+        """The capacity plan the serving engine runs with (capacity.planner.Plan)."""
         return self._derived["plan"]
 
     @property
     def serving_model(self):
-        """The catalog entry (workloads.catalog.ModelSpec) of the served model."""
+        """The catalog entry (capacity.catalog.ModelSpec) of the served model."""
         return self._derived["model"]
 
     # -- network ----------------------------------------------------------------------
@@ -536,8 +536,6 @@ class StackSettings(_Model):
     # -- pools ------------------------------------------------------------------------
 
     def _check_pools(self) -> None:
-        from workloads.catalog import GPUS, resolve_instance_type
-
         for name, pool in self.cluster.gpu_pools.items():
             path = f"cluster.gpu_pools.{name}"
             for i, zone in enumerate(pool.zones or []):
@@ -574,8 +572,6 @@ class StackSettings(_Model):
     @property
     def image_repository(self) -> str:
         """The stack's CR repository for the serving image (infra/registry.py creates it)."""
-        from stacks.regions import cr_registry_host
-
         return f"{cr_registry_host(self.registry_name, self.region)}/{self.registry.namespace}/{self.registry.repository}"
 
     @property
@@ -590,14 +586,11 @@ class StackSettings(_Model):
         """Where the APIG edge forwards. With the in-cluster gateway, one upstream (the split
         happens in the HTTPRoute); without it, stable and canary Services split by weight."""
         if self.serving.in_cluster_gateway:
-            from workloads.names import ENTRY_NAMESPACE, entry_service
 
             return [
                 {"role": "gateway", "namespace": ENTRY_NAMESPACE, "service": entry_service(self.serving.name),
                  "port": 80, "weight": 100}
             ]
-        from workloads.names import HTTP_PORT
-
         w = self.gateway.canary_weight
         ns, name = self.serving.namespace, self.serving.name
         return [

@@ -34,7 +34,7 @@ import functools
 import json
 from importlib import resources
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Iterable
 
 import jsonschema
 import yaml

@@ -6,11 +6,9 @@ import json
 
 import pytest
 
-from workloads.catalog import (
-    GPUS, INSTANCE_TYPES, MODELS, GiB, get_gpu, get_model, model_from_config,
-    resolve_instance_type,
-)
-from workloads.planner import kv_bytes_per_token_per_gpu, plan
+from capacity.catalog import GPUS, MODELS, GiB, get_gpu, get_model, model_from_config
+from capacity.instances import INSTANCE_TYPES, resolve_instance_type
+from capacity.planner import kv_bytes_per_token_per_gpu, plan
 
 REQUIRED_MODELS = {
     "deepseek-v3", "deepseek-r1", "deepseek-v2", "deepseek-v2-lite", "deepseek-coder-v2-lite",

@@ -27,7 +27,7 @@ import pytest
 
 from stacks import load
 from test_autoscaling import STACKS, ctx_for
-from workloads import engine_args, monitoring
+from workloads import engine_args, monitoring, queries
 from workloads.context import build_context
 
 DATA = Path(__file__).resolve().parent / "data"  # sources: data/SOURCES.md
@@ -87,7 +87,7 @@ def recorded_names(ctx) -> set[str]:
 def referenced(ctx) -> dict[str, list[str]]:
     """metric name -> where it is read."""
     out: dict[str, list[str]] = {}
-    for where, expr in monitoring.all_queries(ctx):
+    for where, expr in queries.all_queries(ctx):
         for name in monitoring.metric_names(expr):
             out.setdefault(name, []).append(where)
     return out

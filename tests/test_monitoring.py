@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infra.cluster import GPU_MODEL_LABEL, GPU_TAINT
+from stacks.constants import GPU_MODEL_LABEL, GPU_TAINT
 from k8s_schema import validate_all
 from test_autoscaling import STACKS, ctx_for
 from workloads import manifests, monitoring
@@ -177,8 +177,8 @@ def test_dashboard_shows_every_figure_per_pod_and_per_node():
 
 
 def test_operations_doc_lists_exactly_the_alerts():
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("\n### Alerts\n", 1)[1].split("\n### ", 1)[0]
-    listed = set(re.findall(r"^#### `?(\w+)`?", section, re.M))
+    doc = (ROOT / "docs" / "operations.md").read_text()
+    section = doc.split("\n## Alerts\n", 1)[1].split("\n## ", 1)[0]
+    listed = set(re.findall(r"^### `?(\w+)`?", section, re.M))
     shipped = set(_alerts(ctx_for("dev")))
     assert listed == shipped, f"missing from doc: {shipped - listed}; not shipped: {listed - shipped}"

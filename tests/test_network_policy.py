@@ -9,8 +9,8 @@ import pytest
 import stacks
 from tests.k8s_schema import validate_all
 from workloads import network_policy
-from workloads.context import HTTP_PORT, build_context
-from workloads.names import ENTRY_NAMESPACE
+from workloads.context import build_context
+from stacks.constants import HTTP_PORT, ENTRY_NAMESPACE
 
 NS = network_policy.NS_LABEL
 

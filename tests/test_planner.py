@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from workloads.catalog import GiB, GPUS, MODELS, get_gpu, get_model
-from workloads.planner import (
+from capacity.catalog import GiB, GPUS, MODELS, get_gpu, get_model
+from capacity.planner import (
     PlanError,
     count_parameters,
     kv_bytes_per_token_per_gpu,

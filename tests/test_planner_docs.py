@@ -1,15 +1,14 @@
-"""The README's catalog table is generated from the planner, not typed."""
+"""docs/planner.md's catalog table is generated from the planner, not typed."""
 
-from pathlib import Path
 
-from workloads.planner import DOC_BEGIN, DOC_END, catalog_table_markdown
+from capacity.docs import DOC_BEGIN, DOC_END, DOC_PAGE, catalog_table_markdown
 
-DOC = Path(__file__).resolve().parents[1] / "README.md"
+DOC = DOC_PAGE
 
 
 def test_docs_table_matches_planner():
     text = DOC.read_text()
     generated = text.split(DOC_BEGIN, 1)[1].split(DOC_END, 1)[0].strip()
     assert generated == catalog_table_markdown(), (
-        "README.md is stale: run `python -m workloads.planner --update-docs`")
+        "docs/planner.md is stale: run `python -m capacity.docs --update`")
     assert generated.count("\n| deepseek-") == 11

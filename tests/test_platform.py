@@ -9,7 +9,7 @@ import pytest
 import stacks
 from tests.k8s_schema import CRD_DIR, validate_all
 from workloads import platform, versions
-from workloads.names import ENTRY_NAMESPACE
+from stacks.constants import ENTRY_NAMESPACE
 
 ENVS = ("dev", "staging", "prod")
 

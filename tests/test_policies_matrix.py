@@ -7,7 +7,7 @@ so a transform stands for a hand edit or a change elsewhere in the program). The
 passes when its policy reports a mandatory violation and no other policy does.
 
 `MATRIX` is the single table: the tests below run it, and `python
-tests/test_policies_matrix.py --write-docs` renders the README's policy section from it and from the
+tests/test_policies_matrix.py --write-docs` renders docs/policies.md's generated section from it and from the
 results (a test checks the file is current).
 """
 
@@ -31,7 +31,7 @@ from dsvolc import policy_runner, preview  # noqa: E402
 from policies.pack import POLICIES  # noqa: E402
 from stacks import read_raw  # noqa: E402
 
-DOCS = ROOT / "README.md"
+DOCS = ROOT / "docs" / "policies.md"
 DOCS_BEGIN = "<!-- BEGIN GENERATED: python tests/test_policies_matrix.py --write-docs -->"
 DOCS_END = "<!-- END GENERATED: policies -->"
 
@@ -57,7 +57,7 @@ PropsFn = Callable[[str, str, dict], "dict | None"]
 class Case:
     policy: str
     stack: str
-    injected: str  # the unsafe change, in words (the README's matrix)
+    injected: str  # the unsafe change, in words (the docs' matrix)
     settings: Callable[[dict], None] | None = None  # mutates the raw settings
     transform: PropsFn | None = None  # (type, name, props) -> new props, or None to leave alone
 
@@ -317,7 +317,7 @@ def render_docs(results: dict[str, list[dict]]) -> str:
         "digests) come from `stacks/policy-config.<stack>.json`, in Pulumi's policy pack config format; "
         "code never changes per stack.",
         "",
-        "### Policies and levels per stack",
+        "## Policies and levels per stack",
         "",
         "| policy | kind | description | " + " | ".join(STACKS) + " |",
         "|---|---|---|" + "---|" * len(STACKS),
@@ -333,7 +333,7 @@ def render_docs(results: dict[str, list[dict]]) -> str:
         lines.append(f"| `{p.name}` | {kind} | {p.description} | " + " | ".join(cells) + " |")
     lines += [
         "",
-        "### Proof matrix",
+        "## Proof matrix",
         "",
         "Each row starts from a compliant stack (no mandatory violation), injects one unsafe change "
         "(through the stack settings, or through a Pulumi resource transform where the settings refuse the "
@@ -350,7 +350,7 @@ def render_docs(results: dict[str, list[dict]]) -> str:
         lines.append(f"| `{case.policy}` | {case.stack} | {case.injected} | {case.via} | {verdict} | {msg} |")
     lines += [
         "",
-        "### Running it",
+        "## Running it",
         "",
         "```",
         "dsvolc preview prod                        # resources, violations grouped by policy, exit 1 if mandatory",
@@ -408,9 +408,9 @@ def test_every_policy_has_a_matrix_row():
 
 
 def test_docs_are_generated_from_the_matrix(matrix_results):
-    assert DOCS_BEGIN in DOCS.read_text(), "README.md lacks the policy section markers"
+    assert DOCS_BEGIN in DOCS.read_text(), "docs/policies.md lacks the generated-section markers"
     assert generated_section(DOCS.read_text()) == render_docs(matrix_results).strip("\n"), \
-        "README.md's policy section is stale: python tests/test_policies_matrix.py --write-docs"
+        "docs/policies.md is stale: python tests/test_policies_matrix.py --write-docs"
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ import pytest
 import yaml
 
 from test_autoscaling import STACKS, ctx_for
-from workloads import autoscaling, monitoring, rollout
+from workloads import autoscaling, monitoring, queries, rollout
 
 pytestmark = pytest.mark.integration
 
@@ -146,12 +146,12 @@ def test_the_unit_tests_catch_a_wrong_threshold(promtool, tmp_path):
 @pytest.mark.parametrize("stack", STACKS)
 def test_every_shipped_query_parses(promtool, stack, tmp_path):
     ctx = ctx_for(stack)
-    queries = monitoring.all_queries(ctx)
-    rules = [{"record": f"check:query_{i}", "expr": q} for i, (_, q) in enumerate(queries)]
+    shipped = queries.all_queries(ctx)
+    rules = [{"record": f"check:query_{i}", "expr": q} for i, (_, q) in enumerate(shipped)]
     (tmp_path / "queries.yaml").write_text(yaml.safe_dump({"groups": [{"name": "q", "rules": rules}]}))
     res = run(promtool, "check", "rules", "queries.yaml", cwd=tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
-    kinds = {where.split()[0] for where, _ in queries}
+    kinds = {where.split()[0] for where, _ in shipped}
     assert kinds == {"ScaledObject", "AnalysisTemplate", "recording", "alerts", "dashboard"} or (
         ctx.multi_node and kinds == {"ScaledObject", "recording", "alerts", "dashboard"})
 

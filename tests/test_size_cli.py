@@ -9,7 +9,7 @@ import typer
 from typer.testing import CliRunner
 
 from dsvolc.size import size
-from workloads.catalog import GPUS, MODELS
+from capacity.catalog import GPUS, MODELS
 
 app = typer.Typer()
 app.command("size")(size)

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from workloads.catalog import GiB, get_model
-from workloads.planner import kv_bytes_per_token_per_gpu, kv_cache_tokens_for_bytes
+from capacity.catalog import GiB, get_model
+from capacity.planner import kv_bytes_per_token_per_gpu, kv_cache_tokens_for_bytes
 
 pytestmark = pytest.mark.integration
 

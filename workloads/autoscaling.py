@@ -30,7 +30,7 @@ not fit stay Pending and the pool grows up to its max_nodes.
 from __future__ import annotations
 
 from workloads.context import ServingContext
-from workloads.monitoring import gpu_selector, hpa_name, vllm_selector
+from workloads.selectors import gpu_selector, hpa_name, vllm_selector
 
 # Window of the request-rate query: long enough to hold 8 scrapes at 15 s, short enough
 # to follow a ramp within the scale-up stabilisation.

@@ -9,15 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from stacks.constants import MANAGED_BY, PART_OF
 from stacks.settings import StackSettings
-from workloads.catalog import GPUSpec, ModelSpec, get_gpu
-from workloads.names import HTTP_PORT  # noqa: F401  (re-exported for renderers)
-from workloads.planner import Plan
+from capacity.catalog import GPUSpec, ModelSpec, get_gpu
+from capacity.planner import Plan
 
-PART_OF = "deepseek-volc"
-MANAGED_BY = "pulumi"
-MODEL_CACHE_HOST_PATH = "/mnt/model-cache"  # the GPU pools' data disk (infra/cluster.py)
-MODEL_DIR = "/models"  # where the engine sees the weights inside the pod
 
 
 @dataclass(frozen=True)

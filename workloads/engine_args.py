@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from workloads.context import HTTP_PORT, ServingContext
+from stacks.constants import HTTP_PORT
+from workloads.context import ServingContext
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 

@@ -15,8 +15,8 @@ splits traffic itself (`StackSettings.edge_upstreams`).
 
 from __future__ import annotations
 
-from workloads.context import HTTP_PORT, ServingContext
-from workloads.names import ENTRY_NAMESPACE, entry_service
+from stacks.constants import ENTRY_NAMESPACE, HTTP_PORT, entry_service
+from workloads.context import ServingContext
 
 GATEWAY_API = "gateway.networking.k8s.io/v1"
 ENVOY_GATEWAY_API = "gateway.envoyproxy.io/v1alpha1"

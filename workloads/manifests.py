@@ -12,15 +12,23 @@ import shlex
 
 from stacks.regions import tos_internal_endpoint, tos_internal_s3_host
 from workloads import engine_args
-from workloads.context import HTTP_PORT, MODEL_CACHE_HOST_PATH, MODEL_DIR, ServingContext
+from stacks.constants import (
+    GPU_RESOURCE,
+    HTTP_PORT,
+    MODEL_CACHE_HOST_PATH,
+    MODEL_DIR,
+    POOL_LABEL,
+    ROLE_LABEL,
+    SERVING_UID,
+    STS_AUDIENCE,
+)
+from workloads.context import ServingContext
 
 GIB = 1024**3
-TOKEN_AUDIENCE = "sts.volcengine.com"
 TOKEN_DIR = "/var/run/secrets/volcengine"
 CREDENTIALS_DIR = "/run/dsvolc"
-RUN_AS_USER = 1000  # GPU pools chown the model cache to this uid at node init
 STATIC_KEY_SECRET_SUFFIX = "tos-reader"
-LEADER_LABEL = "deepseek-volc/role"
+LEADER_LABEL = ROLE_LABEL
 
 
 # --------------------------------------------------------------------------- sizing
@@ -89,8 +97,8 @@ def container_security() -> dict:
         "allowPrivilegeEscalation": False,
         "capabilities": {"drop": ["ALL"]},
         "runAsNonRoot": True,
-        "runAsUser": RUN_AS_USER,
-        "runAsGroup": RUN_AS_USER,
+        "runAsUser": SERVING_UID,
+        "runAsGroup": SERVING_UID,
         "seccompProfile": {"type": "RuntimeDefault"},
     }
 
@@ -119,8 +127,8 @@ def resources(ctx: ServingContext) -> dict:
     gpus = str(ctx.gpus_per_pod)
     cpu = cpu_request(ctx)
     return {
-        "requests": {"cpu": str(cpu), "memory": mem, "nvidia.com/gpu": gpus},
-        "limits": {"cpu": str(2 * cpu), "memory": mem, "nvidia.com/gpu": gpus},
+        "requests": {"cpu": str(cpu), "memory": mem, GPU_RESOURCE: gpus},
+        "limits": {"cpu": str(2 * cpu), "memory": mem, GPU_RESOURCE: gpus},
     }
 
 
@@ -139,7 +147,7 @@ def volumes(ctx: ServingContext) -> list[dict]:
         vols.append({"name": "model-meta", "emptyDir": {"sizeLimit": "1Gi"}})
     if _irsa(ctx):
         vols.append({"name": "volcengine-token", "projected": {"sources": [{"serviceAccountToken": {
-            "audience": TOKEN_AUDIENCE, "expirationSeconds": 3600, "path": "token"}}]}})
+            "audience": STS_AUDIENCE, "expirationSeconds": 3600, "path": "token"}}]}})
     return vols
 
 
@@ -151,7 +159,7 @@ def init_containers(ctx: ServingContext, role_trn_env: dict) -> list[dict]:
     """Weights before the engine: sync (copy once per node, verify tokenizer) or stream
     (fetch credentials for the S3 client and verify the tokenizer from the small files)."""
     region = ctx.settings.region
-    tool = ["python3", "-m", "workloads.weights_tool"]
+    tool = ["python3", "-m", "runtime.weights"]
     common = {
         "image": ctx.image,
         "imagePullPolicy": "IfNotPresent",
@@ -245,9 +253,9 @@ def engine_container(ctx: ServingContext, args: list[str], *, serving: bool, hea
 def scheduling(ctx: ServingContext, component: str) -> dict:
     selector = ctx.selector(component)
     return {
-        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "tolerations": [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],
         "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-            {"matchExpressions": [{"key": "deepseek-volc/pool", "operator": "In", "values": [ctx.gpu_pool]}]}
+            {"matchExpressions": [{"key": POOL_LABEL, "operator": "In", "values": [ctx.gpu_pool]}]}
         ]}}},
         # Spread replicas over zones so one zone's outage leaves capacity; ScheduleAnyway
         # because GPUs are scarce and an unschedulable replica helps nobody.
@@ -266,7 +274,7 @@ def pod_spec(ctx: ServingContext, containers: list[dict], init: list[dict], comp
         # vLLM never talks to the Kubernetes API; the IRSA token is projected explicitly.
         "automountServiceAccountToken": False,
         "terminationGracePeriodSeconds": ctx.settings.serving.termination_grace_seconds,
-        "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS_USER, "fsGroup": RUN_AS_USER,
+        "securityContext": {"runAsNonRoot": True, "runAsUser": SERVING_UID, "fsGroup": SERVING_UID,
                             "seccompProfile": {"type": "RuntimeDefault"}},
         "initContainers": init,
         "containers": containers,

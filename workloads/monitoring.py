@@ -37,49 +37,32 @@ from typing import Any
 
 import yaml
 
-from workloads.context import HTTP_PORT, MANAGED_BY, PART_OF, ServingContext
+from stacks.constants import GPU_MODEL_LABEL, GPU_RESOURCE, HTTP_PORT, MANAGED_BY, PART_OF
+from workloads.context import ServingContext
+from workloads.manifests import serving_selector
+from workloads.selectors import (  # noqa: F401  (re-exported: the selectors the rules use)
+    DCGM_NAME,
+    ROLLOUT_HASH_LABEL,
+    ROLLOUT_HASH_POD_LABEL,
+    VLLM_JOB,
+    dcgm_selector,
+    gpu_selector,
+    hpa_name,
+    vllm_selector,
+)
 
 # nvcr.io tag of the upstream manifest (NVIDIA/dcgm-exporter dcgm-exporter.yaml: DCGM
 # 4.2.3, exporter 4.1.3). Pinned: a floating tag would change the metric set under us.
 DCGM_EXPORTER_IMAGE = "nvcr.io/nvidia/k8s/dcgm-exporter:4.2.3-4.1.3-ubuntu22.04"
 DCGM_PORT = 9400
-DCGM_NAME = "dcgm-exporter"
-VLLM_JOB = "vllm"
 # Node labels and taint of the GPU pools (infra/cluster.py).
-GPU_MODEL_LABEL = "deepseek-volc/gpu-model"
-GPU_TAINT_KEY = "nvidia.com/gpu"
+GPU_TAINT_KEY = GPU_RESOURCE
 SCRAPE_INTERVAL = "15s"
-# Argo Rollouts labels every pod it manages with its template hash.
-ROLLOUT_HASH_POD_LABEL = "rollouts-pod-template-hash"
-ROLLOUT_HASH_LABEL = "rollouts_pod_template_hash"  # as Prometheus sanitises it
 
 RULE_FILES = ("recording", "alerts")
 DASHBOARD_FILE = "vllm.json"
 
 _PLACEHOLDER = re.compile(r"\$\{(\w+)\}")
-
-
-# ----------------------------------------------------------------------------- selectors
-
-
-def vllm_selector(ctx: ServingContext) -> str:
-    """Label matchers (without braces) of the serving pods' vLLM series."""
-    return f'namespace="{ctx.namespace}",job="{VLLM_JOB}"'
-
-
-def gpu_selector(ctx: ServingContext) -> str:
-    """Label matchers of the DCGM series of GPUs held by the serving pods."""
-    return f'namespace="{ctx.namespace}",job="{DCGM_NAME}"'
-
-
-def dcgm_selector() -> str:
-    """Label matchers of every DCGM series (all GPU nodes, whoever holds the GPU)."""
-    return f'job="{DCGM_NAME}"'
-
-
-def hpa_name(ctx: ServingContext) -> str:
-    """The HPA KEDA creates for the ScaledObject (named explicitly in autoscaling.py)."""
-    return f"keda-hpa-{ctx.release}"
 
 
 def _fmt_duration(minutes: int) -> str:
@@ -209,33 +192,6 @@ def as_promql(expr: str) -> str:
     return expr
 
 
-# ----------------------------------------------------------------------------- queries
-
-
-def all_queries(ctx: ServingContext) -> list[tuple[str, str]]:
-    """(where, PromQL) for every query the workload ships: autoscaler triggers, canary
-    analysis, recording and alert rules, dashboard panels (variables substituted)."""
-    from workloads import autoscaling, rollout
-
-    out: list[tuple[str, str]] = []
-    for obj in autoscaling.render(ctx):
-        for t in obj["spec"]["triggers"]:
-            if t["type"] == "prometheus":
-                out.append((f"ScaledObject trigger {t['name']}", t["metadata"]["query"]))
-    for obj in rollout.render(ctx):
-        if obj["kind"] == "AnalysisTemplate":
-            for metric in obj["spec"]["metrics"]:
-                q = metric["provider"]["prometheus"]["query"]
-                out.append((f"AnalysisTemplate metric {metric['name']}", rollout.with_args(q)))
-    for file, groups in rule_groups(ctx).items():
-        for g in groups:
-            for r in g["rules"]:
-                out.append((f"{file} {g['name']} {r.get('record') or r.get('alert')}", r["expr"]))
-    for title, q in dashboard_queries(dashboard(ctx)):
-        out.append((f"dashboard {title}", as_promql(q)))
-    return out
-
-
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`')
 _MATCHERS = re.compile(r"\{[^{}]*\}")
 _RANGE = re.compile(r"\[[^\[\]]*\]")
@@ -271,7 +227,6 @@ def _monitor_labels(ctx: ServingContext, component: str) -> dict[str, str]:
 
 
 def vllm_pod_monitor(ctx: ServingContext) -> dict:
-    from workloads.manifests import serving_selector
 
     # The pods that answer HTTP: with a LeaderWorkerSet only the group leaders run the
     # API server; the workers have no /metrics and would show as targets down.

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import ipaddress
 
-from workloads.context import HTTP_PORT, ServingContext
-from workloads.names import ENTRY_NAMESPACE
+from stacks.constants import ENTRY_NAMESPACE, HTTP_PORT
+from workloads.context import ServingContext
 
 NS_LABEL = "kubernetes.io/metadata.name"  # set by the API server on every namespace (1.22+)
 API = "networking.k8s.io/v1"

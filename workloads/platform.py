@@ -9,15 +9,14 @@ given as `oci://...` has `repository_url` None. Versions live in `workloads.vers
 
 VKE offers some of these as cluster add-ons (Prometheus/VMP agent, KEDA-like autoscaling);
 we ship pinned charts instead so a stack is self-contained and its CRDs match the schemas
-our tests validate against (../shared/crds).
+our tests validate against (tests/data/crds, sources in tests/data/SOURCES.md).
 """
 
 from __future__ import annotations
 
 from stacks.settings import StackSettings
 from workloads import versions
-from workloads.context import MANAGED_BY, PART_OF
-from workloads.names import ENTRY_NAMESPACE
+from stacks.constants import ENTRY_NAMESPACE, MANAGED_BY, PART_OF
 
 REDIS_NAME = "envoy-ratelimit-redis"
 REDIS_PORT = 6379

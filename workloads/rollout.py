@@ -36,7 +36,7 @@ fail a healthy canary. The next, larger step gets the traffic and the verdict.
 from __future__ import annotations
 
 from workloads.context import ServingContext
-from workloads.monitoring import ROLLOUT_HASH_LABEL, vllm_selector
+from workloads.selectors import ROLLOUT_HASH_LABEL, vllm_selector
 
 GATEWAY_API_PLUGIN = "argoproj-labs/gatewayAPI"
 HASH_ARG = "canary-hash"

@@ -13,9 +13,10 @@ import pulumi
 import pulumi_kubernetes as k8s
 import pulumi_volcengine as volc
 
+from stacks.constants import HTTP_PORT
+from workloads import autoscaling, gateway, manifests, monitoring, network_policy, platform, rollout
 from workloads import k8s as k8s_apply
-from workloads import manifests
-from workloads.context import HTTP_PORT, ServingContext
+from workloads.context import ServingContext, build_context
 
 Renderer = Callable[[ServingContext], list[dict]]
 
@@ -33,8 +34,6 @@ class ServingArgs:
 
 def renderers(ctx: ServingContext) -> list[Renderer]:
     """Every renderer whose objects join the serving objects, in dependency order."""
-    from workloads import autoscaling, gateway, monitoring, network_policy, rollout
-
     out: list[Renderer] = [network_policy.render, gateway.render]
     s = ctx.settings
     if s.rollout.enabled and not ctx.multi_node:
@@ -67,8 +66,6 @@ class Serving(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self),
         )
         base = pulumi.ResourceOptions(parent=self, provider=provider)
-
-        from workloads import platform
 
         releases = []
         for rel in platform.releases(ctx.settings):
@@ -131,8 +128,6 @@ class Serving(pulumi.ComponentResource):
             )
 
         if args.vmp_workspace_id is not None and ctx.settings.monitoring.enabled:
-            from workloads import monitoring
-
             volc.vmp.RuleFile(
                 f"{name}-vmp-rules",
                 workspace_id=args.vmp_workspace_id,
@@ -150,8 +145,6 @@ class Serving(pulumi.ComponentResource):
 
 def build_serving(settings, infra) -> Serving:
     """Wire the serving stack to the infra components' outputs."""
-    from workloads.context import build_context
-
     ctx = build_context(settings, image_repository=settings.image_repository, weights_bucket=settings.bucket_name)
     return Serving(
         f"deepseek-{settings.environment}",

@@ -1,6 +1,6 @@
 """Every chart, plugin and image version the platform controllers use, pinned in one place.
 
-Where a chart corresponds to a CRD in ../shared/crds (SOURCES.md), its version is the one
+Where a chart corresponds to a CRD in tests/data/crds (tests/data/SOURCES.md), its version is the one
 those CRDs were taken from, so the schemas our tests validate against are the schemas the
 cluster serves. Bump a version here and in SOURCES.md together.
 """

@@ -1,4 +1,4 @@
-"""Model, GPU and instance-type facts the capacity planner depends on.
+"""Model and GPU facts the capacity planner depends on.
 
 Every architecture number below comes from the model's published ``config.json``;
 the URL next to each entry says where it was read. Where the ``deepseek-ai``
@@ -10,84 +10,18 @@ unchanged by those repositories) and says so.
 page (main model, without DeepSeek-V3's multi-token-prediction module, which vLLM
 does not load unless speculative decoding is enabled). The planner does not use it
 for memory: it counts parameters per tensor from the architecture (see
-``workloads.planner.weight_param_groups``); tests check that the two agree.
+``capacity.params``); tests check that the two agree.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-GiB = 1024**3
-MiB = 1024**2
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """Architecture facts that serving memory depends on."""
-
-    name: str
-    hf_id: str
-    architecture: str  # 'deepseek_v3' | 'deepseek_v2' | 'qwen2' | 'llama' | ...
-    num_layers: int
-    hidden_size: int
-    num_attention_heads: int
-    num_kv_heads: int
-    head_dim: int
-    kv_lora_rank: int | None  # None for GQA/MHA models
-    qk_rope_head_dim: int | None
-    qk_nope_head_dim: int | None
-    v_head_dim: int | None
-    vocab_size: int
-    n_routed_experts: int  # 0 for dense models
-    n_shared_experts: int
-    num_experts_per_tok: int
-    moe_intermediate_size: int | None
-    intermediate_size: int
-    first_k_dense_replace: int  # leading layers with a dense MLP instead of MoE
-    param_count: int
-    native_dtype: str  # 'bfloat16' | 'float16' | 'float32' | 'fp8'
-    max_context: int
-    source: str
-    # Extra facts used for exact per-tensor weight counting.
-    q_lora_rank: int | None = None
-    tie_word_embeddings: bool = False
-    attention_bias: bool = False  # qwen2 has q/k/v biases
-    moe_layer_freq: int = 1
-    fp8_block_size: tuple[int, int] | None = None  # block-quantized FP8 checkpoints
-
-    @property
-    def is_mla(self) -> bool:
-        """Multi-head latent attention (DeepSeek-V2/V3): one compressed latent per token."""
-        return self.kv_lora_rank is not None
-
-    @property
-    def is_moe(self) -> bool:
-        return self.n_routed_experts > 0
-
-    @property
-    def num_moe_layers(self) -> int:
-        return sum(1 for i in range(self.num_layers) if self.layer_is_moe(i))
-
-    def layer_is_moe(self, index: int) -> bool:
-        return (
-            self.is_moe
-            and index >= self.first_k_dense_replace
-            and index % self.moe_layer_freq == 0
-        )
-
-
-@dataclass(frozen=True)
-class GPUSpec:
-    name: str
-    memory_bytes: int  # total device memory as reported by the driver (nvidia-smi)
-    bf16: bool
-    fp8: bool  # FP8 tensor cores (Ada / Hopper)
-    interconnect: str
-    nominal_gb: int = 0
-    source: str = ""
+from capacity.params import count_parameters
+from capacity.specs import GiB, GPUSpec, MiB, ModelSpec
 
 
 # ---------------------------------------------------------------------------
@@ -327,21 +261,6 @@ GPUS: dict[str, GPUSpec] = {
 
 
 # ---------------------------------------------------------------------------
-# VolcEngine instance types -> (GPU key, GPUs per node)
-# ---------------------------------------------------------------------------
-# Only types whose GPU model and count could be confirmed from a citable source are
-# listed. VolcEngine's own instance-type pages were not reachable from the reference
-# index; for any type not listed here a stack must state the GPU model and count
-# itself (resolve_instance_type returns None).
-INSTANCE_TYPES: dict[str, tuple[str, int]] = {
-    # "Ecs.gni2.3xlarge: 14 vCPUs, 56 GB, GPU: A10 x 1" -- server specification in a
-    # public project README (GitHub code index, file id 24125668149). Family ecs.gni2 =
-    # VolcEngine GPU compute type with NVIDIA A10.
-    "ecs.gni2.3xlarge": ("A10", 1),
-}
-
-
-# ---------------------------------------------------------------------------
 # Lookup
 # ---------------------------------------------------------------------------
 
@@ -360,11 +279,6 @@ def get_gpu(name: str) -> GPUSpec:
     raise KeyError(f"unknown gpu {name!r}; known GPUs: {_known(list(GPUS))}")
 
 
-def resolve_instance_type(instance_type: str) -> tuple[str, int] | None:
-    """(GPU key, GPUs per node) for a confirmed VolcEngine instance type, else None."""
-    if not instance_type:
-        return None
-    return INSTANCE_TYPES.get(instance_type.strip().lower())
 
 
 def get_model(name_or_path: str | Path) -> ModelSpec:
@@ -485,12 +399,10 @@ def model_from_config(path: str | Path, *, name: str | None = None) -> ModelSpec
             **common,
         )
     # Local configs carry no published parameter count: count it from the architecture.
-    from workloads.planner import count_parameters  # local import: planner imports catalog
-
     return replace(spec, param_count=count_parameters(spec))
 
 
 __all__ = [
-    "GiB", "MiB", "ModelSpec", "GPUSpec", "MODELS", "GPUS", "INSTANCE_TYPES",
-    "get_model", "get_gpu", "resolve_instance_type", "model_from_config",
+    "GiB", "MiB", "ModelSpec", "GPUSpec", "MODELS", "GPUS",
+    "get_model", "get_gpu", "model_from_config",
 ]

@@ -1,10 +1,10 @@
 """Runs inside the serving image, before the engine starts.
 
-    python -m workloads.weights_tool sync        copy the model prefix from TOS to the node cache,
+    python -m runtime.weights sync        copy the model prefix from TOS to the node cache,
                                                  a no-op when every file is already there and verified
-    python -m workloads.weights_tool credentials exchange the pod's OIDC token for temporary
+    python -m runtime.weights credentials exchange the pod's OIDC token for temporary
                                                  credentials S3 clients (runai_streamer) can use
-    python -m workloads.weights_tool verify      refuse to start when tokenizer and config.json disagree
+    python -m runtime.weights verify      refuse to start when tokenizer and config.json disagree
 
 Only the standard library is needed, plus the `tos` SDK for TOS access (in the image) and
 `transformers` for `verify` (part of vLLM). Exit status 0 means "go", anything else stops
@@ -268,7 +268,7 @@ def _shell_quote(v: str) -> str:
 
 
 def main(argv: Iterable[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m workloads.weights_tool")
+    parser = argparse.ArgumentParser(prog="python -m runtime.weights")
     sub = parser.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("sync", help="copy the model prefix to the node cache (no-op when verified)")
     s.add_argument("--dest", required=True, type=Path)

@@ -31,7 +31,16 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from workloads.catalog import GiB, MiB, GPUSpec, ModelSpec
+from capacity.params import (
+    ParamGroups,
+    kv_heads_per_rank,
+    count_parameters,
+    embedding_params,
+    layer_params,
+    lm_head_params,
+    pp_layer_ranges,
+)
+from capacity.specs import GiB, GPUSpec, MiB, ModelSpec
 
 # ----------------------------------------------------------------------------
 # Constants of the reserve estimate (see README.md for where they come from)
@@ -61,106 +70,6 @@ _QUANT_ALIASES = {
 
 class PlanError(ValueError):
     """Invalid planner input; the message names the field and what was expected."""
-
-
-# ----------------------------------------------------------------------------
-# Parameter counting
-# ----------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class ParamGroups:
-    """Per-rank parameter counts of one part of the model.
-
-    ``linear`` are the weights a quantization method converts; ``other`` stay in the
-    activation dtype (embeddings, LM head, norms, MoE router, biases).
-    """
-
-    linear: float = 0.0
-    other: float = 0.0
-
-    def __add__(self, o: "ParamGroups") -> "ParamGroups":
-        return ParamGroups(self.linear + o.linear, self.other + o.other)
-
-    def scale(self, k: float) -> "ParamGroups":
-        return ParamGroups(self.linear * k, self.other * k)
-
-    @property
-    def total(self) -> float:
-        return self.linear + self.other
-
-
-def _kv_heads_per_rank(model: ModelSpec, tp: int) -> int:
-    if model.is_mla:
-        return 1  # one latent vector, replicated on each rank
-    return max(1, model.num_kv_heads // tp)
-
-
-def _attention_params(m: ModelSpec, tp: int) -> ParamGroups:
-    h = m.hidden_size
-    hl = m.num_attention_heads / tp
-    if m.is_mla:
-        nope, rope, v, kvr = m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim, m.kv_lora_rank
-        qk = nope + rope
-        linear = 0.0
-        other = 0.0
-        if m.q_lora_rank:
-            linear += h * m.q_lora_rank  # q_a_proj (replicated)
-            other += m.q_lora_rank  # q_a_layernorm
-            linear += m.q_lora_rank * hl * qk  # q_b_proj (column parallel)
-        else:
-            linear += h * hl * qk  # q_proj
-        linear += h * (kvr + rope)  # kv_a_proj_with_mqa (replicated)
-        other += kvr  # kv_a_layernorm
-        linear += kvr * hl * (nope + v)  # kv_b_proj (column parallel)
-        linear += hl * v * h  # o_proj (row parallel)
-        return ParamGroups(linear, other)
-    hd = m.head_dim
-    kvl = _kv_heads_per_rank(m, tp)
-    linear = h * hl * hd + 2 * h * kvl * hd + hl * hd * h
-    other = (hl + 2 * kvl) * hd if m.attention_bias else 0.0
-    return ParamGroups(linear, other)
-
-
-def _mlp_params(m: ModelSpec, tp: int, moe: bool) -> ParamGroups:
-    h = m.hidden_size
-    if not moe:
-        return ParamGroups(3 * h * m.intermediate_size / tp, 0.0)
-    experts = (m.n_routed_experts + m.n_shared_experts) * 3 * h * m.moe_intermediate_size / tp
-    router = m.n_routed_experts * h + (m.n_routed_experts if m.architecture == "deepseek_v3" else 0)
-    return ParamGroups(experts, router)
-
-
-def layer_params(m: ModelSpec, index: int, tp: int = 1) -> ParamGroups:
-    norms = ParamGroups(0.0, 2 * m.hidden_size)
-    return _attention_params(m, tp) + _mlp_params(m, tp, m.layer_is_moe(index)) + norms
-
-
-def embedding_params(m: ModelSpec, tp: int = 1) -> ParamGroups:
-    return ParamGroups(0.0, m.vocab_size * m.hidden_size / tp)
-
-
-def lm_head_params(m: ModelSpec, tp: int = 1) -> ParamGroups:
-    return ParamGroups(0.0, m.vocab_size * m.hidden_size / tp + m.hidden_size)  # + final norm
-
-
-def count_parameters(m: ModelSpec) -> int:
-    """Total parameters of the model as vLLM loads it (no MTP module)."""
-    total = embedding_params(m).total + sum(layer_params(m, i).total for i in range(m.num_layers))
-    total += m.hidden_size if m.tie_word_embeddings else lm_head_params(m).total
-    return int(total)
-
-
-def pp_layer_ranges(num_layers: int, pp: int) -> list[tuple[int, int]]:
-    """Layer ranges per pipeline stage, partitioned like vLLM's ``get_pp_indices``."""
-    per = num_layers // pp
-    parts = [per] * pp
-    for i in range(2, num_layers % pp + 2):
-        parts[-i] += 1
-    out, start = [], 0
-    for n in parts:
-        out.append((start, start + n))
-        start += n
-    return out
 
 
 # ----------------------------------------------------------------------------
@@ -234,7 +143,7 @@ def kv_bytes_per_token_per_layer(m: ModelSpec, tp: int = 1, kv_cache_dtype: str 
     b = kv_element_bytes(m, kv_cache_dtype)
     if m.is_mla:
         return (m.kv_lora_rank + m.qk_rope_head_dim) * b
-    return 2 * _kv_heads_per_rank(m, tp) * m.head_dim * b
+    return 2 * kv_heads_per_rank(m, tp) * m.head_dim * b
 
 
 def max_stage_layers(m: ModelSpec, pp: int) -> int:
@@ -284,7 +193,7 @@ def estimate_reserve(m: ModelSpec, tp: int, pp: int, max_num_batched_tokens: int
         attn_tmp = t * (hl * (qk + qk + m.v_head_dim + m.v_head_dim)
                         + m.kv_lora_rank + m.qk_rope_head_dim) * b
     else:
-        kvl = _kv_heads_per_rank(m, tp)
+        kvl = kv_heads_per_rank(m, tp)
         attn_tmp = t * (2 * hl + 2 * kvl) * m.head_dim * b
     mlp_tmp = t * 3 * m.intermediate_size / tp * b  # gate_up output + activation
     moe_tmp = 0.0
@@ -567,68 +476,3 @@ __all__ = [
     "recommended_gpu_memory_utilization", "tp_problems", "pp_layer_ranges", "layer_params",
     "normalize_quantization", "weight_bytes_per_param", "QUANTIZATIONS", "KV_CACHE_DTYPES",
 ]
-
-
-# ----------------------------------------------------------------------------
-# Documentation table (README.md is regenerated from this, never typed)
-# ----------------------------------------------------------------------------
-
-DOC_GPUS = ("A10", "L20", "A100-80G", "H20", "H100", "H800", "H200")
-DOC_BEGIN = "<!-- BEGIN GENERATED: python -m workloads.planner --update-docs -->"
-DOC_END = "<!-- END GENERATED -->"
-
-
-def _short_tokens(n: int) -> str:
-    if n >= 1_000_000:
-        return f"{n / 1e6:.1f}M"
-    if n >= 1000:
-        return f"{n / 1e3:.0f}k"
-    return str(n)
-
-
-def catalog_table_markdown(gpus: tuple[str, ...] = DOC_GPUS, gpus_per_node: int = 8) -> str:
-    """Markdown table: every catalog model on the common GPUs with default settings."""
-    from workloads.catalog import GPUS, MODELS
-
-    head = "| model | " + " | ".join(gpus) + " |"
-    sep = "|---|" + "---|" * len(gpus)
-    rows = [head, sep]
-    for name, spec in MODELS.items():
-        cells = []
-        for g in gpus:
-            p = plan(spec, GPUS[g], gpus_per_node=gpus_per_node)
-            if not p.fits:
-                cells.append("does not fit")
-                continue
-            layout = f"TP{p.tensor_parallel_size}"
-            if p.pipeline_parallel_size > 1:
-                layout += f"×PP{p.pipeline_parallel_size}"
-            nodes = f"{p.nodes} node" + ("s" if p.nodes > 1 else "")
-            cells.append(f"{layout}, {nodes}, {_short_tokens(p.kv_cache_tokens)}")
-        rows.append(f"| {name} ({spec.native_dtype}) | " + " | ".join(cells) + " |")
-    return "\n".join(rows)
-
-
-def _update_docs(path: str) -> bool:
-    from pathlib import Path
-
-    doc = Path(path)
-    text = doc.read_text()
-    if DOC_BEGIN not in text or DOC_END not in text:
-        raise SystemExit(f"{path}: markers {DOC_BEGIN!r} ... {DOC_END!r} not found")
-    pre, rest = text.split(DOC_BEGIN, 1)
-    _, post = rest.split(DOC_END, 1)
-    new = f"{pre}{DOC_BEGIN}\n{catalog_table_markdown()}\n{DOC_END}{post}"
-    changed = new != text
-    doc.write_text(new)
-    return changed
-
-
-if __name__ == "__main__":  # python -m workloads.planner [--update-docs [PATH]]
-    import sys
-
-    if len(sys.argv) >= 2 and sys.argv[1] == "--update-docs":
-        target = sys.argv[2] if len(sys.argv) > 2 else "README.md"
-        print(f"{target}: {'updated' if _update_docs(target) else 'already up to date'}")
-    else:
-        print(catalog_table_markdown())

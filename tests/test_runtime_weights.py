@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from workloads import weights_tool as wt
+from runtime import weights as wt
 
 
 class CountingStore(wt.DirStore):
@@ -139,13 +139,13 @@ def test_the_tool_runs_in_the_serving_image_without_the_project_dependencies():
     import sys
 
     code = ("import sys\n"
-            "for m in ('pulumi', 'pydantic', 'pulumi_kubernetes', 'pulumi_volcengine', 'stacks', 'yaml'):\n"
+            "for m in ('pulumi', 'pydantic', 'pulumi_kubernetes', 'pulumi_volcengine', 'stacks', 'workloads', 'capacity', 'yaml'):\n"
             "    sys.modules[m] = None\n"
-            "import workloads.weights_tool as wt\n"
+            "import runtime.weights as wt\n"
             "raise SystemExit(wt.main(['sync', '--source-dir', sys.argv[1], '--dest', sys.argv[2]]))\n")
     src = Path(__file__).resolve().parents[1]
-    dockerfile = (src / "workloads" / "image" / "Dockerfile").read_text()
-    assert "COPY workloads ./workloads" in dockerfile and "tos==" in dockerfile
+    dockerfile = (src / "runtime" / "Dockerfile").read_text()
+    assert "COPY runtime ./runtime" in dockerfile and "tos==" in dockerfile
     import tempfile
     with tempfile.TemporaryDirectory() as d:
         (Path(d) / "src").mkdir()

@@ -1,0 +1,69 @@
+"""The planner's catalog table in docs/planner.md, generated from `plan()`, never typed.
+
+    python -m capacity.docs             print the table
+    python -m capacity.docs --update    rewrite it between the markers in docs/planner.md
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from capacity.catalog import GPUS, MODELS
+from capacity.planner import plan
+
+DOC_PAGE = Path(__file__).resolve().parents[1] / "docs" / "planner.md"
+DOC_GPUS = ("A10", "L20", "A100-80G", "H20", "H100", "H800", "H200")
+DOC_BEGIN = "<!-- BEGIN GENERATED: python -m capacity.docs --update -->"
+DOC_END = "<!-- END GENERATED -->"
+
+
+def _short_tokens(n: int) -> str:
+    if n >= 1_000_000:
+        return f"{n / 1e6:.1f}M"
+    if n >= 1000:
+        return f"{n / 1e3:.0f}k"
+    return str(n)
+
+
+def catalog_table_markdown(gpus: tuple[str, ...] = DOC_GPUS, gpus_per_node: int = 8) -> str:
+    """Markdown table: every catalog model on the common GPUs with default settings."""
+    head = "| model | " + " | ".join(gpus) + " |"
+    sep = "|---|" + "---|" * len(gpus)
+    rows = [head, sep]
+    for name, spec in MODELS.items():
+        cells = []
+        for g in gpus:
+            p = plan(spec, GPUS[g], gpus_per_node=gpus_per_node)
+            if not p.fits:
+                cells.append("does not fit")
+                continue
+            layout = f"TP{p.tensor_parallel_size}"
+            if p.pipeline_parallel_size > 1:
+                layout += f"×PP{p.pipeline_parallel_size}"
+            nodes = f"{p.nodes} node" + ("s" if p.nodes > 1 else "")
+            cells.append(f"{layout}, {nodes}, {_short_tokens(p.kv_cache_tokens)}")
+        rows.append(f"| {name} ({spec.native_dtype}) | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def _update_docs(path: str) -> bool:
+    doc = Path(path)
+    text = doc.read_text()
+    if DOC_BEGIN not in text or DOC_END not in text:
+        raise SystemExit(f"{path}: markers {DOC_BEGIN!r} ... {DOC_END!r} not found")
+    pre, rest = text.split(DOC_BEGIN, 1)
+    _, post = rest.split(DOC_END, 1)
+    new = f"{pre}{DOC_BEGIN}\n{catalog_table_markdown()}\n{DOC_END}{post}"
+    changed = new != text
+    doc.write_text(new)
+    return changed
+
+
+if __name__ == "__main__":  # python -m capacity.docs [--update [PATH]]
+    import sys
+
+    if len(sys.argv) >= 2 and sys.argv[1] == "--update":
+        target = sys.argv[2] if len(sys.argv) > 2 else str(DOC_PAGE)
+        print(f"{target}: {'updated' if _update_docs(target) else 'already up to date'}")
+    else:
+        print(catalog_table_markdown())

@@ -1,0 +1,111 @@
+"""Parameters per tensor, split the way vLLM shards them across tensor-parallel ranks.
+
+``linear`` weights are what a quantization method converts; ``other`` stay in the
+activation dtype (embeddings, LM head, norms, MoE router, biases).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from capacity.specs import ModelSpec
+
+
+# ----------------------------------------------------------------------------
+# Parameter counting
+# ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ParamGroups:
+    """Per-rank parameter counts of one part of the model.
+
+    ``linear`` are the weights a quantization method converts; ``other`` stay in the
+    activation dtype (embeddings, LM head, norms, MoE router, biases).
+    """
+
+    linear: float = 0.0
+    other: float = 0.0
+
+    def __add__(self, o: "ParamGroups") -> "ParamGroups":
+        return ParamGroups(self.linear + o.linear, self.other + o.other)
+
+    def scale(self, k: float) -> "ParamGroups":
+        return ParamGroups(self.linear * k, self.other * k)
+
+    @property
+    def total(self) -> float:
+        return self.linear + self.other
+
+
+def kv_heads_per_rank(model: ModelSpec, tp: int) -> int:
+    if model.is_mla:
+        return 1  # one latent vector, replicated on each rank
+    return max(1, model.num_kv_heads // tp)
+
+
+def _attention_params(m: ModelSpec, tp: int) -> ParamGroups:
+    h = m.hidden_size
+    hl = m.num_attention_heads / tp
+    if m.is_mla:
+        nope, rope, v, kvr = m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim, m.kv_lora_rank
+        qk = nope + rope
+        linear = 0.0
+        other = 0.0
+        if m.q_lora_rank:
+            linear += h * m.q_lora_rank  # q_a_proj (replicated)
+            other += m.q_lora_rank  # q_a_layernorm
+            linear += m.q_lora_rank * hl * qk  # q_b_proj (column parallel)
+        else:
+            linear += h * hl * qk  # q_proj
+        linear += h * (kvr + rope)  # kv_a_proj_with_mqa (replicated)
+        other += kvr  # kv_a_layernorm
+        linear += kvr * hl * (nope + v)  # kv_b_proj (column parallel)
+        linear += hl * v * h  # o_proj (row parallel)
+        return ParamGroups(linear, other)
+    hd = m.head_dim
+    kvl = kv_heads_per_rank(m, tp)
+    linear = h * hl * hd + 2 * h * kvl * hd + hl * hd * h
+    other = (hl + 2 * kvl) * hd if m.attention_bias else 0.0
+    return ParamGroups(linear, other)
+
+
+def _mlp_params(m: ModelSpec, tp: int, moe: bool) -> ParamGroups:
+    h = m.hidden_size
+    if not moe:
+        return ParamGroups(3 * h * m.intermediate_size / tp, 0.0)
+    experts = (m.n_routed_experts + m.n_shared_experts) * 3 * h * m.moe_intermediate_size / tp
+    router = m.n_routed_experts * h + (m.n_routed_experts if m.architecture == "deepseek_v3" else 0)
+    return ParamGroups(experts, router)
+
+
+def layer_params(m: ModelSpec, index: int, tp: int = 1) -> ParamGroups:
+    norms = ParamGroups(0.0, 2 * m.hidden_size)
+    return _attention_params(m, tp) + _mlp_params(m, tp, m.layer_is_moe(index)) + norms
+
+
+def embedding_params(m: ModelSpec, tp: int = 1) -> ParamGroups:
+    return ParamGroups(0.0, m.vocab_size * m.hidden_size / tp)
+
+
+def lm_head_params(m: ModelSpec, tp: int = 1) -> ParamGroups:
+    return ParamGroups(0.0, m.vocab_size * m.hidden_size / tp + m.hidden_size)  # + final norm
+
+
+def count_parameters(m: ModelSpec) -> int:
+    """Total parameters of the model as vLLM loads it (no MTP module)."""
+    total = embedding_params(m).total + sum(layer_params(m, i).total for i in range(m.num_layers))
+    total += m.hidden_size if m.tie_word_embeddings else lm_head_params(m).total
+    return int(total)
+
+
+def pp_layer_ranges(num_layers: int, pp: int) -> list[tuple[int, int]]:
+    """Layer ranges per pipeline stage, partitioned like vLLM's ``get_pp_indices``."""
+    per = num_layers // pp
+    parts = [per] * pp
+    for i in range(2, num_layers % pp + 2):
+        parts[-i] += 1
+    out, start = [], 0
+    for n in parts:
+        out.append((start, start + n))
+        start += n
+    return out

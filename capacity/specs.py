@@ -1,0 +1,74 @@
+"""The two records the capacity planner reasons about: a model's architecture and a GPU."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GiB = 1024**3
+MiB = 1024**2
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Architecture facts that serving memory depends on."""
+
+    name: str
+    hf_id: str
+    architecture: str  # 'deepseek_v3' | 'deepseek_v2' | 'qwen2' | 'llama' | ...
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    kv_lora_rank: int | None  # None for GQA/MHA models
+    qk_rope_head_dim: int | None
+    qk_nope_head_dim: int | None
+    v_head_dim: int | None
+    vocab_size: int
+    n_routed_experts: int  # 0 for dense models
+    n_shared_experts: int
+    num_experts_per_tok: int
+    moe_intermediate_size: int | None
+    intermediate_size: int
+    first_k_dense_replace: int  # leading layers with a dense MLP instead of MoE
+    param_count: int
+    native_dtype: str  # 'bfloat16' | 'float16' | 'float32' | 'fp8'
+    max_context: int
+    source: str
+    # Extra facts used for exact per-tensor weight counting.
+    q_lora_rank: int | None = None
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False  # qwen2 has q/k/v biases
+    moe_layer_freq: int = 1
+    fp8_block_size: tuple[int, int] | None = None  # block-quantized FP8 checkpoints
+
+    @property
+    def is_mla(self) -> bool:
+        """Multi-head latent attention (DeepSeek-V2/V3): one compressed latent per token."""
+        return self.kv_lora_rank is not None
+
+    @property
+    def is_moe(self) -> bool:
+        return self.n_routed_experts > 0
+
+    @property
+    def num_moe_layers(self) -> int:
+        return sum(1 for i in range(self.num_layers) if self.layer_is_moe(i))
+
+    def layer_is_moe(self, index: int) -> bool:
+        return (
+            self.is_moe
+            and index >= self.first_k_dense_replace
+            and index % self.moe_layer_freq == 0
+        )
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    name: str
+    memory_bytes: int  # total device memory as reported by the driver (nvidia-smi)
+    bf16: bool
+    fp8: bool  # FP8 tensor cores (Ada / Hopper)
+    interconnect: str
+    nominal_gb: int = 0
+    source: str = ""
