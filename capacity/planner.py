@@ -476,3 +476,50 @@ __all__ = [
     "recommended_gpu_memory_utilization", "tp_problems", "pp_layer_ranges", "layer_params",
     "normalize_quantization", "weight_bytes_per_param", "QUANTIZATIONS", "KV_CACHE_DTYPES",
 ]
+
+
+# ----------------------------------------------------------------------------
+# Where a model fits on one node
+# ----------------------------------------------------------------------------
+
+NODE_SIZES = (1, 2, 4, 8)  # GPUs per node of the common GPU instance families
+
+
+@dataclass(frozen=True)
+class NodeOption:
+    """A node shape on which one replica fits without leaving the node."""
+
+    gpu: str
+    gpus_per_node: int
+    instance_type: str | None  # a catalogued VolcEngine instance type of that shape, if any
+    plan: Plan
+
+    def describe(self) -> str:
+        where = f" ({self.instance_type})" if self.instance_type else ""
+        return f"{self.gpu} x {self.gpus_per_node}{where}: TP{self.plan.tensor_parallel_size}"
+
+
+def single_node_options(model: ModelSpec, gpus: dict[str, GPUSpec],
+                        instance_types: dict[str, tuple[str, int]], **plan_kwargs: Any) -> list[NodeOption]:
+    """Node shapes (catalog GPU x 1/2/4/8, and every catalogued instance type) on which the
+    model fits on one node with the given engine settings: catalogued instance types first
+    (they can be ordered as they are), then by total GPU memory, smallest first."""
+    shapes: dict[tuple[str, int], str | None] = {}
+    for itype, (gpu_key, count) in sorted(instance_types.items()):
+        shapes.setdefault((gpu_key, count), itype)
+    for gpu_key in gpus:
+        for count in NODE_SIZES:
+            shapes.setdefault((gpu_key, count), None)
+    kwargs = {k: v for k, v in plan_kwargs.items() if k not in ("pipeline_parallel_size", "gpus_per_node")}
+    out = []
+    for (gpu_key, count), itype in shapes.items():
+        if kwargs.get("tensor_parallel_size") and kwargs["tensor_parallel_size"] > count:
+            continue
+        try:
+            p = plan(model, gpus[gpu_key], gpus_per_node=count, pipeline_parallel_size=1, **kwargs)
+        except PlanError:
+            continue
+        if p.fits and p.nodes == 1:
+            out.append(NodeOption(gpu_key, count, itype, p))
+    out.sort(key=lambda o: (o.instance_type is None, o.gpus_per_node * gpus[o.gpu].memory_bytes, o.gpu))
+    return out

@@ -1,7 +1,8 @@
 """`dsvolc`: what needs no cloud account.
 
-  dsvolc preview STACK [--json FILE]   every resource of a stack and every policy verdict
+  dsvolc preview STACK [--json FILE]   every resource of a stack, its engine plan and every policy verdict
   dsvolc size --model M --gpu G ...     engine settings that fit a model on a GPU
+  dsvolc policy-config STACK            the policy pack config the stack is judged by
 """
 
 from __future__ import annotations
@@ -30,17 +31,21 @@ def preview(
 
     Exit 0: no mandatory violation; 1: a mandatory policy is violated; 2: invalid settings.
     """
-    from dsvolc.preview import render, run_preview, write_json
+    from dsvolc.policy_runner import PolicyConfigError
+    from dsvolc.preview import _plan_line, render, run_preview, write_json
 
     console = Console()
-    err = Console(stderr=True)
+    err = Console(stderr=True, soft_wrap=True)
     try:
         result = run_preview(stack)
-    except SettingsError as exc:
+    except (SettingsError, PolicyConfigError) as exc:
         err.print(f"error: {exc}", highlight=False, markup=False)
         raise typer.Exit(2) from None
     if quiet:
-        console.print(f"stack {result.stack}: {len(result.recording.resources)} resources")
+        console.print(f"stack {result.stack}: class {result.environment_class}, policy config "
+                      f"{result.policy_config}, {len(result.recording.resources)} resources", highlight=False)
+        for p in result.plans:
+            console.print(f"engine plan {p['workload']}: {_plan_line(p)}", highlight=False)
         console.print(f"policy verdict: {len(result.mandatory)} mandatory, "
                       f"{len(result.violations) - len(result.mandatory)} advisory violation(s)")
     else:
@@ -50,6 +55,21 @@ def preview(
         console.print(f"wrote {json_out}")
     if result.mandatory:
         raise typer.Exit(1)
+
+
+@app.command("policy-config")
+def policy_config(
+    stack: str = typer.Argument(..., help="stack name or path to a Pulumi.<stack>.yaml"),
+) -> None:
+    """Print the policy pack config a stack is judged by (for `pulumi preview --policy-pack-config`)."""
+    from stacks.loader import load
+
+    try:
+        settings = load(stack)
+    except SettingsError as exc:
+        Console(stderr=True, soft_wrap=True).print(f"error: {exc}", highlight=False, markup=False)
+        raise typer.Exit(2) from None
+    print(settings.policy_config_path)
 
 
 def main() -> None:  # pragma: no cover - console entry point

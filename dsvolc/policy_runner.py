@@ -29,7 +29,7 @@ from pulumi_policy.policy import _PolicyAnalyzerServicer
 from dsvolc import engine
 
 ROOT = Path(__file__).resolve().parent.parent
-CONFIG_DIR = ROOT / "stacks"
+CONFIG_DIR = ROOT / "policies" / "config"  # one config per environment class
 
 LEVELS = {
     "advisory": proto.ADVISORY,
@@ -71,15 +71,29 @@ def policy_infos(servicer: _PolicyAnalyzerServicer | None = None) -> list[proto.
 # --------------------------------------------------------------------------- config
 
 
-def config_path(stack: str) -> Path:
-    return CONFIG_DIR / f"policy-config.{stack}.json"
+def config_path(environment_class: str) -> Path:
+    """The shipped config of an environment class: policies/config/<class>.json."""
+    return CONFIG_DIR / f"{environment_class}.json"
 
 
-def load_policy_config(stack: str) -> dict:
-    """`stacks/policy-config.<stack>.json` (Pulumi's policy pack config format), or {}."""
-    path = config_path(stack)
+def load_policy_config(environment_class: str) -> dict:
+    """The shipped config of an environment class (Pulumi's policy pack config format)."""
+    return read_policy_config(config_path(environment_class))
+
+
+def stack_policy_config(settings) -> tuple[Path, dict]:
+    """(path, config) a stack is judged by: its `policy_config` setting, else its class's."""
+    path = ROOT / settings.policy_config_path
+    return path, read_policy_config(path, setting="policy_config" if settings.policy_config else None)
+
+
+def read_policy_config(path: Path, setting: str | None = None) -> dict:
+    """A policy pack config file; PolicyConfigError when it is missing or malformed."""
     if not path.is_file():
-        return {}
+        shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+        named = f"{setting}: " if setting else ""
+        raise PolicyConfigError(f"{named}{shown}: no such policy config file; shipped: "
+                                f"{', '.join(sorted(str(p.relative_to(ROOT)) for p in CONFIG_DIR.glob('*.json')))}")
     try:
         doc = json.loads(path.read_text())
     except json.JSONDecodeError as exc:

@@ -18,12 +18,16 @@ from rich.tree import Tree
 
 from dsvolc import engine
 from stacks import loader
+from stacks.settings import StackSettings
 
 
 @dataclass
 class PreviewResult:
     stack: str
+    environment_class: str
+    policy_config: str  # the policy pack config the verdict used, relative to the repository root
     recording: engine.Recording
+    plans: list[dict[str, Any]] = field(default_factory=list)
     violations: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -33,26 +37,76 @@ class PreviewResult:
     def as_json(self) -> dict[str, Any]:
         return {
             "stack": self.stack,
+            "environment_class": self.environment_class,
+            "policy_config": self.policy_config,
+            "plans": self.plans,
             "resources": [r.as_json() for r in self.recording.resources],
             "violations": self.violations,
         }
 
 
+def engine_plans(settings: StackSettings) -> list[dict[str, Any]]:
+    """The engine plan of each serving workload, as a user reads it: where it runs, how it is
+    split, how much context and KV cache it gets."""
+    sv, p = settings.serving, settings.serving_plan
+    pool = settings.cluster.gpu_pools[sv.gpu_pool]
+    a = settings.autoscaling
+    low = (a.min_replicas or sv.replicas) if a.enabled else sv.replicas
+    return [{
+        "workload": f"{sv.namespace}/{sv.name}",
+        "model": p.model,
+        "gpu_pool": sv.gpu_pool,
+        "instance_type": pool.instance_type,
+        "gpu": p.gpu,
+        "gpus_per_node": p.gpus_per_node,
+        "tensor_parallel_size": p.tensor_parallel_size,
+        "pipeline_parallel_size": p.pipeline_parallel_size,
+        "nodes_per_replica": p.nodes,
+        "multi_node": p.nodes > 1,
+        "replicas": {"min": low, "max": a.max_replicas if a.enabled else sv.replicas},
+        "max_model_len": p.max_model_len,
+        "kv_cache_tokens": p.kv_cache_tokens,
+        "max_num_seqs": p.max_num_seqs,
+        "concurrency_at_max_model_len": p.kv_cache_tokens // p.max_model_len if p.max_model_len else 0,
+        "gpu_memory_utilization": p.gpu_memory_utilization,
+        "quantization": p.quantization,
+        "kv_cache_dtype": p.kv_cache_dtype,
+    }]
+
+
 def run_preview(stack: str, *, policies: bool = True, transforms=None, raw: dict | None = None) -> PreviewResult:
     """Validate the stack's settings, run the program, run the policies.
 
-    Raises loader.SettingsError for bad settings (before anything runs)."""
+    Raises loader.SettingsError for bad settings and policy_runner.PolicyConfigError for a
+    bad policy config, both before anything runs."""
+    from dsvolc import policy_runner
+
     name = loader.stack_name(stack)
     if raw is None:
         raw = loader.read_raw(stack)
-    loader.parse(raw, str(loader.stack_file(stack)))  # fail fast, with every problem listed
+    # fail fast, with every problem listed
+    settings = loader.parse(raw, str(loader.stack_file(stack)), stack=name)
+    config_file, config = policy_runner.stack_policy_config(settings) if policies else (None, None)
     recording = engine.run(name, raw, transforms=transforms)
-    result = PreviewResult(stack=name, recording=recording)
+    result = PreviewResult(stack=name, environment_class=settings.environment_class,
+                           policy_config=settings.policy_config_path, recording=recording,
+                           plans=engine_plans(settings))
     if policies:
-        from dsvolc import policy_runner
-
-        result.violations = policy_runner.analyze(recording, policy_config=policy_runner.load_policy_config(name))
+        result.violations = policy_runner.analyze(recording, policy_config=config)
     return result
+
+
+def _plan_line(p: dict[str, Any]) -> str:
+    layout = f"TP{p['tensor_parallel_size']} x PP{p['pipeline_parallel_size']}"
+    nodes = p["nodes_per_replica"]
+    spread = (f"[bold yellow]{nodes} nodes per replica[/bold yellow] (multi-node: pipeline over the network)"
+              if nodes > 1 else "1 node per replica")
+    r = p["replicas"]
+    replicas = f"{r['min']} replica(s)" if r["min"] == r["max"] else f"{r['min']}-{r['max']} replicas"
+    return (f"{p['model']} on {p['gpu']} x {p['gpus_per_node']} ({p['instance_type']}, pool {p['gpu_pool']}): "
+            f"{layout}, {spread}, {replicas}; context {p['max_model_len']:,}, KV cache "
+            f"{p['kv_cache_tokens']:,} tokens, {p['concurrency_at_max_model_len']} full-context sequences, "
+            f"max_num_seqs {p['max_num_seqs']}")
 
 
 def render(result: PreviewResult, console: Console) -> None:
@@ -63,7 +117,13 @@ def render(result: PreviewResult, console: Console) -> None:
         parent = r.parent if r.parent in by_urn else None
         children.setdefault(parent, []).append(r)
 
+    console.print(f"[bold]stack {result.stack}[/bold]: class {result.environment_class}, "
+                  f"policy config {result.policy_config}", highlight=False)
     tree = Tree(f"[bold]stack {result.stack}[/bold] ({len(resources)} resources)")
+    plans = Tree("[bold]engine plan[/bold]")
+    for p in result.plans:
+        plans.add(f"{p['workload']}: {_plan_line(p)}")
+    tree.children.append(plans)
 
     def add(node: Tree, parent: str | None) -> None:
         for r in sorted(children.get(parent, []), key=lambda x: (x.type, x.name)):

@@ -33,7 +33,7 @@ class Infra:
 
 
 def build_infra(s: StackSettings) -> Infra:
-    name = f"deepseek-{s.environment}"
+    name = s.resource_prefix
     tags = s.resource_tags()
     # An explicit provider: the region comes from the validated settings, credentials from
     # VOLCENGINE_ACCESS_KEY / VOLCENGINE_SECRET_KEY in the environment.

@@ -26,7 +26,7 @@ from pulumi_policy import (
 from stacks.constants import GPU_COUNT_LABEL, GPU_MODEL_LABEL, GPU_RESOURCE, POOL_LABEL  # noqa: F401
 
 # Every policy defaults to mandatory: a stack run without a config file gets the strictest
-# verdict. stacks/policy-config.<stack>.json relaxes levels per environment.
+# verdict. policies/config/<environment class>.json relaxes levels per class.
 DEFAULT_LEVEL = EnforcementLevel.MANDATORY
 
 ResourceCheck = Callable[[ResourceValidationArgs, ReportViolation], None]

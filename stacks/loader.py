@@ -8,13 +8,14 @@ pydantic traceback.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from stacks.settings import StackSettings
+from stacks.settings import STACK_NAME, StackSettings
 
 PROJECT = "deepseek-volc"
 SETTINGS_KEY = f"{PROJECT}:settings"
@@ -65,17 +66,31 @@ def read_raw(stack: str) -> dict[str, Any]:
     return raw
 
 
-def parse(raw: dict[str, Any], source: str = "<settings>") -> StackSettings:
-    """Validate a raw mapping; raises SettingsError naming every bad path."""
+def parse(raw: dict[str, Any], source: str = "<settings>", *, stack: str) -> StackSettings:
+    """Validate a raw mapping for the stack named `stack`; raises SettingsError naming every
+    bad path. The stack's name is not a setting: it comes from the file (or the Pulumi
+    stack) and every cloud resource name derives from it."""
+    problems = []
+    if not re.fullmatch(STACK_NAME, stack):
+        problems.append(f"stack name {stack!r}: expected a lower-case DNS label of 1-20 characters "
+                        "(a-z, 0-9, '-'), since every cloud resource name derives from it")
+    if "stack" in raw:
+        problems.append("stack: set from the stack's file name (Pulumi.<stack>.yaml), not in the settings; "
+                        "remove it")
+    if "environment" in raw:
+        problems.append("environment: renamed to environment_class (dev, staging or prod: the policy "
+                        "strength); cloud resource names now come from the stack's name")
+    if problems:
+        raise SettingsError(source, problems)
     try:
-        return StackSettings.model_validate(raw)
+        return StackSettings.model_validate({"stack": stack, **raw})
     except ValidationError as exc:
         raise SettingsError(source, [_describe(err) for err in exc.errors()]) from None
 
 
 def load(stack: str) -> StackSettings:
     """Load and validate `stacks/Pulumi.<stack>.yaml` (or a path to a stack file)."""
-    return parse(read_raw(stack), str(stack_file(stack)))
+    return parse(read_raw(stack), str(stack_file(stack)), stack=stack_name(stack))
 
 
 def from_pulumi_config() -> StackSettings:
@@ -84,7 +99,7 @@ def from_pulumi_config() -> StackSettings:
 
     raw = pulumi.Config(PROJECT).require_object("settings")
     try:
-        return parse(raw, f"stack {pulumi.get_stack()}")
+        return parse(raw, f"stack {pulumi.get_stack()}", stack=pulumi.get_stack())
     except SettingsError as exc:
         # RunError prints the message without a Python traceback.
         raise pulumi.RunError(str(exc)) from None

@@ -22,8 +22,8 @@ from pydantic import (
 )
 
 from capacity.catalog import GPUS, get_gpu, get_model
-from capacity.instances import resolve_instance_type
-from capacity.planner import PlanError, plan
+from capacity.instances import INSTANCE_TYPES, resolve_instance_type
+from capacity.planner import PlanError, plan, single_node_options
 from stacks.constants import ENTRY_NAMESPACE, HTTP_PORT, entry_service
 from stacks.regions import (
     REGION_ZONES,
@@ -31,7 +31,11 @@ from stacks.regions import (
     cr_registry_host,
 )
 
-Environment = Literal["dev", "staging", "prod"]
+EnvironmentClass = Literal["dev", "staging", "prod"]
+# Cloud names derive from the stack name (deepseek-<stack>, deepseek-volc-<stack>-weights):
+# a DNS label short enough for every name built from it (TOS buckets allow 63 characters,
+# CR instances 30).
+STACK_NAME = r"^[a-z0-9]([-a-z0-9]{0,18}[a-z0-9])?$"
 Cidr = Annotated[ipaddress.IPv4Network, Field(description="An IPv4 CIDR block, e.g. 10.20.0.0/16")]
 Name = Annotated[
     str,
@@ -278,6 +282,11 @@ class ServingSettings(_Model):
         "sync", description="stream: runai_streamer from TOS's S3 endpoint; sync: init container copies to the node cache"
     )
     gpu_pool: str = Field(description="GPU pool the replicas run on")
+    multi_node: bool = Field(
+        False,
+        description="allow one replica to span several nodes (LeaderWorkerSet, pipeline parallel across "
+        "nodes); off: a model that does not fit one node of the pool is refused",
+    )
     replicas: int = Field(1, ge=1, le=100, description="serving replicas (instances of the model)")
     image: ImageSettings = Field(description="serving image")
     engine: EngineSettings = Field(default_factory=EngineSettings, description="vLLM engine arguments")
@@ -376,7 +385,19 @@ class MonitoringSettings(_Model):
 
 
 class StackSettings(_Model):
-    environment: Environment = Field(description="environment this stack deploys")
+    stack: str = Field(
+        pattern=STACK_NAME,
+        description="the stack's name, set by the loader from Pulumi.<stack>.yaml (or the Pulumi stack); "
+        "every cloud resource name derives from it",
+    )
+    environment_class: EnvironmentClass = Field(
+        description="dev, staging or prod strength: chooses the policy config (and with it what the policies require)"
+    )
+    policy_config: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9_./-]+\.json$",
+        description="policy pack config, relative to the repository root; policies/config/<environment_class>.json when unset",
+    )
     region: str = Field(description="VolcEngine region, e.g. cn-beijing")
     zones: list[str] = Field(min_length=1, description="availability zones the stack spans")
     project_name: str = Field("default", description="VolcEngine project the resources belong to")
@@ -457,6 +478,8 @@ class StackSettings(_Model):
                 f"serving.engine: {model.name} does not fit on {gpu_name} x {per_node} per node "
                 f"(pool {sv.gpu_pool}): " + "; ".join(p.reasons)
             )
+        if p.nodes > 1 and not sv.multi_node:
+            raise ValueError(self._multi_node_refusal(model, gpu_name, per_node, p))
         pool = self.cluster.gpu_pools[sv.gpu_pool]
         low = (self.autoscaling.min_replicas or sv.replicas) if self.autoscaling.enabled else sv.replicas
         needed = low * p.nodes
@@ -467,6 +490,28 @@ class StackSettings(_Model):
             )
         self._derived["plan"] = p
         self._derived["model"] = model
+
+    def _multi_node_refusal(self, model, gpu_name: str, per_node: int, p) -> str:
+        """One replica would span several nodes: say so, and name the smallest node shape on
+        which it would fit alone."""
+        e = self.serving.engine
+        options = single_node_options(
+            model, GPUS, INSTANCE_TYPES, context=e.max_model_len, quantization=e.quantization,
+            kv_cache_dtype=e.kv_cache_dtype, tensor_parallel_size=e.tensor_parallel_size,
+            max_num_seqs=e.max_num_seqs, gpu_memory_utilization=e.gpu_memory_utilization,
+            max_num_batched_tokens=e.max_num_batched_tokens)
+        if options:
+            smallest = options[0]
+            where = (f"the smallest pool on which it fits on one node is {smallest.describe()}"
+                     + (f" (instance type not in the catalog: state gpu: {smallest.gpu} and "
+                        f"gpus_per_node: {smallest.gpus_per_node})" if smallest.instance_type is None else ""))
+        else:
+            where = "no catalogued node shape holds it on one node"
+        return (f"serving.multi_node: one replica of {model.name} needs {p.nodes} nodes of {gpu_name} x "
+                f"{per_node} (pool {self.serving.gpu_pool}: TP{p.tensor_parallel_size} x "
+                f"PP{p.pipeline_parallel_size}); set serving.multi_node: true to run each replica across "
+                f"nodes (a LeaderWorkerSet, pipeline parallel over the network), or serve it from a larger "
+                f"pool: {where}")
 
     @property
     def serving_plan(self):
@@ -558,16 +603,26 @@ class StackSettings(_Model):
     # -- derived names ----------------------------------------------------------------
 
     @property
+    def resource_prefix(self) -> str:
+        """Prefix of every resource and component name of this stack: deepseek-<stack>."""
+        return f"deepseek-{self.stack}"
+
+    @property
+    def policy_config_path(self) -> str:
+        """The policy pack config this stack is judged by (relative to the repository root)."""
+        return self.policy_config or f"policies/config/{self.environment_class}.json"
+
+    @property
     def cluster_name(self) -> str:
-        return self.cluster.name or f"deepseek-{self.environment}"
+        return self.cluster.name or self.resource_prefix
 
     @property
     def bucket_name(self) -> str:
-        return self.weights.bucket_name or f"deepseek-volc-{self.environment}-weights"
+        return self.weights.bucket_name or f"deepseek-volc-{self.stack}-weights"
 
     @property
     def registry_name(self) -> str:
-        return self.registry.name or f"deepseek-{self.environment}"
+        return self.registry.name or self.resource_prefix
 
     @property
     def image_repository(self) -> str:
@@ -599,5 +654,5 @@ class StackSettings(_Model):
         ]
 
     def resource_tags(self) -> dict[str, str]:
-        return {"project": "deepseek-volc", "environment": self.environment, **self.tags}
+        return {"project": "deepseek-volc", "stack": self.stack, "environment": self.environment_class, **self.tags}
 

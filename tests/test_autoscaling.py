@@ -22,7 +22,7 @@ def ctx_for(stack: str, **changes):
         for k in keys[:-1]:
             doc = doc.setdefault(k, {})
         doc[keys[-1]] = value
-    s = parse(raw)
+    s = parse(raw, stack=stack)
     return build_context(s, image_repository="cr.example/ns/repo", weights_bucket=s.bucket_name)
 
 

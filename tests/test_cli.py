@@ -27,7 +27,16 @@ def test_preview_prod_json_lists_the_foundation(tmp_path):
     assert result.exit_code == 0, result.output
     plan = json.loads(out.read_text())
     assert plan["stack"] == "prod"
-    assert set(plan) == {"stack", "resources", "violations"}
+    assert set(plan) == {"stack", "environment_class", "policy_config", "plans", "resources", "violations"}
+    assert plan["environment_class"] == "prod" and plan["policy_config"] == "policies/config/prod.json"
+    (serving,) = plan["plans"]
+    s = load("prod")
+    assert serving["model"] == s.serving.model and serving["gpu"] == "H20" and serving["gpus_per_node"] == 8
+    assert serving["tensor_parallel_size"] * serving["pipeline_parallel_size"] == 16
+    assert serving["nodes_per_replica"] == 2 and serving["multi_node"] is True
+    assert serving["max_model_len"] == s.serving.engine.max_model_len
+    assert serving["kv_cache_tokens"] == s.serving_plan.kv_cache_tokens > serving["max_model_len"]
+    assert serving["replicas"] == {"min": s.serving.replicas, "max": s.autoscaling.max_replicas}
     types = {r["type"] for r in plan["resources"]}
     for t in [
         "volcengine:vpc/vpc:Vpc", "volcengine:vpc/subnet:Subnet", "volcengine:nat/gateway:Gateway",
@@ -44,9 +53,47 @@ def test_preview_prod_json_lists_the_foundation(tmp_path):
         assert set(r) >= {"type", "name", "urn", "parent", "inputs"}
 
 
+def test_preview_prints_the_engine_plan_and_the_policy_config():
+    result = runner.invoke(app, ["preview", "prod"])
+    assert result.exit_code == 0, result.output
+    out = " ".join(result.output.split())  # rich wraps long lines
+    assert "stack prod: class prod, policy config policies/config/prod.json" in out
+    assert "deepseek-r1 on H20 x 8" in out and "TP8 x PP2" in out and "2 nodes per replica" in out
+    assert f"context {load('prod').serving.engine.max_model_len:,}" in out
+
+
+def test_a_copied_stack_previews_under_its_own_name_and_class(tmp_path):
+    raw = read_raw("prod")
+    path = tmp_path / "Pulumi.mytest.yaml"
+    path.write_text(yaml.safe_dump({"config": {"deepseek-volc:settings": raw}}))
+    result = runner.invoke(app, ["preview", str(path), "--json", str(tmp_path / "p.json"), "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert "stack mytest: class prod, policy config policies/config/prod.json" in " ".join(result.output.split())
+    names = {r["name"] for r in json.loads((tmp_path / "p.json").read_text())["resources"]}
+    assert "deepseek-mytest-vke" in names and not any(n.startswith("deepseek-prod") for n in names)
+    inputs = {r["name"]: r["inputs"] for r in json.loads((tmp_path / "p.json").read_text())["resources"]}
+    assert inputs["deepseek-mytest-bucket"]["bucketName"] == "deepseek-volc-mytest-weights"
+
+
+def test_policy_config_command_names_the_class_file():
+    result = runner.invoke(app, ["policy-config", "staging"])
+    assert result.exit_code == 0 and result.output.strip() == "policies/config/staging.json"
+
+
+def test_a_missing_policy_config_exits_2_naming_the_setting(tmp_path):
+    raw = read_raw("dev")
+    raw["policy_config"] = "policies/config/nope.json"
+    path = tmp_path / "Pulumi.mytest.yaml"
+    path.write_text(yaml.safe_dump({"config": {"deepseek-volc:settings": raw}}))
+    result = runner.invoke(app, ["preview", str(path)])
+    assert result.exit_code == 2
+    assert "policy_config: policies/config/nope.json: no such policy config file" in result.output
+    assert "Traceback" not in result.output
+
+
 def test_preview_accepts_a_stack_file_path(tmp_path):
     doc = {"config": {"deepseek-volc:settings": read_raw("dev")}}
-    path = tmp_path / "Pulumi.dev.yaml"  # the stack name (and its policy config) come from the file name
+    path = tmp_path / "Pulumi.dev.yaml"  # the stack name comes from the file name
     path.write_text(yaml.safe_dump(doc))
     result = runner.invoke(app, ["preview", str(path), "--quiet"])
     assert result.exit_code == 0, result.output

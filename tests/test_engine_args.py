@@ -12,7 +12,7 @@ from workloads.context import build_context
 
 
 def ctx_for(stack: str, raw: dict | None = None):
-    s = parse(raw) if raw is not None else load(stack)
+    s = parse(raw, stack=stack) if raw is not None else load(stack)
     return build_context(s, image_repository="r.example/ns/repo", weights_bucket=s.bucket_name)
 
 

@@ -17,7 +17,7 @@ ROLE = "trn:iam::2100000000:role/reader"
 
 
 def ctx_for(stack: str, raw: dict | None = None):
-    s = parse(raw) if raw is not None else load(stack)
+    s = parse(raw, stack=stack) if raw is not None else load(stack)
     return build_context(s, image_repository=s.image_repository, weights_bucket=s.bucket_name)
 
 

@@ -120,6 +120,6 @@ def test_shipped_configs_resolve(stack):
 
 
 def test_config_files_are_json_objects():
-    for stack in ("dev", "staging", "prod"):
-        doc = json.loads(policy_runner.config_path(stack).read_text())
+    for cls in ("dev", "staging", "prod"):
+        doc = json.loads(policy_runner.config_path(cls).read_text())
         assert isinstance(doc, dict) and doc.get("all") == "mandatory"

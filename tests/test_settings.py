@@ -28,8 +28,8 @@ def _set(doc: dict, path: str, value) -> None:
 _DELETE = object()
 
 
-def mutated(stack: str, **changes) -> dict:
-    raw = copy.deepcopy(read_raw(stack))
+def mutated(stack_: str, **changes) -> dict:
+    raw = copy.deepcopy(read_raw(stack_))
     for path, value in changes.items():
         _set(raw, path.replace("__", "."), value)
     return raw
@@ -38,7 +38,7 @@ def mutated(stack: str, **changes) -> dict:
 @pytest.mark.parametrize("stack", STACKS)
 def test_shipped_stacks_load(stack):
     s = load(stack)
-    assert s.environment == stack
+    assert s.environment_class == stack and s.stack == stack
     assert s.serving_plan.fits
 
 
@@ -81,7 +81,10 @@ BAD = [
     ({"region": "us-east-1"}, "region", "expected one of"),
     ({"cluster__kubernetes_version": "1.26"}, "cluster.kubernetes_version", "1.28, 1.30"),
     ({"cluster__system_pool__min_nodes": 4}, "cluster.system_pool", "must be <= max_nodes"),
-    ({"environment": "qa"}, "environment", "'dev', 'staging' or 'prod'"),
+    ({"environment_class": "qa"}, "environment_class", "'dev', 'staging' or 'prod'"),
+    ({"environment": "dev"}, "environment", "renamed to environment_class"),
+    ({"stack": "dev"}, "stack", "set from the stack's file name"),
+    ({"policy_config": "policies/config/dev.yaml"}, "policy_config", "pattern"),
     ({"cluster__api_server_public": "sometimes"}, "cluster.api_server_public", "valid boolean"),
     ({"serving__gpu_pool": "h100"}, "serving.gpu_pool", "expected one of a10"),
     ({"serving__model": "deepseek-v9"}, "serving.model", "deepseek-r1"),
@@ -109,7 +112,7 @@ BAD = [
 def test_bad_input_names_path_and_expectation(changes, path, expected):
     raw = mutated("dev", **changes)
     with pytest.raises(SettingsError) as info:
-        parse(raw, "dev")
+        parse(raw, "dev", stack="dev")
     text = str(info.value)
     line = next((p for p in info.value.problems if p.startswith(path)), None)
     assert line is not None, f"no problem names {path!r}:\n{text}"
@@ -120,7 +123,7 @@ def test_bad_input_names_path_and_expectation(changes, path, expected):
 def test_all_problems_are_reported_at_once():
     raw = mutated("dev", colour="blue", gateway__canary_weight=500)
     with pytest.raises(SettingsError) as info:
-        parse(raw)
+        parse(raw, stack="dev")
     assert len(info.value.problems) == 2
 
 
@@ -151,11 +154,61 @@ def test_infeasible_engine_is_refused_with_bytes():
     raw = mutated("dev", serving__engine__max_model_len=131072, serving__model="deepseek-r1-distill-qwen-14b",
                   serving__engine__tensor_parallel_size=1, serving__engine__pipeline_parallel_size=1)
     with pytest.raises(SettingsError) as info:
-        parse(raw)
+        parse(raw, stack="dev")
     msg = "\n".join(info.value.problems)
     assert "does not fit" in msg and "GiB" in msg
 
 
 def test_supported_versions_are_the_only_ones_accepted():
     for v in SUPPORTED_KUBERNETES_VERSIONS:
-        parse(mutated("dev", cluster__kubernetes_version=v))
+        parse(mutated("dev", cluster__kubernetes_version=v), stack="dev")
+
+
+def test_a_copied_stack_names_its_cloud_resources_after_itself():
+    s = parse(read_raw("dev"), stack="mytest")
+    dev = load("dev")
+    assert s.stack == "mytest" and s.environment_class == "dev"
+    assert s.cluster_name == "deepseek-mytest" != dev.cluster_name
+    assert s.bucket_name == "deepseek-volc-mytest-weights" != dev.bucket_name
+    assert s.registry_name == "deepseek-mytest" and s.resource_prefix == "deepseek-mytest"
+    assert s.resource_tags()["stack"] == "mytest"
+    assert s.policy_config_path == "policies/config/dev.json"
+
+
+def test_the_policy_config_follows_the_class_unless_named():
+    raw = mutated("dev", environment_class="prod")
+    assert parse(raw, stack="mytest").policy_config_path == "policies/config/prod.json"
+    raw["policy_config"] = "policies/config/staging.json"
+    assert parse(raw, stack="mytest").policy_config_path == "policies/config/staging.json"
+
+
+@pytest.mark.parametrize("name", ["My_Test", "-dev", "a" * 21, ""])
+def test_a_stack_name_that_cannot_name_cloud_resources_is_refused(name):
+    with pytest.raises(SettingsError) as info:
+        parse(read_raw("dev"), stack=name)
+    assert any(p.startswith(f"stack name {name!r}") and "DNS label" in p for p in info.value.problems)
+
+
+def test_a_replica_spanning_nodes_is_refused_unless_multi_node_naming_a_pool_that_fits():
+    # 14B in bf16 does not fit one 24 GB A10: the planner would pipeline it over 2 nodes.
+    raw = mutated("dev", serving__model="deepseek-r1-distill-qwen-14b", serving__engine__max_model_len=8192)
+    with pytest.raises(SettingsError) as info:
+        parse(raw, stack="dev")
+    (line,) = [p for p in info.value.problems if p.startswith("serving.multi_node")]
+    assert "needs 2 nodes of A10 x 1" in line and "set serving.multi_node: true" in line
+    # no catalogued instance type holds it, so the smallest GPU shape by total memory is named:
+    # one A100-40G (40,960 MiB) holds the 27.6 GiB of weights and an 8k context, and is
+    # smaller than two A10s (46,056 MiB) or one L20 (46,068 MiB)
+    assert "smallest pool on which it fits on one node is A100-40G x 1: TP1" in line
+    assert "state gpu: A100-40G and gpus_per_node: 1" in line
+    raw["serving"]["multi_node"] = True
+    s = parse(raw, stack="dev")
+    assert s.serving_plan.nodes == 2 and s.serving_plan.pipeline_parallel_size == 2
+
+
+def test_prod_states_that_its_replicas_span_nodes():
+    raw = mutated("prod", serving__multi_node=False)
+    with pytest.raises(SettingsError) as info:
+        parse(raw, stack="prod")
+    assert any(p.startswith("serving.multi_node: one replica of deepseek-r1 needs 2 nodes of H20 x 8")
+               for p in info.value.problems)

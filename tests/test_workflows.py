@@ -54,9 +54,10 @@ def test_pull_requests_get_a_commented_pulumi_preview_with_the_pack():
     w = step["with"]
     assert w["command"] == "preview" and w["comment-on-pr"] is True
     assert w["policyPacks"] == "policies"
-    assert w["policyPackConfigs"] == "stacks/policy-config.${{ matrix.stack }}.json"
-    for stack in STACKS:
-        assert (ROOT / w["policyPackConfigs"].replace("${{ matrix.stack }}", stack)).is_file()
+    # the config follows the stack's class: `dsvolc policy-config` names it
+    assert w["policyPackConfigs"] == "${{ steps.policy.outputs.config }}"
+    (cfg,) = [s for s in _steps(job) if s.get("id") == "policy"]
+    assert "dsvolc policy-config" in cfg["run"] and cfg["env"]["STACK"] == "${{ matrix.stack }}"
 
 
 def test_main_runs_pulumi_up_with_prod_behind_an_approval():
@@ -73,7 +74,9 @@ def test_main_runs_pulumi_up_with_prod_behind_an_approval():
     assert job["environment"] == "${{ inputs.environment }}"
     (step,) = _pulumi_steps(job)
     assert step["with"]["command"] == "up" and step["with"]["policyPacks"] == "policies"
-    assert step["with"]["policyPackConfigs"] == "stacks/policy-config.${{ inputs.stack }}.json"
+    assert step["with"]["policyPackConfigs"] == "${{ steps.policy.outputs.config }}"
+    (cfg,) = [s for s in _steps(job) if s.get("id") == "policy"]
+    assert "dsvolc policy-config" in cfg["run"] and cfg["env"]["STACK"] == "${{ inputs.stack }}"
 
 
 def test_offline_verdict_reads_no_secret_and_covers_every_stack():

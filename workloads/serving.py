@@ -147,7 +147,7 @@ def build_serving(settings, infra) -> Serving:
     """Wire the serving stack to the infra components' outputs."""
     ctx = build_context(settings, image_repository=settings.image_repository, weights_bucket=settings.bucket_name)
     return Serving(
-        f"deepseek-{settings.environment}",
+        settings.resource_prefix,
         ServingArgs(
             context=ctx,
             kubeconfig=infra.cluster.kubeconfig,
