@@ -253,6 +253,8 @@ class Plan:
     reserve_breakdown: dict[str, int] = field(default_factory=dict)
     reasons: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # reasons the TP x PP layout itself is invalid (then no memory figure means anything)
+    layout_problems: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -312,10 +314,12 @@ def _evaluate(model: ModelSpec, gpu: GPUSpec, *, tp: int, pp: int, gpus_per_node
               quant: str, requested: str | None, kv_cache_dtype: str, context: int | None, target: int,
               max_num_seqs: int | None, util: float | None, mnbt: int | None,
               block_size: int) -> Plan:
-    reasons = list(tp_problems(model, tp, quant))
+    layout_problems = list(tp_problems(model, tp, quant))
+    reasons = list(layout_problems)
     notes: list[str] = []
     if pp > model.num_layers:
-        reasons.append(f"pipeline_parallel_size={pp} exceeds num_layers={model.num_layers}")
+        layout_problems.append(f"pipeline_parallel_size={pp} exceeds num_layers={model.num_layers}")
+        reasons.append(layout_problems[-1])
         pp_eff = model.num_layers
     else:
         pp_eff = pp
@@ -386,7 +390,7 @@ def _evaluate(model: ModelSpec, gpu: GPUSpec, *, tp: int, pp: int, gpus_per_node
         headroom_bytes_per_gpu=gpu.memory_bytes - budget, kv_cache_tokens=tokens,
         max_model_len=max_len, max_num_seqs=seqs, max_num_batched_tokens=batched,
         context=ctx, concurrency_at_context=concurrency, reserve_breakdown=reserve_parts,
-        reasons=reasons, notes=notes,
+        reasons=reasons, notes=notes, layout_problems=layout_problems,
     )
 
 
@@ -444,6 +448,9 @@ def plan(model: ModelSpec, gpu: GPUSpec, *, gpus_per_node: int = 8, context: int
         return ev(tensor_parallel_size, pipeline_parallel_size, targets[-1])
 
     if tensor_parallel_size is not None:
+        if tp_problems(model, tensor_parallel_size, quant):
+            # an invalid TP stays invalid at any pipeline depth: report it as asked
+            return ev(tensor_parallel_size, pipeline_parallel_size or 1, targets[-1])
         tp_options = [tensor_parallel_size]
     else:
         tp_options = [t for t in range(1, gpus_per_node + 1) if not tp_problems(model, t, quant)]

@@ -14,11 +14,11 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from dsvolc.size import size
+from dsvolc.size import EPILOG, size
 from stacks.loader import SettingsError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
-app.command("size")(size)
+app.command("size", epilog=EPILOG)(size)
 
 
 @app.command("preview")

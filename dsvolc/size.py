@@ -9,23 +9,91 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from capacity.catalog import GiB, GPUS, MODELS, get_gpu, get_model
-from capacity.instances import resolve_instance_type
-from capacity.planner import Plan, PlanError, plan
+from capacity.catalog import GPUS, MODELS, GiB, get_gpu, get_model
+from capacity.instances import INSTANCE_TYPES, resolve_instance_type
+from capacity.planner import KV_CACHE_DTYPES, QUANTIZATIONS, Plan, PlanError, plan
+
+EPILOG = (
+    f"Models: {', '.join(MODELS)}. "
+    f"GPUs: {', '.join(GPUS)}. "
+    f"Instance types: {', '.join(sorted(INSTANCE_TYPES))} (others: give the GPU and --gpus-per-node). "
+    "Exit 0: fits; 1: does not fit (reasons printed); 2: bad input."
+)
 
 
 def _gib(x: int) -> str:
     return f"{x / GiB:,.2f} GiB"
 
 
-def render_table(p: Plan, console: Console) -> None:
-    mem = Table(title=f"{p.model} on {p.gpu} — per GPU", show_lines=False)
+def plan_document(p: Plan, instance_type: str | None = None) -> dict[str, Any]:
+    """The plan as `--json` prints it. Figures appear only where they mean something: a
+    layout that is invalid in itself (TP not dividing the heads, ...) has none; a valid layout
+    that runs out of memory shows the memory that does not add up; only a plan that fits has
+    engine settings and capacity."""
+    doc: dict[str, Any] = {
+        "fits": p.fits,
+        "model": p.model,
+        "gpu": p.gpu,
+        "node": {"gpus": p.gpus_per_node, "instance_type": instance_type, "gpu_memory_bytes": p.gpu_memory_bytes},
+        "replica": {
+            "tensor_parallel_size": p.tensor_parallel_size,
+            "pipeline_parallel_size": p.pipeline_parallel_size,
+            "gpus": p.total_gpus,
+            "nodes": p.nodes,
+        },
+        "weights_format": p.quantization,
+        "kv_cache_dtype": p.kv_cache_dtype,
+        "reasons": p.reasons,
+        "notes": p.notes,
+    }
+    if p.layout_problems:
+        return doc
+    doc["memory_per_gpu"] = {
+        "weights_bytes": p.weights_bytes_per_gpu,
+        "reserve_bytes": p.reserve_bytes_per_gpu,
+        "reserve_breakdown": p.reserve_breakdown,
+        "kv_cache_bytes": p.kv_cache_bytes_per_gpu,
+        "headroom_bytes": p.headroom_bytes_per_gpu,
+        "gpu_memory_utilization": p.gpu_memory_utilization,
+    }
+    if not p.fits:
+        return doc
+    doc["kv_cache"] = {
+        "bytes_per_token_per_gpu": p.kv_bytes_per_token_per_gpu,
+        "tokens": p.kv_cache_tokens,
+        "block_size": p.block_size,
+    }
+    doc["engine"] = {
+        "tensor_parallel_size": p.tensor_parallel_size,
+        "pipeline_parallel_size": p.pipeline_parallel_size,
+        "max_model_len": p.max_model_len,
+        "max_num_seqs": p.max_num_seqs,
+        "max_num_batched_tokens": p.max_num_batched_tokens,
+        "gpu_memory_utilization": p.gpu_memory_utilization,
+        "vllm_args": p.vllm_args(),
+    }
+    doc["concurrency"] = {"context": p.context, "sequences": p.concurrency_at_context}
+    return doc
+
+
+def render_table(p: Plan, console: Console, instance_type: str | None = None) -> None:
+    where = f"{p.gpu} x {p.gpus_per_node} per node" + (f" ({instance_type})" if instance_type else "")
+    layout = (f"TP{p.tensor_parallel_size} x PP{p.pipeline_parallel_size} = {p.total_gpus} GPU(s) on "
+              f"{p.nodes} node(s)")
+    if p.layout_problems:
+        console.print(f"[red]{p.model} cannot run as {layout} on {where}:[/red]")
+        for r in p.reasons:
+            console.print(f"[red]✗[/red] {r}")
+        return
+
+    title = f"{p.model} on {where}: {layout}" + ("" if p.fits else " (largest layout tried)")
+    mem = Table(title=f"{title}, per GPU", show_lines=False)
     mem.add_column("memory", style="bold")
     mem.add_column("bytes", justify="right")
     mem.add_column("share", justify="right")
@@ -41,27 +109,29 @@ def render_table(p: Plan, console: Console) -> None:
     mem.add_row("device total", _gib(p.gpu_memory_bytes), "100.0%", style="bold")
     console.print(mem)
 
-    eng = Table(title="engine", show_header=False)
-    eng.add_column("setting", style="bold")
-    eng.add_column("value", justify="right")
-    rows = [
-        ("fits", "[green]yes[/green]" if p.fits else "[red]no[/red]"),
-        ("tensor parallel size", str(p.tensor_parallel_size)),
-        ("pipeline parallel size", str(p.pipeline_parallel_size)),
-        ("nodes x GPUs per node", f"{p.nodes} x {p.gpus_per_node}"),
-        ("weights format", p.quantization),
-        ("kv cache dtype", p.kv_cache_dtype),
-        ("KV bytes / token / GPU", f"{p.kv_bytes_per_token_per_gpu:,}"),
-        ("KV cache capacity", f"{p.kv_cache_tokens:,} tokens"),
-        ("max model len", f"{p.max_model_len:,}"),
-        ("max num seqs", str(p.max_num_seqs)),
-        ("max num batched tokens", f"{p.max_num_batched_tokens:,}"),
-        ("gpu memory utilization", f"{p.gpu_memory_utilization:.2f}"),
-        (f"concurrency at {p.context:,} tokens", str(p.concurrency_at_context)),
-    ]
-    for k, v in rows:
-        eng.add_row(k, v)
-    console.print(eng)
+    if p.fits:
+        eng = Table(title="engine", show_header=False)
+        eng.add_column("setting", style="bold")
+        eng.add_column("value", justify="right")
+        rows = [
+            ("tensor parallel size", str(p.tensor_parallel_size)),
+            ("pipeline parallel size", str(p.pipeline_parallel_size)),
+            ("GPUs per replica", str(p.total_gpus)),
+            ("nodes per replica", str(p.nodes)),
+            ("weights format", p.quantization),
+            ("kv cache dtype", p.kv_cache_dtype),
+            ("KV bytes / token / GPU", f"{p.kv_bytes_per_token_per_gpu:,}"),
+            ("KV cache capacity", f"{p.kv_cache_tokens:,} tokens"),
+            ("max model len", f"{p.max_model_len:,}"),
+            ("max num seqs", str(p.max_num_seqs)),
+            ("max num batched tokens", f"{p.max_num_batched_tokens:,}"),
+            ("gpu memory utilization", f"{p.gpu_memory_utilization:.2f}"),
+            (f"concurrency at {p.context:,} tokens", str(p.concurrency_at_context)),
+        ]
+        for k, v in rows:
+            eng.add_row(k, v)
+        console.print(eng)
+        console.print("[green]fits[/green]: " + " ".join(p.vllm_args()), highlight=False)
     for r in p.reasons:
         console.print(f"[red]✗[/red] {r}")
     for n in p.notes:
@@ -74,37 +144,61 @@ def _fail(message: str) -> None:
 
 
 def size(
-    model: str = typer.Option(..., "--model", "-m",
-                              help="Catalog model name, or a path to a config.json / model dir."),
-    gpu: str = typer.Option(..., "--gpu", "-g",
-                            help=f"GPU ({', '.join(GPUS)}) or a known VolcEngine instance type."),
-    gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", "-n",
-                                                help="GPUs per node (default 8, or the "
-                                                     "instance type's count)."),
-    context: Optional[int] = typer.Option(None, "--context", "-c",
-                                          help="Required context length (max_model_len)."),
-    quantization: Optional[str] = typer.Option(None, "--quantization", "-q",
-                                               help="Weights: bf16, fp16, fp8 or awq "
-                                                    "(default: the checkpoint's own)."),
-    kv_cache_dtype: str = typer.Option("auto", "--kv-cache-dtype",
-                                       help="auto, bfloat16, float16, fp8, fp8_e4m3, fp8_e5m2."),
-    tensor_parallel_size: Optional[int] = typer.Option(None, "--tensor-parallel-size", "--tp"),
-    pipeline_parallel_size: Optional[int] = typer.Option(None, "--pipeline-parallel-size", "--pp"),
-    max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs"),
-    gpu_memory_utilization: Optional[float] = typer.Option(None, "--gpu-memory-utilization"),
-    max_num_batched_tokens: Optional[int] = typer.Option(None, "--max-num-batched-tokens"),
-    as_json: bool = typer.Option(False, "--json", help="Print the plan as a JSON object."),
+    model: str = typer.Option(
+        ..., "--model", "-m",
+        help="Catalog model (see the list below), its Hugging Face id, or a path to a config.json or model "
+             "directory."),
+    gpu: str = typer.Option(
+        ..., "--gpu", "-g",
+        help="GPU (see the list below) or a catalogued VolcEngine instance type, which also sets "
+             "--gpus-per-node."),
+    gpus_per_node: Optional[int] = typer.Option(
+        None, "--gpus-per-node", "-n",
+        help="GPUs per node (default: the instance type's count, else 8)."),
+    context: Optional[int] = typer.Option(
+        None, "--context", "-c",
+        help="Context the engine must hold (max_model_len); default: the largest that fits, up to the "
+             "model's."),
+    quantization: Optional[str] = typer.Option(
+        None, "--quantization",
+        help=f"Weights format: {', '.join(QUANTIZATIONS)} (default: the checkpoint's own)."),
+    kv_cache_dtype: str = typer.Option(
+        "auto", "--kv-cache-dtype",
+        help=f"KV cache dtype: {', '.join(KV_CACHE_DTYPES)}."),
+    tensor_parallel_size: Optional[int] = typer.Option(
+        None, "--tensor-parallel-size", "--tp",
+        help="GPUs one pipeline stage is split over (default: the smallest valid size that fits)."),
+    pipeline_parallel_size: Optional[int] = typer.Option(
+        None, "--pipeline-parallel-size", "--pp",
+        help="Pipeline stages (default: 1, or the fewest whole nodes that fit)."),
+    max_num_seqs: Optional[int] = typer.Option(
+        None, "--max-num-seqs",
+        help="Sequences the engine batches at once (default: up to 256, by the KV cache)."),
+    gpu_memory_utilization: Optional[float] = typer.Option(
+        None, "--gpu-memory-utilization",
+        help="Fraction of each GPU's memory vLLM may take (default: leave ~2 GiB, at most 0.95)."),
+    max_num_batched_tokens: Optional[int] = typer.Option(
+        None, "--max-num-batched-tokens",
+        help="Token budget of one engine step (default: 8192, vLLM's)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the plan as a JSON object instead of tables."),
 ) -> None:
-    """Size a vLLM deployment: weights, reserve and KV cache per GPU; TP, PP, nodes."""
+    """Size a vLLM deployment: weights, reserve and KV cache per GPU; TP, PP, nodes; engine settings."""
     try:
         spec = get_model(model)
     except KeyError as exc:
         _fail(exc.args[0] if exc.args else str(exc))
     resolved = resolve_instance_type(gpu)
+    instance_type = gpu.strip().lower() if resolved else None
+    if resolved is None and gpu.strip().lower().startswith("ecs."):
+        _fail(f"gpu: instance type {gpu!r} is not in the instance catalog (capacity/instances.py; known: "
+              f"{', '.join(sorted(INSTANCE_TYPES))}); give its GPU and count instead, e.g. --gpu H20 "
+              f"--gpus-per-node 8")
     try:
         gpu_spec = get_gpu(resolved[0] if resolved else gpu)
     except KeyError as exc:
-        _fail(f"{exc.args[0]}; or a confirmed VolcEngine instance type")
+        _fail(f"{exc.args[0]}; or a catalogued VolcEngine instance type ({', '.join(sorted(INSTANCE_TYPES))})")
+    if resolved and gpus_per_node is not None and gpus_per_node != resolved[1]:
+        _fail(f"gpus-per-node: {instance_type} has {resolved[1]} GPU(s) per node, got {gpus_per_node}")
     per_node = gpus_per_node if gpus_per_node is not None else (resolved[1] if resolved else 8)
     try:
         p = plan(spec, gpu_spec, gpus_per_node=per_node, context=context,
@@ -116,11 +210,11 @@ def size(
     except PlanError as exc:
         _fail(str(exc))
     if as_json:
-        sys.stdout.write(json.dumps(p.as_dict(), indent=2) + "\n")
+        sys.stdout.write(json.dumps(plan_document(p, instance_type), indent=2) + "\n")
     else:
-        render_table(p, Console())
+        render_table(p, Console(), instance_type)
     if not p.fits:
         raise typer.Exit(code=1)
 
 
-__all__ = ["size", "render_table", "MODELS", "GPUS"]
+__all__ = ["size", "render_table", "plan_document", "EPILOG"]
