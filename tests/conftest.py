@@ -3,12 +3,16 @@
 * ``tiny_deepseek_v2`` / ``tiny_qwen2`` / ``tiny_llama``: session-scoped model
   directories (MLA + MoE, GQA with biases, GQA with a single KV head).
 * ``vllm_server``: session-scoped factory ``vllm_server(model_path, args=(), env=None)``
-  returning a running :class:`tests.vllm_harness.VllmServer`. Each distinct
-  (model, args, env) is started once per session and shared by every test asking for
-  it; all are stopped when the session ends. Logs go to the session temp dir.
+  returning a running :class:`tests.vllm_harness.VllmServer`. One server runs at a time
+  (machine-wide, through a file lock); consecutive tests asking for the same (model,
+  args, env) share it. Every server logs to its own file under ``$DSVOLC_TEST_LOGS`` (or
+  the session temp dir); a test that fails while a server runs gets the server's last log
+  lines in its report.
 
-Tests that start vLLM are marked ``@pytest.mark.integration``; they are skipped, with
-the reason printed, when vLLM is not installed.
+Tiers (markers registered in pyproject.toml): ``integration`` tests start real servers or
+tools (vLLM, promtool); ``slow`` tests are CPU-heavy (the Triton interpreter, the policy
+proof matrix). The fast tier is ``-m "not integration and not slow"``. Tests that start
+vLLM are skipped, with the reason printed, when vLLM is not installed (a failure in CI).
 """
 
 from __future__ import annotations
@@ -52,14 +56,40 @@ def tiny_llama(tiny_models_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def vllm_server(tmp_path_factory: pytest.TempPathFactory):
+def vllm_server(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config):
     if not VLLM_AVAILABLE:
         # CI installs the engine (.ci/run); there a missing vLLM is a failure, not a skip.
         if os.environ.get("CI"):
             pytest.fail("vllm is not installed in CI (pip install -e '.[engine]')")
         pytest.skip("vllm is not installed (pip install -e '.[engine]')")
-    pool = ServerPool(tmp_path_factory.mktemp("vllm-logs"))
+    logs = os.environ.get("DSVOLC_TEST_LOGS")
+    log_dir = Path(logs) if logs else tmp_path_factory.mktemp("vllm-logs")
+    log_dir.mkdir(parents=True, exist_ok=True)
+    pool = ServerPool(log_dir)
+    pytestconfig.stash[_POOL] = pool
     try:
         yield pool.get
     finally:
         pool.stop_all()
+
+
+_POOL = pytest.StashKey[ServerPool]()
+_KERNELS = _TESTS / "kernels"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # The kernels' tests run Triton's interpreter on the CPU: correct, but slow.
+    for item in items:
+        if _KERNELS in Path(str(item.path)).parents and "integration" not in item.keywords:
+            item.add_marker(pytest.mark.slow)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and "vllm_server" in getattr(item, "fixturenames", ()):
+        pool = item.config.stash.get(_POOL, None)
+        server = pool._server if pool is not None else None
+        if server is not None:
+            report.sections.append((f"vLLM server log ({server.log_path}), last lines", server.log_tail(80)))

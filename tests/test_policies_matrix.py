@@ -391,6 +391,7 @@ def test_prod_is_clean_even_of_advisories(baselines):
     assert baselines["prod"] == []
 
 
+@pytest.mark.slow  # one preview per row
 @pytest.mark.parametrize("case", MATRIX, ids=lambda c: c.id)
 def test_policy_fires_for_its_violation(matrix_results, case):
     violations = matrix_results[case.id]
@@ -409,6 +410,7 @@ def test_every_policy_has_a_matrix_row():
     assert len(POLICIES) >= 30
 
 
+@pytest.mark.slow  # needs every row's result
 def test_docs_are_generated_from_the_matrix(matrix_results):
     assert DOCS_BEGIN in DOCS.read_text(), "docs/policies.md lacks the generated-section markers"
     assert generated_section(DOCS.read_text()) == render_docs(matrix_results).strip("\n"), \

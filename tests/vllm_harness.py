@@ -47,6 +47,8 @@ DEFAULT_SERVER_ENV: dict[str, str] = {
     "TOKENIZERS_PARALLELISM": "false",
 }
 STARTUP_TIMEOUT_S = float(os.environ.get("VLLM_HARNESS_STARTUP_TIMEOUT", "600"))
+# Held while a test process runs a vLLM server: one server per machine at a time.
+SERVER_LOCK = os.path.join(tempfile.gettempdir(), "deepseek-volc-vllm-server.lock")
 
 _SENTENCES = [
     "the quick brown fox jumps over the lazy dog",
@@ -439,30 +441,77 @@ def parse_kv_cache_tokens(log: str) -> int:
 
 
 class ServerPool:
-    """Starts each distinct (model, args, env) server once and stops them all at the end."""
+    """Runs at most one vLLM server at a time, machine-wide.
 
-    def __init__(self, log_dir: Path) -> None:
+    Each distinct (model, args, env) is started when first asked for and kept while tests
+    keep asking for it; asking for another one stops it first (two tiny servers can still
+    be OOM-killed on a 24 GiB machine). A file lock held while a server runs keeps other
+    test processes on the same machine (xdist workers, a second checkout) from starting
+    one at the same time. Every server gets its own log file, never reused, and a server
+    that fails to start raises with the last lines of its log.
+    """
+
+    def __init__(self, log_dir: Path, lock_path: str | os.PathLike[str] | None = None,
+                 lock_timeout: float = 3600.0) -> None:
         self.log_dir = Path(log_dir)
-        self._servers: dict[tuple[Any, ...], VllmServer] = {}
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.lock_path = Path(lock_path or os.environ.get("DSVOLC_VLLM_LOCK", SERVER_LOCK))
+        self.lock_timeout = lock_timeout
+        self._key: tuple[Any, ...] | None = None
+        self._server: VllmServer | None = None
+        self._lock_fd: int | None = None
+        self._started = 0  # every start attempt gets a new log name
 
     def get(self, model: str | os.PathLike[str], args: Iterable[str] = (),
             env: Mapping[str, str] | None = None, **kwargs: Any) -> VllmServer:
         key = (str(model), tuple(args), tuple(sorted((env or {}).items())),
                tuple(sorted(kwargs.items())))
-        srv = self._servers.get(key)
-        if srv is not None and srv.proc is not None and srv.proc.poll() is None:
+        srv = self._server
+        if key == self._key and srv is not None and srv.proc is not None and srv.proc.poll() is None:
             return srv
-        n = len(self._servers)
-        srv = VllmServer(model, list(args), env,
-                         log_path=self.log_dir / f"vllm-{n}-{Path(str(model)).name}.log", **kwargs)
-        srv.start()
-        self._servers[key] = srv
+        self.stop_all()
+        self._acquire()
+        self._started += 1
+        log = self.log_dir / f"vllm-{self._started:02d}-{Path(str(model)).name}-{os.getpid()}.log"
+        srv = VllmServer(model, list(args), env, log_path=log, **kwargs)
+        try:
+            srv.start()
+        except BaseException:
+            self._release()
+            raise
+        self._key, self._server = key, srv
         return srv
 
     def stop_all(self) -> None:
-        for srv in self._servers.values():
-            srv.stop()
-        self._servers.clear()
+        if self._server is not None:
+            self._server.stop()
+        self._key, self._server = None, None
+        self._release()
+
+    def _acquire(self) -> None:
+        import fcntl
+
+        self.lock_path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o666)
+        deadline = time.monotonic() + self.lock_timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    os.close(fd)
+                    raise VllmStartupError(f"another process held {self.lock_path} (a vLLM server) for "
+                                           f"{self.lock_timeout:.0f}s")
+                time.sleep(2.0)
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._lock_fd = fd
+
+    def _release(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing the descriptor releases the flock
+            self._lock_fd = None
 
 
 __all__ = ["make_tiny_model", "tiny_config", "VllmServer", "VllmStartupError", "ServerPool",

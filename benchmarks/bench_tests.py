@@ -1,0 +1,74 @@
+"""How long the test tiers take, as a developer or CI runs them.
+
+    python benchmarks/bench_tests.py [--tier fast|full|both]
+
+Runs each tier in a fresh pytest process (the README's commands), records wall time,
+CPU time of the process tree, the load average before the run (a busy machine inflates
+wall time; the CPU time does not grow with it) and pytest's own summary line, and writes
+benchmarks/results/tests.json. Goals: the fast tier under 60 s and the full run under
+10 minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+from datetime import date
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TIERS = {
+    "fast": ["-m", "not integration and not slow"],
+    "full": [],
+}
+GOALS_S = {"fast": 60, "full": 600}
+
+
+def run_tier(name: str) -> dict:
+    load = os.getloadavg()[0]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *TIERS[name]],
+                          cwd=ROOT, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    summary = next((ln for ln in reversed(proc.stdout.splitlines()) if " in " in ln and "passed" in ln), "")
+    result = {
+        "command": "python -m pytest -q " + " ".join(f'"{a}"' if " " in a else a for a in TIERS[name]),
+        "wall_s": round(wall, 1),
+        "cpu_s": round(cpu, 1),
+        "load_average_before": round(load, 2),
+        "exit_code": proc.returncode,
+        "summary": summary.strip("= "),
+        "goal_s": GOALS_S[name],
+        "within_goal": wall < GOALS_S[name],
+    }
+    print(f"{name:5s} {result['wall_s']:7.1f} s wall  {result['cpu_s']:7.1f} s cpu  "
+          f"(goal {GOALS_S[name]} s, load {load:.1f})  {result['summary']}")
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tier", choices=["fast", "full", "both"], default="both")
+    args = parser.parse_args()
+    names = ["fast", "full"] if args.tier == "both" else [args.tier]
+    out_path = ROOT / "benchmarks" / "results" / "tests.json"
+    previous = json.loads(out_path.read_text())["tiers"] if out_path.is_file() else {}
+    tiers = {**previous, **{n: run_tier(n) for n in names}}
+    out = {"date": date.today().isoformat(), "python": platform.python_version(),
+           "machine": f"{platform.machine()}, {os.cpu_count()} cores", "tiers": tiers}
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(out, indent=2) + "\n")
+    return 0 if all(t["exit_code"] == 0 for t in tiers.values()) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,86 @@
+"""The real-vLLM harness's pool: one server at a time, machine-wide, and no log ever lost.
+
+The servers here are stand-ins (VllmServer.start/stop patched): what is under test is the
+pool's bookkeeping, which decides whether two 2-4 GiB engines ever run together and
+whether a failed start leaves its log behind.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import vllm_harness
+from vllm_harness import ServerPool, VllmStartupError
+
+
+class _Proc:
+    def __init__(self):
+        self.alive = True
+
+    def poll(self):
+        return None if self.alive else 0
+
+
+@pytest.fixture
+def fake_servers(monkeypatch):
+    started, stopped, fail = [], [], []
+
+    def start(self):
+        self.log_path.write_text(f"log of {self.model}\n")
+        if fail and fail.pop(0):
+            raise VllmStartupError(f"died; log {self.log_path}")
+        self.proc = _Proc()
+        started.append(self)
+        return self
+
+    def stop(self, timeout: float = 30.0):
+        if self.proc is not None and self.proc.alive:
+            self.proc.alive = False
+            stopped.append(self)
+
+    monkeypatch.setattr(vllm_harness.VllmServer, "start", start)
+    monkeypatch.setattr(vllm_harness.VllmServer, "stop", stop)
+    return started, stopped, fail
+
+
+def test_one_server_at_a_time_and_reuse_of_the_same_one(tmp_path, fake_servers):
+    started, stopped, _ = fake_servers
+    pool = ServerPool(tmp_path / "logs", lock_path=tmp_path / "lock")
+    a = pool.get(tmp_path / "model-a", ["--x", "1"])
+    assert pool.get(tmp_path / "model-a", ["--x", "1"]) is a and len(started) == 1
+    b = pool.get(tmp_path / "model-b")
+    assert stopped == [a] and not a.proc.alive and b.proc.alive
+    pool.stop_all()
+    assert stopped == [a, b]
+
+
+def test_a_failed_start_keeps_its_log_and_the_retry_writes_a_new_one(tmp_path, fake_servers):
+    _, _, fail = fake_servers
+    fail.append(True)
+    pool = ServerPool(tmp_path / "logs", lock_path=tmp_path / "lock")
+    with pytest.raises(VllmStartupError):
+        pool.get(tmp_path / "model-a")
+    srv = pool.get(tmp_path / "model-a")
+    logs = sorted(p.name for p in (tmp_path / "logs").iterdir())
+    assert len(logs) == 2 and srv.log_path.name == logs[1]
+    pool.stop_all()
+
+
+def test_the_lock_keeps_a_second_process_from_starting_a_server(tmp_path, fake_servers):
+    first = ServerPool(tmp_path / "logs", lock_path=tmp_path / "lock")
+    second = ServerPool(tmp_path / "logs", lock_path=tmp_path / "lock", lock_timeout=0.1)
+    first.get(tmp_path / "model-a")
+    with pytest.raises(VllmStartupError, match="held .*lock"):
+        second.get(tmp_path / "model-b")
+    first.stop_all()  # releases the lock
+    second.get(tmp_path / "model-b")
+    second.stop_all()
+
+
+def test_a_failed_start_releases_the_lock(tmp_path, fake_servers):
+    _, _, fail = fake_servers
+    fail.append(True)
+    first = ServerPool(tmp_path / "logs", lock_path=tmp_path / "lock")
+    with pytest.raises(VllmStartupError):
+        first.get(tmp_path / "model-a")
+    ServerPool(tmp_path / "logs", lock_path=tmp_path / "lock", lock_timeout=0.1).get(tmp_path / "model-b")
