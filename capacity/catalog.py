@@ -238,7 +238,7 @@ MODELS: dict[str, ModelSpec] = {
 # memory_bytes is the total the driver reports (nvidia-smi "MiB" column), which is
 # what vLLM's gpu_memory_utilization is a fraction of; nominal_gb is the datasheet size.
 # FP8 tensor cores exist on Ada (L20) and Hopper (H20/H100/H800/H200); Ampere (A10,
-# A100) runs FP8 checkpoints only through vLLM's weight-only FP8 Marlin kernels.
+# A100, A800) runs FP8 checkpoints only through vLLM's weight-only FP8 Marlin kernels.
 
 GPUS: dict[str, GPUSpec] = {
     "A10": GPUSpec("A10", 23028 * MiB, True, False, "PCIe 4.0 x16 (64 GB/s)", 24,
@@ -249,6 +249,8 @@ GPUS: dict[str, GPUSpec] = {
                         "https://www.nvidia.com/en-us/data-center/a100/"),
     "A100-80G": GPUSpec("A100-80G", 81920 * MiB, True, False, "NVLink 600 GB/s", 80,
                         "https://www.nvidia.com/en-us/data-center/a100/"),
+    "A800": GPUSpec("A800", 81920 * MiB, True, False, "NVLink 400 GB/s", 80,
+                    "NVIDIA A800 SXM4 80 GB datasheet (Ampere, A100 silicon, NVLink 400 GB/s)"),
     "H20": GPUSpec("H20", 97871 * MiB, True, True, "NVLink 900 GB/s", 96,
                    "NVIDIA H20 datasheet (Hopper, 96 GB HBM3)"),
     "H100": GPUSpec("H100", 81559 * MiB, True, True, "NVLink 900 GB/s", 80,

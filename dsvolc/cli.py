@@ -1,6 +1,6 @@
 """`dsvolc`: what needs no cloud account.
 
-  dsvolc preview STACK [--json FILE]   every resource of a stack, its engine plan and every policy verdict
+  dsvolc preview STACK [--json FILE] [--existing]   every resource of a stack, its engine plan and every policy verdict
   dsvolc size --model M --gpu G ...     engine settings that fit a model on a GPU
   dsvolc policy-config STACK            the policy pack config the stack is judged by
 """
@@ -26,6 +26,10 @@ def preview(
     stack: str = typer.Argument(..., help="stack name (dev, staging, prod) or path to a Pulumi.<stack>.yaml"),
     json_out: Optional[Path] = typer.Option(None, "--json", help="also write the preview as JSON to this file"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="print only the summary lines"),
+    existing: bool = typer.Option(
+        False, "--existing",
+        help="preview against a stack whose resources exist (computed outputs known) instead of a new one",
+    ),
 ) -> None:
     """Run the stack's program offline under Pulumi's mock engine and its policy pack.
 
@@ -37,13 +41,14 @@ def preview(
     console = Console()
     err = Console(stderr=True, soft_wrap=True)
     try:
-        result = run_preview(stack)
+        result = run_preview(stack, mode="existing" if existing else "new")
     except (SettingsError, PolicyConfigError) as exc:
         err.print(f"error: {exc}", highlight=False, markup=False)
         raise typer.Exit(2) from None
     if quiet:
         console.print(f"stack {result.stack}: class {result.environment_class}, policy config "
-                      f"{result.policy_config}, {len(result.recording.resources)} resources", highlight=False)
+                      f"{result.policy_config}, {len(result.recording.resources)} resources"
+                      + (" (existing stack)" if existing else ""), highlight=False)
         for p in result.plans:
             console.print(f"engine plan {p['workload']}: {_plan_line(p)}", highlight=False)
         console.print(f"policy verdict: {len(result.mandatory)} mandatory, "

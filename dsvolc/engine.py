@@ -2,9 +2,16 @@
 
 Nothing is faked but the cloud: the program, the providers' Python SDKs, the resource
 options and the serialisation are the ones `pulumi up` uses. The monitor records what the
-engine would receive for each registration (type, name, parent, dependencies, inputs) and
-answers with the inputs plus the few computed outputs the program reads back (ids, an
-OIDC provider, a kubeconfig), so that dependent resources see realistic values.
+engine would receive for each registration (type, name, parent, dependencies, inputs).
+
+Two modes answer the registrations:
+- "new" (the default) is the first `pulumi preview` of a new stack: the engine echoes the
+  inputs, and everything the provider computes (ids, addresses, the cluster's IRSA
+  config, the kubeconfig) is unknown. Values that depend on them are recorded as unknown
+  (`UNKNOWN` on the wire, as the policy analyzer receives them), never invented.
+- "existing" is a stack whose resources exist: computed outputs have realistic values (an
+  OIDC provider once IRSA is on, a kubeconfig, an egress address), for tests and policies
+  that need to see what the program builds from them.
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ import json
 import runpy
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 import pulumi
 from pulumi.runtime import mocks as pulumi_mocks
@@ -29,7 +36,11 @@ from stacks.loader import PROJECT, SETTINGS_KEY
 ROOT = Path(__file__).resolve().parent.parent
 PROGRAM = ROOT / "__main__.py"
 MASK = "[secret]"
+UNKNOWN = rpc.UNKNOWN  # how the engine (and the policy analyzer) receives an unknown value
+UNKNOWN_SHOWN = "[unknown]"  # how the recording shows one to people
 FAKE_ACCOUNT = "2100000000"
+Mode = Literal["new", "existing"]
+MODES: tuple[str, ...] = ("new", "existing")
 _SECRET_SIG = rpc._special_sig_key
 _SECRET_VALUE = rpc._special_secret_sig
 
@@ -61,6 +72,7 @@ class Recorded:
 @dataclass
 class Recording:
     stack: str
+    mode: str = "new"
     resources: list[Recorded] = field(default_factory=list)
     outputs: dict[str, Any] = field(default_factory=dict)
 
@@ -86,22 +98,40 @@ def _fake_kubeconfig(cluster_id: str) -> str:
     return base64.b64encode(json.dumps(doc).encode()).decode()
 
 
-class PreviewMocks(pulumi_mocks.Mocks):
-    """Computed outputs the program reads back; everything else echoes the inputs."""
+class NewStackMocks(pulumi_mocks.Mocks):
+    """The first preview of a new stack: inputs echo, no id, nothing computed is known.
+
+    Returning no id and leaving computed outputs out of the state is what makes them
+    unknown: under a preview the SDK resolves an empty id and every missing output as
+    unknown, exactly as it does for the engine's answer to a resource being created."""
+
+    def new_resource(self, args: pulumi_mocks.MockResourceArgs):
+        return "", dict(args.inputs)
+
+    def call(self, args: pulumi_mocks.MockCallArgs):
+        # Invokes with unknown arguments never reach here (the SDK skips them in a preview);
+        # any other invoke of the program would read the cloud, which a new stack has not.
+        return {}
+
+
+class ExistingStackMocks(pulumi_mocks.Mocks):
+    """A stack whose resources exist: realistic computed outputs for the few the program
+    reads back (ids, an OIDC provider, a kubeconfig); everything else echoes the inputs."""
 
     def new_resource(self, args: pulumi_mocks.MockResourceArgs):
         state = dict(args.inputs)
         rid = f"{args.name}-id"
         t = args.typ
         if t == "volcengine:vke/cluster:Cluster":
+            # IRSA on (the second apply of a new stack): VKE reports the OIDC provider.
             state["irsaConfigs"] = [
                 {
-                    "enabled": bool(args.inputs.get("irsaEnabled")),
+                    "enabled": True,
                     "oidcTrn": f"trn:iam::{FAKE_ACCOUNT}:oidc-provider/vke-{rid}",
                     "issuer": f"https://oidc.vke.volces.com/{rid}",
                     "audience": "sts.volcengine.com",
                 }
-            ]
+            ] if args.inputs.get("irsaEnabled") else []
         elif t == "volcengine:eip/address:Address":
             state["eipAddress"] = "203.0.113.10"
         elif t == "volcengine:iam/role:Role":
@@ -128,13 +158,17 @@ class PreviewMocks(pulumi_mocks.Mocks):
         return {}
 
 
-def _unwrap(value: Any, mask: bool) -> Any:
+def _unwrap(value: Any, mask: bool, unknown: Any = UNKNOWN) -> Any:
+    from pulumi.output import Unknown
+
+    if isinstance(value, Unknown) or value == UNKNOWN:
+        return unknown
     if isinstance(value, dict):
         if value.get(_SECRET_SIG) == _SECRET_VALUE:
-            return MASK if mask else _unwrap(value.get("value"), mask)
-        return {k: _unwrap(v, mask) for k, v in value.items() if not k.startswith("__")}
+            return MASK if mask else _unwrap(value.get("value"), mask, unknown)
+        return {k: _unwrap(v, mask, unknown) for k, v in value.items() if not k.startswith("__")}
     if isinstance(value, list):
-        return [_unwrap(v, mask) for v in value]
+        return [_unwrap(v, mask, unknown) for v in value]
     if isinstance(value, float) and value.is_integer():
         return int(value)  # protobuf carries every number as a double
     return value
@@ -154,7 +188,7 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
         props = rpc.deserialize_properties(request.object, keep_internal=True)
         # deserialize_properties unwraps secrets; find them on the wire to mask them.
         secret_paths = _secret_paths(request.object)
-        shown = _mask_paths(_unwrap(props, mask=False), secret_paths)
+        shown = _mask_paths(_unwrap(props, mask=False, unknown=UNKNOWN_SHOWN), secret_paths)
         self.recording.resources.append(
             Recorded(
                 type=request.type,
@@ -233,16 +267,22 @@ def _mask_paths(value: Any, paths: list[tuple]) -> Any:
 Transform = Callable[[pulumi.ResourceTransformArgs], pulumi.ResourceTransformResult | None]
 
 
-def run(stack: str, raw_settings: dict[str, Any], transforms: list[Transform] | None = None) -> Recording:
+def run(stack: str, raw_settings: dict[str, Any], transforms: list[Transform] | None = None, *,
+        mode: Mode = "new") -> Recording:
     """Run `__main__.py` for `stack` with `raw_settings` under the mock engine.
 
+    `mode` "new" (default) previews a new stack: computed outputs are unknown; "existing"
+    runs against a stack whose resources exist, with realistic computed outputs.
     `transforms` are registered as stack transforms before the program runs: the policy
     tests use them to inject a violation the settings cannot express.
     """
-    recording = Recording(stack=stack)
-    mocks = PreviewMocks()
-    reset_options(project=PROJECT, stack=stack, preview=False)
-    pulumi_mocks.set_mocks(mocks, project=PROJECT, stack=stack, preview=False,
+    if mode not in MODES:
+        raise ValueError(f"mode: expected one of {', '.join(MODES)}, got {mode!r}")
+    recording = Recording(stack=stack, mode=mode)
+    preview = mode == "new"
+    mocks = NewStackMocks() if preview else ExistingStackMocks()
+    reset_options(project=PROJECT, stack=stack, preview=preview)
+    pulumi_mocks.set_mocks(mocks, project=PROJECT, stack=stack, preview=preview,
                            monitor=RecordingMonitor(mocks, recording))
     pulumi.runtime.set_all_config({SETTINGS_KEY: json.dumps(raw_settings)})
 

@@ -39,6 +39,7 @@ class PreviewResult:
             "stack": self.stack,
             "environment_class": self.environment_class,
             "policy_config": self.policy_config,
+            "mode": self.recording.mode,
             "plans": self.plans,
             "resources": [r.as_json() for r in self.recording.resources],
             "violations": self.violations,
@@ -74,8 +75,10 @@ def engine_plans(settings: StackSettings) -> list[dict[str, Any]]:
     }]
 
 
-def run_preview(stack: str, *, policies: bool = True, transforms=None, raw: dict | None = None) -> PreviewResult:
-    """Validate the stack's settings, run the program, run the policies.
+def run_preview(stack: str, *, policies: bool = True, transforms=None, raw: dict | None = None,
+                mode: engine.Mode = "new") -> PreviewResult:
+    """Validate the stack's settings, run the program, run the policies. `mode`: "new"
+    previews a new stack (computed outputs unknown), "existing" one whose resources exist.
 
     Raises loader.SettingsError for bad settings and policy_runner.PolicyConfigError for a
     bad policy config, both before anything runs."""
@@ -87,7 +90,7 @@ def run_preview(stack: str, *, policies: bool = True, transforms=None, raw: dict
     # fail fast, with every problem listed
     settings = loader.parse(raw, str(loader.stack_file(stack)), stack=name)
     config_file, config = policy_runner.stack_policy_config(settings) if policies else (None, None)
-    recording = engine.run(name, raw, transforms=transforms)
+    recording = engine.run(name, raw, transforms=transforms, mode=mode)
     result = PreviewResult(stack=name, environment_class=settings.environment_class,
                            policy_config=settings.policy_config_path, recording=recording,
                            plans=engine_plans(settings))
@@ -117,8 +120,9 @@ def render(result: PreviewResult, console: Console) -> None:
         parent = r.parent if r.parent in by_urn else None
         children.setdefault(parent, []).append(r)
 
+    existing = " (existing stack: computed outputs known)" if result.recording.mode == "existing" else ""
     console.print(f"[bold]stack {result.stack}[/bold]: class {result.environment_class}, "
-                  f"policy config {result.policy_config}", highlight=False)
+                  f"policy config {result.policy_config}{existing}", highlight=False)
     tree = Tree(f"[bold]stack {result.stack}[/bold] ({len(resources)} resources)")
     plans = Tree("[bold]engine plan[/bold]")
     for p in result.plans:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_volcengine as volc
 
-from infra.cluster import Cluster, ClusterArgs, GpuPoolArgs
+from infra.cluster import AddonArgs, Cluster, ClusterArgs, GpuPoolArgs
 from infra.gateway import EdgeArgs, EdgeGateway, EdgeUpstream
 from infra.network import Network, NetworkArgs
 from infra.observability import Observability, ObservabilityArgs
@@ -59,6 +59,7 @@ def build_infra(s: StackSettings) -> Infra:
     gpu_pools = {}
     for pool_name, pool in s.cluster.gpu_pools.items():
         gpu_model, gpus_per_node = pool.hardware()
+        hpc = s.pool_hardware(pool_name).hpc
         gpu_pools[pool_name] = GpuPoolArgs(
             instance_type=pool.instance_type,
             gpu_model=gpu_model,
@@ -70,7 +71,10 @@ def build_infra(s: StackSettings) -> Infra:
             data_disk_gib=pool.data_disk_gib,
             system_disk_gib=pool.system_disk_gib,
             data_disk_type=pool.data_disk_type,
+            topology_policy=s.pool_topology_policy(pool_name),
             labels=pool.labels,
+            hpc_zone=s.pool_zones(pool_name)[0] if hpc else None,
+            hpc_cluster_id=pool.hpc_cluster_id,
         )
     c = s.cluster
     cluster = Cluster(
@@ -95,6 +99,7 @@ def build_infra(s: StackSettings) -> Infra:
             system_disk_gib=c.system_pool.system_disk_gib,
             system_subnet_ids=network.node_subnet_ids,
             gpu_pools=gpu_pools,
+            addons=[AddonArgs(a.name, a.deploy_mode, a.deploy_node_type, a.version) for a in s.vke_addons()],
             ssh_key_pair=c.ssh_key_pair,
             project_name=s.project_name,
             tags=tags,

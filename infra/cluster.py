@@ -1,5 +1,6 @@
-"""VKE cluster, a CPU system pool and the GPU node pools, the add-ons GPU serving needs,
-and the kubeconfig that `workloads/` deploys with.
+"""VKE cluster, a CPU system pool and the GPU node pools (HPC instance types inside an ECS
+HPC cluster of their zone), the add-ons GPU serving needs, and the kubeconfig that
+`workloads/` deploys with.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from stacks.constants import (
     POOL_LABEL,
     SERVING_UID,
 )
+from stacks.nodepools import TOPOLOGY_SCOPE
 
 MODEL_CACHE_MOUNT = MODEL_CACHE_HOST_PATH
 MODEL_CACHE_OWNER = SERVING_UID
@@ -43,8 +45,20 @@ class GpuPoolArgs:
     desired_nodes: int
     data_disk_gib: int
     system_disk_gib: int
+    topology_policy: str
     data_disk_type: str = "ESSD_PL0"
     labels: dict[str, str] = field(default_factory=dict)
+    # HPC instance types: the pool's one zone, and an existing HPC cluster (None: create one)
+    hpc_zone: str | None = None
+    hpc_cluster_id: str | None = None
+
+
+@dataclass(frozen=True)
+class AddonArgs:
+    name: str
+    deploy_mode: str  # Managed | Unmanaged
+    deploy_node_type: str | None
+    version: str | None
 
 
 @dataclass(frozen=True)
@@ -68,6 +82,7 @@ class ClusterArgs:
     system_disk_gib: int
     system_subnet_ids: pulumi.Input[list[str]]
     gpu_pools: dict[str, GpuPoolArgs]
+    addons: list[AddonArgs]
     ssh_key_pair: str | None
     project_name: str
     tags: dict[str, str]
@@ -77,8 +92,9 @@ class Cluster(pulumi.ComponentResource):
     cluster_id: pulumi.Output[str]
     kubeconfig: pulumi.Output[str]
     node_pool_ids: dict[str, pulumi.Output[str]]
-    oidc_provider_trn: pulumi.Output[str]
-    oidc_issuer: pulumi.Output[str]
+    oidc_provider_trn: pulumi.Output[str | None]
+    oidc_issuer: pulumi.Output[str | None]
+    hpc_cluster_ids: dict[str, pulumi.Output[str]]
 
     def __init__(self, name: str, args: ClusterArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("deepseek-volc:cluster:Cluster", name, None, opts)
@@ -129,6 +145,14 @@ class Cluster(pulumi.ComponentResource):
             opts=child(self, protect=args.delete_protection),
         )
 
+        # Add-ons. cluster-autoscaler is a managed add-on that node-pool autoscaling needs
+        # in place first, so every pool depends on it; the Unmanaged ones run on nodes and
+        # wait for the system pool (created below). Versions are pinned where VKE's
+        # changelog names one (stacks/addons.py).
+        managed = [a for a in args.addons if a.deploy_mode == "Managed"]
+        on_nodes = [a for a in args.addons if a.deploy_mode != "Managed"]
+        managed_addons = [self._addon(name, cluster, a, []) for a in managed]
+
         security = {
             "security_group_ids": [args.security_group_id],
             "security_strategies": ["Hids"],
@@ -158,10 +182,11 @@ class Cluster(pulumi.ComponentResource):
                 "subnet_policy": "ZoneBalance",
             },
             tags=tag_list(args.tags),
-            opts=child(self),
+            opts=child(self, depends_on=managed_addons),
         )
 
         self.node_pool_ids = {"system": system.id}
+        self.hpc_cluster_ids = {}
         for pool_name, pool in args.gpu_pools.items():
             labels = {
                 POOL_LABEL: pool_name,
@@ -169,6 +194,23 @@ class Cluster(pulumi.ComponentResource):
                 GPU_COUNT_LABEL: str(pool.gpus_per_node),
                 **pool.labels,
             }
+            hpc = {}
+            if pool.hpc_zone is not None:
+                # An HPC instance type joins an HPC cluster of its zone: one the stack names,
+                # else one it creates for the pool (one ID per pool, provider contract).
+                hpc_id = pool.hpc_cluster_id
+                if hpc_id is None:
+                    hpc_id = volc.ecs.HpcCluster(
+                        f"{name}-hpc-{pool_name}",
+                        zone_id=pool.hpc_zone,
+                        name=f"{args.cluster_name}-{pool_name}",
+                        description=f"RDMA fabric of GPU pool {pool_name}",
+                        project_name=args.project_name,
+                        tags=tag_list(args.tags),
+                        opts=child(self),
+                    ).id
+                self.hpc_cluster_ids[pool_name] = pulumi.Output.from_input(hpc_id)
+                hpc = {"hpc_cluster_ids": [hpc_id]}
             gpu_pool = volc.vke.NodePool(
                 f"{name}-gpu-{pool_name}",
                 name=f"{args.cluster_name}-{pool_name}",
@@ -176,6 +218,7 @@ class Cluster(pulumi.ComponentResource):
                 node_config={
                     "instance_type_ids": [pool.instance_type],
                     "subnet_ids": pool.subnet_ids,
+                    **hpc,
                     "security": security,
                     "system_volume": {"type": "ESSD_PL0", "size": pool.system_disk_gib},
                     # The model cache: weights synced from TOS survive pod restarts here.
@@ -190,11 +233,13 @@ class Cluster(pulumi.ComponentResource):
                     "labels": [{"key": k, "value": v} for k, v in sorted(labels.items())],
                     "taints": [GPU_TAINT],
                     "cordon": False,
-                    # Keep a pod's GPUs, CPUs and NIC on one NUMA node; scope "pod" so a
-                    # multi-GPU vLLM pod is aligned as a whole, not container by container.
+                    # Align a pod's GPUs (and NICs) on as few NUMA nodes as its GPU count
+                    # allows: the policy is chosen from GPUs per pod against the node's NUMA
+                    # layout (stacks.nodepools.topology_policy). Scope "container", the only
+                    # one VKE accepts: the vLLM container holds all of the pod's GPUs.
                     "kubelet_config": {
-                        "topology_manager_policy": "single-numa-node",
-                        "topology_manager_scope": "pod",
+                        "topology_manager_policy": pool.topology_policy,
+                        "topology_manager_scope": TOPOLOGY_SCOPE,
                     },
                 },
                 auto_scaling={
@@ -205,23 +250,13 @@ class Cluster(pulumi.ComponentResource):
                     "subnet_policy": "ZoneBalance",
                 },
                 tags=tag_list(args.tags),
-                opts=child(self),
+                opts=child(self, depends_on=managed_addons),
             )
             self.node_pool_ids[pool_name] = gpu_pool.id
 
-        # Add-ons the GPU pools need: the device plugin advertises nvidia.com/gpu, the
-        # cluster autoscaler grows pools for pending GPU pods, metrics-server feeds HPAs.
         # (No pod-identity-webhook: the serving pods project their IRSA token themselves.)
-        addons = ["nvidia-device-plugin", "cluster-autoscaler", "metrics-server"]
-        for addon in addons:
-            volc.vke.Addon(
-                f"{name}-addon-{addon}",
-                cluster_id=cluster.id,
-                name=addon,
-                deploy_node_type="Node",
-                deploy_mode="Unmanaged",
-                opts=child(self, depends_on=[system]),
-            )
+        for a in on_nodes:
+            self._addon(name, cluster, a, [system])
 
         access = volc.vke.Kubeconfig(
             f"{name}-kubeconfig",
@@ -237,9 +272,11 @@ class Cluster(pulumi.ComponentResource):
         )
 
         self.cluster_id = cluster.id
+        # VKE fills the IRSA config once IRSA is on (an update of an existing cluster): None
+        # until then, never an empty string that would end up as a principal.
         irsa = cluster.irsa_configs.apply(lambda cs: cs[0] if cs else None)
-        self.oidc_provider_trn = irsa.apply(lambda c: (c.oidc_trn if c else "") or "")
-        self.oidc_issuer = irsa.apply(lambda c: (c.issuer if c else "") or "")
+        self.oidc_provider_trn = irsa.apply(lambda c: (c.oidc_trn or None) if c else None)
+        self.oidc_issuer = irsa.apply(lambda c: (c.issuer or None) if c else None)
         self.register_outputs(
             {
                 "cluster_id": self.cluster_id,
@@ -247,4 +284,15 @@ class Cluster(pulumi.ComponentResource):
                 "node_pool_ids": self.node_pool_ids,
                 "oidc_provider_trn": self.oidc_provider_trn,
             }
+        )
+
+    def _addon(self, name: str, cluster: volc.vke.Cluster, a: AddonArgs, depends_on: list) -> volc.vke.Addon:
+        return volc.vke.Addon(
+            f"{name}-addon-{a.name}",
+            cluster_id=cluster.id,
+            name=a.name,
+            deploy_mode=a.deploy_mode,
+            **({"deploy_node_type": a.deploy_node_type} if a.deploy_node_type else {}),
+            **({"version": a.version} if a.version else {}),
+            opts=child(self, depends_on=depends_on),
         )

@@ -133,7 +133,7 @@ class EdgeGateway(pulumi.ComponentResource):
                 "enable": True,
                 "attempts": 2,
                 "retry_ons": ["connect-failure", "refused-stream", "reset"],
-                "http_codes": [503],
+                "http_codes": ["503"],  # a set of strings (apig_route.go:312)
                 "per_try_timeout": args.timeout_seconds,
             },
         }

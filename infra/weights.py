@@ -96,7 +96,7 @@ class WeightStoreArgs:
     sse_algorithm: str
     kms_key_id: str | None
     irsa: bool
-    oidc_provider_trn: pulumi.Input[str]
+    oidc_provider_trn: pulumi.Input[str | None]  # None until IRSA is on
     namespace: str
     service_account: str
     protect: bool
@@ -169,28 +169,36 @@ class WeightStore(pulumi.ComponentResource):
         self.access_key_id = None
         self.secret_access_key = None
         if args.irsa:
-            trust = pulumi.Output.from_input(args.oidc_provider_trn).apply(
-                lambda trn: json.dumps(irsa_trust_document(trn, args.namespace, args.service_account))
-            )
-            role = volc.iam.Role(
-                f"{name}-reader-role",
-                role_name=f"{bucket_name}-reader",
-                display_name=f"{bucket_name} reader",
-                description="assumed by the serving ServiceAccount through IRSA",
-                trust_policy_document=trust,
-                max_session_duration=3600,
-                tags=tag_list(args.tags),
-                opts=child(self),
-            )
-            volc.iam.RolePolicyAttachment(
-                f"{name}-reader-attach",
-                role_name=role.role_name,
-                policy_name=read_policy.policy_name,
-                policy_type="Custom",
-                opts=child(self),
-            )
-            self.role_name = role.role_name
-            self.role_trn = role.trn
+            # The role's trust names the cluster's OIDC provider, which VKE creates only when
+            # IRSA is switched on, an update of an existing cluster. Until the provider is
+            # known the role is not created (a trust without a principal is invalid); it is
+            # created in the apply that first sees the provider. Interim: a phased design
+            # with its own preview is tracked separately.
+            def reader_role(trn: str | None) -> dict[str, object]:
+                if not trn:
+                    return {"name": "", "trn": ""}
+                role = volc.iam.Role(
+                    f"{name}-reader-role",
+                    role_name=f"{bucket_name}-reader",
+                    display_name=f"{bucket_name} reader",
+                    description="assumed by the serving ServiceAccount through IRSA",
+                    trust_policy_document=json.dumps(irsa_trust_document(trn, args.namespace, args.service_account)),
+                    max_session_duration=3600,
+                    tags=tag_list(args.tags),
+                    opts=child(self),
+                )
+                volc.iam.RolePolicyAttachment(
+                    f"{name}-reader-attach",
+                    role_name=role.role_name,
+                    policy_name=read_policy.policy_name,
+                    policy_type="Custom",
+                    opts=child(self),
+                )
+                return {"name": role.role_name, "trn": role.trn}
+
+            role = pulumi.Output.from_input(args.oidc_provider_trn).apply(reader_role)
+            self.role_name = role.apply(lambda r: r["name"])
+            self.role_trn = role.apply(lambda r: r["trn"])
         else:
             # Without IRSA the pods need a static credential: a dedicated IAM user that holds
             # the same read-only policy; its key goes into a Kubernetes Secret (workloads/).

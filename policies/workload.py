@@ -290,13 +290,14 @@ def _env_secrets(args, report):
     for _, _, c in iter_workload_containers(kind, args.props):
         for e in items(dig(c, "env")):
             name = str(dig(e, "name", default=""))
+            if not SECRET_NAME.search(name) or name.endswith(("_FILE", "_PATH", "_TRN", "_SESSION_NAME")):
+                continue  # decided by the name: values unknown in a preview are never read
             value = dig(e, "value")
             if value is None or value == "":
                 continue
-            if SECRET_NAME.search(name) and not name.endswith(("_FILE", "_PATH", "_TRN", "_SESSION_NAME")):
-                report(f"{kind} {name_of(args.props)} container {dig(c, 'name')!r} sets {name} as a plain value "
-                       "visible to anyone who can read the object. Fix: put it in a Secret and use "
-                       "valueFrom.secretKeyRef (or IRSA, which needs no key at all).")
+            report(f"{kind} {name_of(args.props)} container {dig(c, 'name')!r} sets {name} as a plain value "
+                   "visible to anyone who can read the object. Fix: put it in a Secret and use "
+                   "valueFrom.secretKeyRef (or IRSA, which needs no key at all).")
 
 
 def _default_deny(args, report):

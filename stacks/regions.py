@@ -6,14 +6,52 @@ cloud (the provider would only fail minutes into `pulumi up`).
 
 from __future__ import annotations
 
-# Zones of the regions this project deploys to. Zone ids have the form <region>-<letter>
-# (ap-southeast-1 drops the dash). Extend this table when VolcEngine opens a zone.
-REGION_ZONES: dict[str, tuple[str, ...]] = {
-    "cn-beijing": ("cn-beijing-a", "cn-beijing-b", "cn-beijing-c", "cn-beijing-d"),
-    "cn-shanghai": ("cn-shanghai-a", "cn-shanghai-b", "cn-shanghai-c"),
-    "cn-guangzhou": ("cn-guangzhou-a", "cn-guangzhou-b", "cn-guangzhou-c"),
-    "ap-southeast-1": ("ap-southeast-1a", "ap-southeast-1b"),
+from dataclasses import dataclass
+
+VKE_REGION_GUIDE = "https://www.volcengine.com/docs/6460/79643"
+REGION_GUIDE = "https://www.volcengine.com/docs/6534/1131814"
+_VKE = (f"VKE region and zone guide ({VKE_REGION_GUIDE}, updated 2025-09-30; read through a public "
+        "snapshot of its table, GitHub code index file id 55923984717)")
+
+
+@dataclass(frozen=True)
+class Zone:
+    id: str
+    source: str
+
+
+def _zones(*ids: str, source: str = _VKE) -> tuple[Zone, ...]:
+    return tuple(Zone(z, source) for z in ids)
+
+
+# Zones of the regions this project deploys to, each with where it was read. Zone ids have
+# the form <region>-<letter> (ap-southeast-* drops the dash). Extend this table, with the
+# source, when VolcEngine opens a zone; a stack naming a zone not listed here is refused.
+REGIONS: dict[str, tuple[Zone, ...]] = {
+    "cn-beijing": (
+        *_zones("cn-beijing-a", "cn-beijing-b", "cn-beijing-c", "cn-beijing-d"),
+        # The general region guide (REGION_GUIDE) counts 9 zones in cn-beijing; VKE's page
+        # listed a-d on 2025-09-30. cn-beijing-e hosts H20 (hpcpni3ln) capacity in public use.
+        Zone("cn-beijing-e", f"general region guide ({REGION_GUIDE}: 9 zones in cn-beijing); "
+             "ML-platform H20 queue in zone cn-beijing-e (GitHub code index, file ids 55127256013, "
+             "55229239106); check VKE offers it with vke.get_support_resource_types"),
+    ),
+    "cn-shanghai": _zones("cn-shanghai-a", "cn-shanghai-b", "cn-shanghai-c", "cn-shanghai-d", "cn-shanghai-e"),
+    "cn-guangzhou": _zones("cn-guangzhou-a", "cn-guangzhou-b", "cn-guangzhou-c"),
+    "cn-hongkong": _zones("cn-hongkong-a", "cn-hongkong-b"),
+    "ap-southeast-1": _zones("ap-southeast-1a", "ap-southeast-1b", "ap-southeast-1c"),
+    "ap-southeast-3": _zones("ap-southeast-3a", "ap-southeast-3b", "ap-southeast-3c"),
 }
+REGION_ZONES: dict[str, tuple[str, ...]] = {r: tuple(z.id for z in zs) for r, zs in REGIONS.items()}
+
+
+def zone_source(zone: str) -> str | None:
+    for zones in REGIONS.values():
+        for z in zones:
+            if z.id == zone:
+                return z.source
+    return None
+
 
 # VKE release notes (docs 6460/101027) list v1.34, v1.32, v1.30 and v1.28 (scheduled for
 # EOL); v1.26 and older are end of life and cannot be created any more.

@@ -10,6 +10,7 @@ production ends up with a public API server.
 from __future__ import annotations
 
 import ipaddress
+from dataclasses import replace
 from typing import Annotated, Literal
 
 from pydantic import (
@@ -22,9 +23,12 @@ from pydantic import (
 )
 
 from capacity.catalog import GPUS, get_gpu, get_model
-from capacity.instances import INSTANCE_TYPES, resolve_instance_type
+from capacity.instances import INSTANCE_TYPES, get_instance_type, resolve_instance_type
 from capacity.planner import PlanError, plan, single_node_options
+from stacks.addons import ADDONS, Addon
 from stacks.constants import ENTRY_NAMESPACE, HTTP_PORT, entry_service
+from stacks.contract import load as load_contract
+from stacks.nodepools import PoolHardware, pool_hardware, rdma_per_pod, single_numa_refusal, topology_policy
 from stacks.regions import (
     REGION_ZONES,
     SUPPORTED_KUBERNETES_VERSIONS,
@@ -41,6 +45,22 @@ Name = Annotated[
     str,
     Field(pattern=r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$", description="lower-case DNS label, 1-40 characters"),
 ]
+InstanceTypeName = Annotated[
+    str,
+    Field(pattern=r"^ecs\.[a-z0-9]+\.[a-z0-9]+$", description="an ECS instance type id, e.g. ecs.g3i.xlarge"),
+]
+
+# Values that reach a constrained provider argument take their accepted values from the
+# provider contract (stacks/provider_contract.yaml): one source of truth.
+_C = load_contract()
+NODE_POOL = "volcengine:vke/nodePool:NodePool"
+NatSpec = _C.literal("volcengine:nat/gateway:Gateway", "spec")
+DiskType = _C.literal(NODE_POOL, "nodeConfig.dataVolumes[].type")
+TopologyPolicy = _C.literal(NODE_POOL, "kubernetesConfig.kubeletConfig.topologyManagerPolicy")
+SseAlgorithm = _C.literal("volcengine:tos/bucketEncryption:BucketEncryption",
+                          "rule.applyServerSideEncryptionByDefault.sseAlgorithm")
+PodNetworkMode = _C.literal("volcengine:vke/cluster:Cluster", "podsConfig.podNetworkMode")
+ApigInstanceSpec = _C.literal("volcengine:apig/apigGateway:ApigGateway", "resourceSpec.instanceSpecCode")
 
 
 class _Model(BaseModel):
@@ -66,9 +86,7 @@ class NetworkSettings(_Model):
     flannel_pod_cidr: Cidr = Field(
         ipaddress.IPv4Network("172.16.0.0/16"), description="pod CIDR when the pod network mode is Flannel"
     )
-    nat_spec: Literal["Small", "Medium", "Large", "Extra_Large_1"] = Field(
-        "Small", description="NAT gateway specification"
-    )
+    nat_spec: NatSpec = Field("Small", description="NAT gateway specification (as the provider accepts it)")
     egress_bandwidth_mbps: int = Field(100, ge=1, le=10000, description="EIP bandwidth for egress through NAT")
 
 
@@ -76,7 +94,7 @@ class NetworkSettings(_Model):
 
 
 class SystemPoolSettings(_Model):
-    instance_type: str = Field("ecs.g3i.xlarge", description="ECS instance type of the CPU system pool")
+    instance_type: InstanceTypeName = Field("ecs.g3i.xlarge", description="ECS instance type of the CPU system pool")
     min_nodes: int = Field(2, ge=1, le=100, description="minimum system nodes")
     max_nodes: int = Field(3, ge=1, le=100, description="maximum system nodes")
     system_disk_gib: int = Field(80, ge=40, le=2048, description="system disk size in GiB")
@@ -89,22 +107,38 @@ class SystemPoolSettings(_Model):
 
 
 class GpuPoolSettings(_Model):
-    instance_type: str = Field(description="ECS GPU instance type, e.g. ecs.gni2.3xlarge")
+    instance_type: InstanceTypeName = Field(description="ECS GPU instance type, e.g. ecs.gni2.3xlarge")
     gpu: str | None = Field(
         None, description="GPU model (catalog key such as A10, H20); required when the instance type is not in the catalog"
     )
     gpus_per_node: int | None = Field(
         None, ge=1, le=16, description="GPUs per node; required when the instance type is not in the catalog"
     )
-    zones: list[str] | None = Field(None, description="zones the pool spans; all stack zones when unset")
+    zones: list[str] | None = Field(
+        None, description="zones the pool spans; all stack zones when unset; exactly one for HPC instance types"
+    )
+    numa_nodes: int | None = Field(
+        None, ge=1, le=8, description="NUMA nodes of the instance type (lscpu); the catalog's when unset"
+    )
+    rdma_nics: int | None = Field(
+        None, ge=0, le=16, description="RDMA NICs per node for GPU traffic between nodes; the catalog's when unset"
+    )
+    hpc_cluster_id: str | None = Field(
+        None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$",
+        description="existing ECS HPC cluster for an HPC instance type; the stack creates one in the pool's zone when unset",
+    )
+    topology_manager_policy: TopologyPolicy | None = Field(
+        None, description="kubelet topology manager policy; chosen from GPUs per pod and the NUMA layout when unset"
+    )
     min_nodes: int = Field(0, ge=0, le=500, description="minimum nodes (autoscaling lower bound)")
     max_nodes: int = Field(ge=1, le=500, description="maximum nodes (autoscaling upper bound)")
     desired_nodes: int | None = Field(None, ge=0, le=500, description="initial node count; min_nodes when unset")
     data_disk_gib: int = Field(
         500, ge=100, le=32768, description="data disk for the node's model cache (mounted at /mnt/model-cache)"
     )
-    data_disk_type: Literal["ESSD_PL0", "ESSD_PL1", "ESSD_PL2", "ESSD_PL3"] = Field(
-        "ESSD_PL0", description="model-cache disk type: its throughput bounds how fast a large model loads"
+    data_disk_type: DiskType = Field(
+        "ESSD_PL0", description="model-cache disk type (as VKE node pools accept it): its throughput bounds how fast "
+        "a large model loads"
     )
     system_disk_gib: int = Field(200, ge=40, le=2048, description="system disk (container images are large)")
     labels: dict[str, str] = Field(default_factory=dict, description="extra node labels")
@@ -137,7 +171,7 @@ class ClusterSettings(_Model):
     name: Name | None = Field(None, description="cluster name; deepseek-<env> when unset")
     kubernetes_version: str = Field("1.32", description="VKE Kubernetes minor version")
     api_server_public: bool = Field(False, description="expose the API server on a public EIP")
-    pod_network_mode: Literal["VpcCniShared", "Flannel"] = Field(
+    pod_network_mode: PodNetworkMode = Field(
         "VpcCniShared", description="VKE pod network mode"
     )
     delete_protection: bool = Field(False, description="refuse to delete the cluster")
@@ -146,6 +180,10 @@ class ClusterSettings(_Model):
         True, description="IAM roles for service accounts (applied on the second `pulumi up`: VKE enables it on existing clusters only)"
     )
     ssh_key_pair: str | None = Field(None, description="ECS key pair for node login; none (no SSH) when unset")
+    addon_versions: dict[str, str] = Field(
+        default_factory=dict,
+        description="VKE add-on versions to pin where stacks/addons.py has none (add-on name -> version)",
+    )
     system_pool: SystemPoolSettings = Field(default_factory=SystemPoolSettings, description="CPU pool for system pods")
     gpu_pools: dict[Name, GpuPoolSettings] = Field(description="GPU node pools keyed by pool name")
 
@@ -154,6 +192,16 @@ class ClusterSettings(_Model):
     def _version(cls, v: str) -> str:
         if v not in SUPPORTED_KUBERNETES_VERSIONS:
             raise ValueError(f"expected one of {', '.join(SUPPORTED_KUBERNETES_VERSIONS)}, got {v!r}")
+        return v
+
+    @field_validator("addon_versions")
+    @classmethod
+    def _addons(cls, v: dict[str, str]) -> dict[str, str]:
+        for name, version in v.items():
+            if name not in ADDONS:
+                raise ValueError(f"{name!r} is not an add-on the stack installs; expected one of {', '.join(ADDONS)}")
+            if not version.strip():
+                raise ValueError(f"{name}: expected a version such as v1.1.4")
         return v
 
     @field_validator("gpu_pools")
@@ -177,13 +225,21 @@ class WeightsSettings(_Model):
         "models", pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*[A-Za-z0-9]$", description="key prefix the serving pods may read"
     )
     noncurrent_version_days: int = Field(30, ge=1, le=3650, description="days before old object versions expire")
-    sse_algorithm: Literal["AES256", "kms"] = Field("AES256", description="server-side encryption algorithm")
-    kms_key_id: str | None = Field(None, description="KMS key id when sse_algorithm is kms")
+    sse_algorithm: SseAlgorithm = Field("AES256", description="server-side encryption algorithm")
+    kms_key_id: str | None = Field(
+        None, description="KMS key when sse_algorithm is kms: trn:kms:<region>:<accountID>:keyrings/<keyring>/keys/<key>"
+    )
 
     @model_validator(mode="after")
     def _kms(self):
         if self.sse_algorithm == "kms" and not self.kms_key_id:
             raise ValueError("kms_key_id: required when sse_algorithm is 'kms'")
+        if self.kms_key_id is not None:
+            problems = _C.problems("volcengine:tos/bucketEncryption:BucketEncryption",
+                                   "rule.applyServerSideEncryptionByDefault.kmsMasterKeyId", self.kms_key_id)
+            if problems:
+                raise ValueError(f"kms_key_id: {problems[0]}; expected trn:kms:<region>:<accountID>:keyrings/"
+                                 "<keyring>/keys/<key>")
         return self
 
 
@@ -205,7 +261,7 @@ class AbHeader(_Model):
 
 class GatewaySettings(_Model):
     edge_enabled: bool = Field(True, description="create the APIG gateway in front of the cluster")
-    instance_spec: str = Field("1c2g", description="APIG instance specification")
+    instance_spec: ApigInstanceSpec = Field("1c2g", description="APIG instance specification")
     replicas: int = Field(2, ge=1, le=20, description="APIG gateway replicas")
     public_bandwidth_mbps: int = Field(50, ge=1, le=5000, description="public bandwidth of the edge listener")
     canary_weight: int = Field(0, ge=0, le=100, description="percent of traffic sent to the canary track")
@@ -490,6 +546,7 @@ class StackSettings(_Model):
             )
         self._derived["plan"] = p
         self._derived["model"] = model
+        self._check_node_shapes()
 
     def _multi_node_refusal(self, model, gpu_name: str, per_node: int, p) -> str:
         """One replica would span several nodes: say so, and name the smallest node shape on
@@ -530,6 +587,9 @@ class StackSettings(_Model):
         vpc = net.vpc_cidr
         if vpc.prefixlen > 24 or vpc.prefixlen < 8:
             raise ValueError(f"network.vpc_cidr: expected a prefix between /8 and /24, got {vpc}")
+        problems = _C.problems("volcengine:vpc/vpc:Vpc", "cidrBlock", str(vpc))
+        if problems:
+            raise ValueError(f"network.vpc_cidr: {problems[0]} (the private ranges a VolcEngine VPC accepts)")
         for key in ("subnets", "pod_subnets"):
             given = getattr(net, key)
             if given and set(given) != set(self.zones):
@@ -590,15 +650,82 @@ class StackSettings(_Model):
                     )
             if pool.gpu is None:
                 if resolve_instance_type(pool.instance_type) is None:
-                    raise ValueError(
-                        f"{path}.instance_type: {pool.instance_type!r} is not in the GPU instance catalog; "
-                        "set gpu and gpus_per_node for it"
-                    )
+                    rec = get_instance_type(pool.instance_type)
+                    why = ("is catalogued but its GPU count is unconfirmed" if rec is not None
+                           else "is not in the GPU instance catalog")
+                    raise ValueError(f"{path}.instance_type: {pool.instance_type!r} {why}; set gpu and "
+                                     "gpus_per_node for it")
             elif pool.gpu not in GPUS:
                 raise ValueError(f"{path}.gpu: {pool.gpu!r} is not a known GPU; expected one of {', '.join(GPUS)}")
+            if self.pool_hardware(name).hpc:
+                # HPC instance types live in an ecs.HpcCluster, which sits in one zone
+                # (provider contract: ecs/hpcCluster zoneId, nodePool nodeConfig.hpcClusterIds).
+                if pool.zones is None or len(pool.zones) != 1:
+                    got = ", ".join(pool.zones) if pool.zones else "every stack zone"
+                    raise ValueError(
+                        f"{path}.zones: {pool.instance_type} is an HPC instance type, which lives in a single-zone "
+                        f"HPC cluster; expected exactly one of {', '.join(self.zones)}, got {got}"
+                    )
+            elif pool.hpc_cluster_id is not None:
+                raise ValueError(f"{path}.hpc_cluster_id: {pool.instance_type} is not an HPC instance type "
+                                 "(ecs.hpc* / ecs.ebmhpc*); remove hpc_cluster_id")
 
     def pool_zones(self, pool: str) -> list[str]:
         return list(self.cluster.gpu_pools[pool].zones or self.zones)
+
+    def pool_hardware(self, pool: str) -> PoolHardware:
+        """The node shape of a GPU pool: GPU model and count, NUMA layout, RDMA, HPC."""
+        p = self.cluster.gpu_pools[pool]
+        gpu, per_node = p.hardware()
+        return pool_hardware(p.instance_type, gpu, per_node, numa_nodes=p.numa_nodes, rdma_nics=p.rdma_nics)
+
+    def pool_gpus_per_pod(self, pool: str) -> int:
+        """GPUs one pod takes on this pool: the serving plan's tensor-parallel group on the
+        serving pool, a whole node elsewhere (the most a pod can take)."""
+        if pool == self.serving.gpu_pool:
+            return self.serving_plan.tensor_parallel_size
+        return self.pool_hardware(pool).gpus_per_node
+
+    def pool_topology_policy(self, pool: str) -> str:
+        """The kubelet topology manager policy of a pool (stacks.nodepools.topology_policy)."""
+        chosen = self.cluster.gpu_pools[pool].topology_manager_policy
+        return chosen or topology_policy(self.pool_gpus_per_pod(pool), self.pool_hardware(pool))
+
+    def pool_multi_node(self, pool: str) -> bool:
+        """Whether one serving replica spans several nodes of this pool."""
+        return pool == self.serving.gpu_pool and self.serving_plan.nodes > 1
+
+    @property
+    def serving_rdma_per_pod(self) -> int:
+        """RDMA NICs each serving pod attaches: its share of the node's NICs when a replica
+        spans nodes of an RDMA pool, else 0 (single-node serving talks over NVLink)."""
+        pool = self.serving.gpu_pool
+        if not self.pool_multi_node(pool):
+            return 0
+        return rdma_per_pod(self.serving_plan.tensor_parallel_size, self.pool_hardware(pool))
+
+    def vke_addons(self) -> list[Addon]:
+        """The add-ons to install, versions resolved (cluster.addon_versions over stacks/addons.py);
+        rdma-device-plugin only where serving pods use RDMA."""
+        names = ["cluster-autoscaler", "nvidia-device-plugin", "metrics-server"]
+        if self.serving_rdma_per_pod:
+            names.append("rdma-device-plugin")
+        pinned = self.cluster.addon_versions
+        return [replace(ADDONS[n], version=pinned.get(n, ADDONS[n].version)) for n in names]
+
+    def _check_node_shapes(self) -> None:
+        """After planning: refuse what kubelet or VKE would refuse on the pools."""
+        for name, pool in self.cluster.gpu_pools.items():
+            path = f"cluster.gpu_pools.{name}"
+            hw = self.pool_hardware(name)
+            if pool.topology_manager_policy == "single-numa-node":
+                why = single_numa_refusal(self.pool_gpus_per_pod(name), hw)
+                if why:
+                    raise ValueError(f"{path}.topology_manager_policy: 'single-numa-node' refused: {why}; expected "
+                                     "restricted, best-effort or none, or leave it unset to have it chosen")
+            if self.pool_multi_node(name) and hw.rdma and hw.rdma_nics is None:
+                raise ValueError(f"{path}.rdma_nics: multi-node serving on {pool.instance_type} uses its RDMA NICs, "
+                                 "whose count the catalog does not state; expected the count (e.g. 4 or 8)")
 
     # -- derived names ----------------------------------------------------------------
 

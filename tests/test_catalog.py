@@ -7,7 +7,7 @@ import json
 import pytest
 
 from capacity.catalog import GPUS, MODELS, GiB, get_gpu, get_model, model_from_config
-from capacity.instances import INSTANCE_TYPES, resolve_instance_type
+from capacity.instances import INSTANCE_CATALOG, INSTANCE_TYPES, get_instance_type, is_hpc_family, resolve_instance_type
 from capacity.planner import kv_bytes_per_token_per_gpu, plan
 
 REQUIRED_MODELS = {
@@ -20,7 +20,8 @@ REQUIRED_MODELS = {
 
 def test_catalog_has_every_model_and_gpu():
     assert set(MODELS) == REQUIRED_MODELS
-    assert set(GPUS) == {"A10", "L20", "A100-40G", "A100-80G", "H20", "H100", "H800", "H200"}
+    assert set(GPUS) == {"A10", "L20", "A100-40G", "A100-80G", "A800", "H20", "H100", "H800",
+                         "H200"}
 
 
 @pytest.mark.parametrize("name", sorted(REQUIRED_MODELS))
@@ -67,6 +68,35 @@ def test_instance_types():
         assert gpu in GPUS and count >= 1
     assert resolve_instance_type("ecs.gni2.3xlarge") == ("A10", 1)
     assert resolve_instance_type("ecs.unknown.large") is None
+
+
+def test_instance_catalog_records():
+    assert {r.gpu for r in INSTANCE_CATALOG.values()} >= {"A10", "L20", "A100-80G", "A800", "H20"}
+    for name, r in INSTANCE_CATALOG.items():
+        assert name == r.name and r.gpu in GPUS and r.gpus in (1, 2, 4, 8), name
+        assert r.source, name
+        # confirmed rows resolve on their own, unconfirmed ones never do
+        assert (resolve_instance_type(name) == (r.gpu, r.gpus)) is r.confirmed, name
+        assert get_instance_type(name.upper()) is r
+        # HPC families sit in an HPC cluster and carry RDMA NICs
+        assert r.hpc_only is is_hpc_family(name), name
+        if r.hpc_only:
+            assert r.rdma and (r.rdma_nics is None or r.rdma_nics >= 1), name
+        else:
+            assert not r.rdma and r.rdma_nics == 0, name
+    assert resolve_instance_type("ecs.hpcpni3ln.45xlarge") == ("H20", 8)
+    assert resolve_instance_type("ecs.hpcpni2.28xlarge") == ("A100-80G", 8)
+    assert resolve_instance_type("ecs.gni3cl.45xlarge") is None  # GPU count unconfirmed
+    assert INSTANCE_CATALOG["ecs.ebmhpcpni3l.48xlarge"].rdma_nics == 8  # 400 Gbps x 8 RDMA
+    assert not any(r.gpu in ("H100", "H800") for r in INSTANCE_CATALOG.values())  # none documented
+
+
+def test_numa_share():
+    from capacity.instances import InstanceType
+
+    r = InstanceType("ecs.x.y", "H20", 8, 192, 2048, 2, True, 8, True, "s", True)
+    assert r.gpus_per_numa_node == 4
+    assert INSTANCE_CATALOG["ecs.hpcpni3ln.45xlarge"].gpus_per_numa_node is None  # not stated
 
 
 def test_local_mla_config_is_parsed(tmp_path):

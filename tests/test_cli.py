@@ -27,7 +27,8 @@ def test_preview_prod_json_lists_the_foundation(tmp_path):
     assert result.exit_code == 0, result.output
     plan = json.loads(out.read_text())
     assert plan["stack"] == "prod"
-    assert set(plan) == {"stack", "environment_class", "policy_config", "plans", "resources", "violations"}
+    assert set(plan) == {"stack", "environment_class", "policy_config", "mode", "plans", "resources",
+                         "violations"}
     assert plan["environment_class"] == "prod" and plan["policy_config"] == "policies/config/prod.json"
     (serving,) = plan["plans"]
     s = load("prod")
@@ -42,11 +43,14 @@ def test_preview_prod_json_lists_the_foundation(tmp_path):
         "volcengine:vpc/vpc:Vpc", "volcengine:vpc/subnet:Subnet", "volcengine:nat/gateway:Gateway",
         "volcengine:vpc/securityGroup:SecurityGroup", "volcengine:vke/cluster:Cluster",
         "volcengine:vke/nodePool:NodePool", "volcengine:tos/bucket:Bucket", "volcengine:tos/bucketPolicy:BucketPolicy",
-        "volcengine:tos/bucketEncryption:BucketEncryption", "volcengine:iam/policy:Policy", "volcengine:iam/role:Role",
+        "volcengine:tos/bucketEncryption:BucketEncryption", "volcengine:iam/policy:Policy",
         "volcengine:cr/registry:Registry", "volcengine:cr/repository:Repository",
         "volcengine:apig/apigGateway:ApigGateway", "volcengine:apig/apigRoute:ApigRoute",
+        "volcengine:ecs/hpcCluster:HpcCluster", "volcengine:vke/addon:Addon",
     ]:
         assert t in types, t
+    # a new stack has no OIDC provider yet, hence no reader role (see --existing)
+    assert plan["mode"] == "new" and "volcengine:iam/role:Role" not in types
     subnets = [r for r in plan["resources"] if r["type"] == "volcengine:vpc/subnet:Subnet" and "-nodes-" in r["name"]]
     assert len(subnets) == len(load("prod").zones)
     for r in plan["resources"]:
@@ -115,3 +119,14 @@ def test_unknown_stack_exit_2_lists_known_stacks():
     result = runner.invoke(app, ["preview", "qa"])
     assert result.exit_code == 2
     assert "dev, prod, staging" in result.output
+
+
+def test_preview_existing_sees_what_the_program_builds_from_computed_outputs(tmp_path):
+    out = tmp_path / "plan.json"
+    result = runner.invoke(app, ["preview", "prod", "--existing", "--json", str(out), "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert "(existing stack)" in result.output
+    plan = json.loads(out.read_text())
+    assert plan["mode"] == "existing"
+    (role,) = [r for r in plan["resources"] if r["type"] == "volcengine:iam/role:Role"]
+    assert "oidc-provider" in role["inputs"]["trustPolicyDocument"]

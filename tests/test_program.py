@@ -1,5 +1,6 @@
 """The real program under Pulumi's mock engine, one run per stack, asserted against the
-values in the stack's settings."""
+values in the stack's settings. `runs` previews new stacks (computed outputs unknown), as
+the first `pulumi preview` does; `existing` runs against stacks whose resources exist."""
 
 from __future__ import annotations
 
@@ -16,6 +17,11 @@ STACKS = ["dev", "staging", "prod"]
 @pytest.fixture(scope="module")
 def runs() -> dict[str, engine.Recording]:
     return {s: engine.run(s, read_raw(s)) for s in STACKS}
+
+
+@pytest.fixture(scope="module")
+def existing() -> dict[str, engine.Recording]:
+    return {s: engine.run(s, read_raw(s), mode="existing") for s in STACKS}
 
 
 def of(rec: engine.Recording, short: str) -> list[engine.Recorded]:
@@ -84,7 +90,8 @@ def test_gpu_pools_follow_the_map(runs, stack):
         assert got["kubernetesConfig"]["taints"] == [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]
         labels = {x["key"]: x["value"] for x in got["kubernetesConfig"]["labels"]}
         assert labels["deepseek-volc/gpu-model"] == gpu and labels["deepseek-volc/gpus-per-node"] == str(per_node)
-        assert got["kubernetesConfig"]["kubeletConfig"]["topologyManagerPolicy"] == "single-numa-node"
+        kubelet = got["kubernetesConfig"]["kubeletConfig"]
+        assert kubelet == {"topologyManagerPolicy": s.pool_topology_policy(name), "topologyManagerScope": "container"}
         assert got["nodeConfig"]["dataVolumes"][0]["size"] == pool.data_disk_gib
         assert got["nodeConfig"]["dataVolumes"][0]["type"] == pool.data_disk_type
         assert len(got["nodeConfig"]["subnetIds"]) == len(s.pool_zones(name))
@@ -120,9 +127,9 @@ def test_reader_policy_is_least_privilege(runs, stack):
 
 
 @pytest.mark.parametrize("stack", STACKS)
-def test_reader_role_trusts_only_the_serving_service_account(runs, stack):
+def test_reader_role_trusts_only_the_serving_service_account(existing, stack):
     s = load(stack)
-    rec = runs[stack]
+    rec = existing[stack]
     role = of(rec, "iam/role:Role")[0].inputs
     trust = json.loads(role["trustPolicyDocument"])["Statement"][0]
     assert trust["Action"] == ["sts:AssumeRoleWithOIDC"]
@@ -176,12 +183,135 @@ def test_every_cloud_resource_has_a_component_parent(runs, stack):
 
 
 @pytest.mark.parametrize("stack", STACKS)
-def test_secrets_are_masked(runs, stack):
-    k8s_provider = next(r for r in runs[stack].resources if r.type == "pulumi:providers:kubernetes")
+def test_secrets_are_masked(existing, stack):
+    k8s_provider = next(r for r in existing[stack].resources if r.type == "pulumi:providers:kubernetes")
     assert k8s_provider.inputs["kubeconfig"] == engine.MASK
-    assert k8s_provider.raw_inputs["kubeconfig"] != engine.MASK
+    assert k8s_provider.raw_inputs["kubeconfig"] not in (engine.MASK, engine.UNKNOWN)
 
 
 def test_runs_do_not_leak_into_each_other(runs):
     again = engine.run("dev", read_raw("dev"))
     assert sorted(r.urn for r in again.resources) == sorted(r.urn for r in runs["dev"].resources)
+
+
+# --------------------------------------------------------------------------- node pools, add-ons
+
+
+def _deps(rec: engine.Recording, r: engine.Recorded) -> set[str]:
+    names = {x.urn: x.name for x in rec.resources}
+    return {names[d] for d in r.dependencies if d in names}
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_cluster_autoscaler_is_managed_and_comes_before_every_pool(runs, stack):
+    s = load(stack)
+    rec = runs[stack]
+    addons = {r.inputs["name"]: r for r in of(rec, "vke/addon:Addon")}
+    ca = addons["cluster-autoscaler"]
+    assert ca.inputs["deployMode"] == "Managed" and "deployNodeType" not in ca.inputs
+    pools = of(rec, "vke/nodePool:NodePool")
+    assert len(pools) == 1 + len(s.cluster.gpu_pools)
+    for pool in pools:
+        assert pool.inputs["autoScaling"]["enabled"] is True
+        assert ca.name in _deps(rec, pool), pool.name
+    for name, a in addons.items():
+        if name != "cluster-autoscaler":
+            assert a.inputs["deployMode"] == "Unmanaged" and a.inputs["deployNodeType"] == "Node"
+            assert f"{s.resource_prefix}-system" in _deps(rec, a)
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_addon_versions_are_the_pinned_ones(runs, stack):
+    s = load(stack)
+    got = {r.inputs["name"]: r.inputs.get("version") for r in of(runs[stack], "vke/addon:Addon")}
+    assert got == {a.name: a.version for a in s.vke_addons()}
+    assert got["nvidia-device-plugin"] == "v1.1.4"  # VKE changelog, docs 6460/350800
+
+
+def test_addon_version_setting_pins_an_unpinned_addon():
+    raw = json.loads(json.dumps(read_raw("dev")))
+    raw["cluster"]["addon_versions"] = {"metrics-server": "v0.7.1"}
+    rec = engine.run("dev", raw)
+    got = {r.inputs["name"]: r.inputs.get("version") for r in of(rec, "vke/addon:Addon")}
+    assert got["metrics-server"] == "v0.7.1"
+
+
+def test_rdma_device_plugin_only_where_a_replica_spans_nodes(runs):
+    names = {s: {r.inputs["name"] for r in of(runs[s], "vke/addon:Addon")} for s in STACKS}
+    assert "rdma-device-plugin" in names["prod"]  # 2 H20 nodes per replica over RDMA
+    assert "rdma-device-plugin" not in names["staging"] | names["dev"]
+    rdma = next(r for r in of(runs["prod"], "vke/addon:Addon") if r.inputs["name"] == "rdma-device-plugin")
+    assert rdma.inputs["version"] == "v3.5.1-vke.8"  # VKE changelog, docs 6460/1125998
+
+
+@pytest.mark.parametrize("stack", ["staging", "prod"])
+def test_hpc_pool_is_single_zone_inside_an_hpc_cluster_of_that_zone(runs, stack):
+    s = load(stack)
+    rec = runs[stack]
+    (pool_name,) = s.cluster.gpu_pools
+    hpc = of(rec, "ecs/hpcCluster:HpcCluster")
+    assert len(hpc) == 1 and hpc[0].inputs["zoneId"] == s.pool_zones(pool_name)[0]
+    pool = next(r for r in of(rec, "vke/nodePool:NodePool") if r.name.endswith(f"-gpu-{pool_name}"))
+    assert len(pool.inputs["nodeConfig"]["subnetIds"]) == 1
+    assert pool.inputs["nodeConfig"]["hpcClusterIds"] == [engine.UNKNOWN_SHOWN]  # the new cluster's id
+    assert hpc[0].name in _deps(rec, pool)
+
+
+def test_named_hpc_cluster_is_used_not_created():
+    raw = json.loads(json.dumps(read_raw("staging")))
+    raw["cluster"]["gpu_pools"]["a100"]["hpc_cluster_id"] = "hpcCluster-existing01"
+    rec = engine.run("staging", raw)
+    assert not of(rec, "ecs/hpcCluster:HpcCluster")
+    pool = next(r for r in of(rec, "vke/nodePool:NodePool") if r.name.endswith("-gpu-a100"))
+    assert pool.inputs["nodeConfig"]["hpcClusterIds"] == ["hpcCluster-existing01"]
+
+
+def test_dev_pool_is_not_in_an_hpc_cluster(runs):
+    assert not of(runs["dev"], "ecs/hpcCluster:HpcCluster")
+    pool = next(r for r in of(runs["dev"], "vke/nodePool:NodePool") if "-gpu-" in r.name)
+    assert "hpcClusterIds" not in pool.inputs["nodeConfig"]
+
+
+# --------------------------------------------------------------------------- a new stack
+
+
+def _walk(v):
+    if isinstance(v, dict):
+        for x in v.values():
+            yield from _walk(x)
+    elif isinstance(v, list):
+        for x in v:
+            yield from _walk(x)
+    else:
+        yield v
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_new_stack_leaves_computed_outputs_unknown(runs, stack):
+    rec = runs[stack]
+    cluster = of(rec, "vke/cluster:Cluster")[0]
+    assert cluster.id is None  # the engine has not created it
+    pool = next(r for r in of(rec, "vke/nodePool:NodePool") if "-gpu-" in r.name)
+    assert pool.raw_inputs["clusterId"] == engine.UNKNOWN
+    k8s = next(r for r in rec.resources if r.type == "pulumi:providers:kubernetes")
+    assert k8s.raw_inputs["kubeconfig"] == engine.UNKNOWN  # no invented kubeconfig
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_new_stack_formats_no_unknown_into_a_string(runs, stack):
+    for r in runs[stack].resources:
+        for v in _walk(r.raw_inputs):
+            if isinstance(v, str) and v != engine.UNKNOWN:
+                assert engine.UNKNOWN not in v and "Output[" not in v and "Calling __str__" not in v, r.name
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_no_role_without_an_oidc_provider(runs, existing, stack):
+    # New stack: VKE has no OIDC provider before IRSA is on, so no reader role yet (never
+    # one whose trust names an empty principal); once the provider exists, the role does.
+    assert not of(runs[stack], "iam/role:Role")
+    assert not of(runs[stack], "iam/rolePolicyAttachment:RolePolicyAttachment")
+    (role,) = of(existing[stack], "iam/role:Role")
+    principals = json.loads(role.inputs["trustPolicyDocument"])["Statement"][0]["Principal"]["Federated"]
+    assert principals and all(p.startswith("trn:iam::") and p.endswith(":oidc-provider/vke-deepseek-"
+                                                                        f"{stack}-vke-id") for p in principals)

@@ -105,6 +105,29 @@ BAD = [
     ({"serving__replicas": 3}, "cluster.gpu_pools.a10.max_nodes", "need 3 nodes"),
     ({"serving__rate_limits__requests": "many"}, "serving.rate_limits.requests", "valid integer"),
     ({"cluster": _DELETE}, "cluster", "required value is missing"),
+    # values that reach a constrained provider argument: the provider contract's values
+    ({"cluster__gpu_pools__a10__data_disk_type": "ESSD_PL2"}, "cluster.gpu_pools.a10.data_disk_type",
+     "'PTSSD', 'ESSD_PL0' or 'ESSD_FlexPL'"),
+    ({"cluster__gpu_pools__a10__topology_manager_policy": "nearest"},
+     "cluster.gpu_pools.a10.topology_manager_policy", "'none', 'restricted', 'best-effort' or 'single-numa-node'"),
+    ({"network__nat_spec": "Extra_Large_1"}, "network.nat_spec", "'Small', 'Medium' or 'Large'"),
+    ({"network__vpc_cidr": "100.64.0.0/16"}, "network.vpc_cidr", "outside 10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16"),
+    ({"cluster__pod_network_mode": "Calico"}, "cluster.pod_network_mode", "'Flannel' or 'VpcCniShared'"),
+    ({"weights__sse_algorithm": "DES"}, "weights.sse_algorithm", "'kms', 'AES256' or 'SM4'"),
+    ({"weights__sse_algorithm": "kms", "weights__kms_key_id": "my-key"}, "weights.kms_key_id",
+     "trn:kms:<region>:<accountID>:keyrings/<keyring>/keys/<key>"),
+    ({"gateway__instance_spec": "16c32g"}, "gateway.instance_spec", "'1c2g', '2c4g', '4c8g' or '8c16g'"),
+    ({"cluster__gpu_pools__a10__instance_type": "gni2.3xlarge"}, "cluster.gpu_pools.a10.instance_type", "pattern"),
+    ({"cluster__system_pool__instance_type": "ecs.G3i"}, "cluster.system_pool.instance_type", "pattern"),
+    ({"cluster__gpu_pools__a10__instance_type": "ecs.gni3cl.45xlarge"}, "cluster.gpu_pools.a10.instance_type",
+     "GPU count is unconfirmed; set gpu and gpus_per_node"),
+    # node pools as VKE accepts them
+    ({"cluster__gpu_pools__a10__instance_type": "ecs.hpcpni2.28xlarge"}, "cluster.gpu_pools.a10.zones",
+     "single-zone HPC cluster; expected exactly one of cn-beijing-a, got every stack zone"),
+    ({"cluster__gpu_pools__a10__hpc_cluster_id": "hpcCluster-1"}, "cluster.gpu_pools.a10.hpc_cluster_id",
+     "not an HPC instance type"),
+    ({"cluster__addon_versions": {"karpenter": "v1.0"}}, "cluster.addon_versions",
+     "not an add-on the stack installs; expected one of cluster-autoscaler"),
 ]
 
 
@@ -196,11 +219,10 @@ def test_a_replica_spanning_nodes_is_refused_unless_multi_node_naming_a_pool_tha
         parse(raw, stack="dev")
     (line,) = [p for p in info.value.problems if p.startswith("serving.multi_node")]
     assert "needs 2 nodes of A10 x 1" in line and "set serving.multi_node: true" in line
-    # no catalogued instance type holds it, so the smallest GPU shape by total memory is named:
-    # one A100-40G (40,960 MiB) holds the 27.6 GiB of weights and an 8k context, and is
-    # smaller than two A10s (46,056 MiB) or one L20 (46,068 MiB)
-    assert "smallest pool on which it fits on one node is A100-40G x 1: TP1" in line
-    assert "state gpu: A100-40G and gpus_per_node: 1" in line
+    # catalogued instance types come first (they can be ordered as they are): one A100 80 GB
+    # of ecs.pni2.3xlarge holds the 27.6 GiB of weights and an 8k context
+    assert "smallest pool on which it fits on one node is A100-80G x 1 (ecs.pni2.3xlarge): TP1" in line
+    assert "not in the catalog" not in line
     raw["serving"]["multi_node"] = True
     s = parse(raw, stack="dev")
     assert s.serving_plan.nodes == 2 and s.serving_plan.pipeline_parallel_size == 2
@@ -210,5 +232,17 @@ def test_prod_states_that_its_replicas_span_nodes():
     raw = mutated("prod", serving__multi_node=False)
     with pytest.raises(SettingsError) as info:
         parse(raw, stack="prod")
-    assert any(p.startswith("serving.multi_node: one replica of deepseek-r1 needs 2 nodes of H20 x 8")
-               for p in info.value.problems)
+    (line,) = [p for p in info.value.problems if p.startswith("serving.multi_node")]
+    assert line.startswith("serving.multi_node: one replica of deepseek-r1 needs 2 nodes of H20 x 8")
+    # with less KV cache one H20 x 8 node holds it: the catalogued type is named
+    assert "smallest pool on which it fits on one node is H20 x 8 (ecs.ebmhpcpni3l.48xlarge): TP8" in line
+
+
+def test_a_zone_of_the_table_is_accepted_with_its_source():
+    from stacks.regions import zone_source
+
+    raw = mutated("dev", zones=["cn-beijing-e"])
+    assert parse(raw, "dev", stack="dev").zones == ["cn-beijing-e"]
+    assert "volcengine.com/docs/6534/1131814" in zone_source("cn-beijing-e")
+    assert "volcengine.com/docs/6460/79643" in zone_source("cn-beijing-a")  # VKE's zone guide
+    assert zone_source("cn-beijing-z") is None

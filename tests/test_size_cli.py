@@ -142,6 +142,15 @@ def test_instance_type_sets_gpu_and_count():
         "gpus": 1, "instance_type": "ecs.gni2.3xlarge", "gpu_memory_bytes": GPUS["A10"].memory_bytes}
 
 
+@pytest.mark.parametrize("itype,gpu,count", [("ecs.hpcpni3ln.45xlarge", "H20", 8), ("ecs.pni2.14xlarge", "A100-80G", 4),
+                                             ("ecs.ebmhpcpni2l.32xlarge", "A800", 8)])
+def test_catalogued_gpu_instance_types_size_a_model(itype, gpu, count):
+    res = run("--model", "deepseek-r1-distill-llama-70b", "--gpu", itype, "--json")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["gpu"] == gpu and data["gpus_per_node"] == count
+
+
 def test_local_model_dir(tiny_llama):
     res = run("--model", str(tiny_llama), "--gpu", "A10", "--json")
     assert res.exit_code == 0, res.output

@@ -11,7 +11,7 @@ from __future__ import annotations
 import shlex
 
 from stacks.regions import tos_internal_endpoint, tos_internal_s3_host
-from workloads import engine_args
+from workloads import engine_args, rdma
 from stacks.constants import (
     GPU_RESOURCE,
     HTTP_PORT,
@@ -362,18 +362,33 @@ def leader_worker_set(ctx: ServingContext, role_trn_env: dict) -> dict:
             "leaderWorkerTemplate": {
                 "size": ctx.plan.nodes,
                 "restartPolicy": "RecreateGroupOnPodRestart",
-                "leaderTemplate": {
+                "leaderTemplate": with_rdma(ctx, {
                     "metadata": {"labels": leader_labels},
                     "spec": pod_spec(ctx, [engine_container(ctx, leader_args, serving=True)], init, "server"),
-                },
-                "workerTemplate": {
+                }),
+                "workerTemplate": with_rdma(ctx, {
                     "metadata": {"labels": worker_labels},
                     "spec": pod_spec(ctx, [engine_container(ctx, worker_args, serving=False, headless=True)],
                                      init, "server"),
-                },
+                }),
             },
         },
     }
+
+
+def with_rdma(ctx: ServingContext, template: dict) -> dict:
+    """A multi-node pod template with the RDMA NICs, NCCL settings and IPC_LOCK the engine
+    container needs on an RDMA pool (workloads/rdma.py); unchanged without RDMA."""
+    extra = rdma.extras(ctx)
+    if extra is None:
+        return template
+    template["metadata"]["annotations"] = {**template["metadata"].get("annotations", {}), **extra.annotations}
+    engine = template["spec"]["containers"][0]
+    for bound in ("requests", "limits"):
+        engine["resources"][bound].update(extra.resources)
+    engine["env"] = engine["env"] + extra.env
+    engine["securityContext"]["capabilities"]["add"] = extra.capabilities
+    return template
 
 
 def serving_selector(ctx: ServingContext) -> dict:
