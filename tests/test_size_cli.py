@@ -148,7 +148,7 @@ def test_catalogued_gpu_instance_types_size_a_model(itype, gpu, count):
     res = run("--model", "deepseek-r1-distill-llama-70b", "--gpu", itype, "--json")
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
-    assert data["gpu"] == gpu and data["gpus_per_node"] == count
+    assert data["gpu"] == gpu and data["node"]["gpus"] == count and data["node"]["instance_type"] == itype
 
 
 def test_local_model_dir(tiny_llama):
