@@ -59,6 +59,7 @@ def build_infra(s: StackSettings) -> Infra:
     gpu_pools = {}
     for pool_name, pool in s.cluster.gpu_pools.items():
         gpu_model, gpus_per_node = pool.hardware()
+        mig = s.pool_mig(pool_name)
         gpu_pools[pool_name] = GpuPoolArgs(
             instance_type=pool.instance_type,
             gpu_model=gpu_model,
@@ -71,6 +72,10 @@ def build_infra(s: StackSettings) -> Infra:
             system_disk_gib=pool.system_disk_gib,
             data_disk_type=pool.data_disk_type,
             labels=pool.labels,
+            mig_profile=mig.name if mig else None,
+            mig_per_gpu=mig.per_gpu if mig else 0,
+            auto_repair=pool.auto_repair.enabled,
+            remedy_policy_id=pool.auto_repair.remedy_policy_id,
         )
     c = s.cluster
     cluster = Cluster(

@@ -23,7 +23,14 @@ from pulumi_policy import (
     StackValidationPolicy,
 )
 
-from stacks.constants import GPU_COUNT_LABEL, GPU_MODEL_LABEL, GPU_RESOURCE, POOL_LABEL  # noqa: F401
+from stacks.constants import (  # noqa: F401
+    GPU_COUNT_LABEL,
+    GPU_MODEL_LABEL,
+    GPU_RESOURCE,
+    MIG_PROFILE_LABEL,
+    MIG_RESOURCE_PREFIX,
+    POOL_LABEL,
+)
 
 # Every policy defaults to mandatory: a stack run without a config file gets the strictest
 # verdict. policies/config/<environment class>.json relaxes levels per class.
@@ -321,6 +328,18 @@ def selector_matches(selector: Any, labels: dict[str, str]) -> bool:
         if op == "DoesNotExist" and key in labels:
             return False
     return True
+
+
+def gpu_requests(c: Any) -> tuple[dict, dict]:
+    """The GPU resources (nvidia.com/gpu and nvidia.com/mig-<profile>) a container requests
+    and limits, as {resource: number or None}."""
+    req = mapping(dig(c, "resources", "requests", default={}))
+    lim = mapping(dig(c, "resources", "limits", default={}))
+
+    def pick(d: dict) -> dict:
+        return {str(k): number(v) for k, v in d.items()
+                if str(k) == GPU_RESOURCE or str(k).startswith(MIG_RESOURCE_PREFIX)}
+    return pick(req), pick(lim)
 
 
 SECRET_NAME = re.compile(r"(SECRET|PASSWORD|PASSWD|TOKEN|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|CREDENTIAL)", re.I)

@@ -23,6 +23,7 @@ from pydantic import (
 
 from capacity.catalog import GPUS, get_gpu, get_model
 from capacity.instances import INSTANCE_TYPES, resolve_instance_type
+from capacity.mig import MigError, MigProfile, mig_profile, slice_gpu
 from capacity.planner import PlanError, plan, single_node_options
 from stacks.constants import ENTRY_NAMESPACE, HTTP_PORT, entry_service
 from stacks.regions import (
@@ -88,6 +89,26 @@ class SystemPoolSettings(_Model):
         return self
 
 
+class MigSettings(_Model):
+    profile: str = Field(
+        pattern=r"^[1-7]g\.[0-9]+gb$",
+        description="MIG profile every GPU of the pool is cut into (e.g. 1g.10gb); the pool's GPU must offer it "
+        "(A100-40G/80G, H100, H800, H20, H200: see capacity/mig.py). Each serving replica takes one slice.",
+    )
+
+
+class AutoRepairSettings(_Model):
+    enabled: bool = Field(
+        False,
+        description="VKE node check and self-healing on the pool (node pool management.remedy_config): GPU and "
+        "node faults get the node cordoned, drained and repaired by VKE",
+    )
+    remedy_policy_id: str | None = Field(
+        None, pattern=r"^[A-Za-z0-9-]{1,64}$",
+        description="VKE remedy policy to apply; the cluster's default policy when unset",
+    )
+
+
 class GpuPoolSettings(_Model):
     instance_type: str = Field(description="ECS GPU instance type, e.g. ecs.gni2.3xlarge")
     gpu: str | None = Field(
@@ -108,6 +129,12 @@ class GpuPoolSettings(_Model):
     )
     system_disk_gib: int = Field(200, ge=40, le=2048, description="system disk (container images are large)")
     labels: dict[str, str] = Field(default_factory=dict, description="extra node labels")
+    mig: MigSettings | None = Field(
+        None, description="cut every GPU into MIG slices of one profile (small models); whole GPUs when unset"
+    )
+    auto_repair: AutoRepairSettings = Field(
+        default_factory=AutoRepairSettings, description="VKE auto-repair of faulty GPU nodes"
+    )
 
     @model_validator(mode="after")
     def _bounds(self):
@@ -457,16 +484,25 @@ class StackSettings(_Model):
         except (OSError, ValueError) as exc:
             raise ValueError(f"serving.model: {exc}") from None
         gpu_name, per_node = self.cluster.gpu_pools[sv.gpu_pool].hardware()
+        gpu, tp, pp = get_gpu(gpu_name), e.tensor_parallel_size, e.pipeline_parallel_size
+        mig = self.pool_mig(sv.gpu_pool)
+        if mig is not None:
+            # A CUDA process sees one MIG device: a replica is one slice, unsplit.
+            for name, value in (("tensor_parallel_size", tp), ("pipeline_parallel_size", pp)):
+                if value not in (None, 1):
+                    raise ValueError(f"serving.engine.{name}: pool {sv.gpu_pool} serves from MIG {mig.name} slices "
+                                     f"and a replica runs on one slice; expected 1 or unset, got {value}")
+            gpu, tp, pp = slice_gpu(gpu, mig), 1, 1
         try:
             p = plan(
                 model,
-                get_gpu(gpu_name),
-                gpus_per_node=per_node,
+                gpu,
+                gpus_per_node=1 if mig is not None else per_node,
                 context=e.max_model_len,
                 quantization=e.quantization,
                 kv_cache_dtype=e.kv_cache_dtype,
-                tensor_parallel_size=e.tensor_parallel_size,
-                pipeline_parallel_size=e.pipeline_parallel_size,
+                tensor_parallel_size=tp,
+                pipeline_parallel_size=pp,
                 max_num_seqs=e.max_num_seqs,
                 gpu_memory_utilization=e.gpu_memory_utilization,
                 max_num_batched_tokens=e.max_num_batched_tokens,
@@ -474,20 +510,30 @@ class StackSettings(_Model):
         except PlanError as exc:
             raise ValueError(f"serving.engine: {exc}") from None
         if not p.fits:
+            where = (f"a MIG {mig.name} slice of {gpu_name} ({mig.memory_mib / 1024:.1f} GiB)" if mig is not None
+                     else f"{gpu_name} x {per_node} per node")
             raise ValueError(
-                f"serving.engine: {model.name} does not fit on {gpu_name} x {per_node} per node "
-                f"(pool {sv.gpu_pool}): " + "; ".join(p.reasons)
+                f"serving.engine: {model.name} does not fit on {where} (pool {sv.gpu_pool}): " + "; ".join(p.reasons)
             )
         if p.nodes > 1 and not sv.multi_node:
             raise ValueError(self._multi_node_refusal(model, gpu_name, per_node, p))
         pool = self.cluster.gpu_pools[sv.gpu_pool]
         low = (self.autoscaling.min_replicas or sv.replicas) if self.autoscaling.enabled else sv.replicas
-        needed = low * p.nodes
-        if needed > pool.max_nodes:
-            raise ValueError(
-                f"cluster.gpu_pools.{sv.gpu_pool}.max_nodes: {low} replica(s) x {p.nodes} node(s) each need "
-                f"{needed} nodes, the pool allows {pool.max_nodes}"
-            )
+        if mig is not None:
+            slices = per_node * mig.per_gpu
+            needed = -(-low // slices)
+            if needed > pool.max_nodes:
+                raise ValueError(
+                    f"cluster.gpu_pools.{sv.gpu_pool}.max_nodes: {low} replica(s) on {slices} {mig.name} slices per "
+                    f"node need {needed} nodes, the pool allows {pool.max_nodes}"
+                )
+        else:
+            needed = low * p.nodes
+            if needed > pool.max_nodes:
+                raise ValueError(
+                    f"cluster.gpu_pools.{sv.gpu_pool}.max_nodes: {low} replica(s) x {p.nodes} node(s) each need "
+                    f"{needed} nodes, the pool allows {pool.max_nodes}"
+                )
         self._derived["plan"] = p
         self._derived["model"] = model
 
@@ -596,6 +642,16 @@ class StackSettings(_Model):
                     )
             elif pool.gpu not in GPUS:
                 raise ValueError(f"{path}.gpu: {pool.gpu!r} is not a known GPU; expected one of {', '.join(GPUS)}")
+            if pool.mig is not None:
+                try:
+                    mig_profile(pool.hardware()[0], pool.mig.profile)
+                except MigError as exc:
+                    raise ValueError(f"{path}.mig.profile: {exc}") from None
+
+    def pool_mig(self, pool: str) -> MigProfile | None:
+        """The MIG profile a pool's GPUs are cut into, or None for whole GPUs."""
+        p = self.cluster.gpu_pools[pool]
+        return mig_profile(p.hardware()[0], p.mig.profile) if p.mig is not None else None
 
     def pool_zones(self, pool: str) -> list[str]:
         return list(self.cluster.gpu_pools[pool].zones or self.zones)

@@ -105,6 +105,11 @@ BAD = [
     ({"serving__replicas": 3}, "cluster.gpu_pools.a10.max_nodes", "need 3 nodes"),
     ({"serving__rate_limits__requests": "many"}, "serving.rate_limits.requests", "valid integer"),
     ({"cluster": _DELETE}, "cluster", "required value is missing"),
+    ({"cluster__gpu_pools__a10__mig": {"profile": "1g.10gb"}}, "cluster.gpu_pools.a10.mig.profile",
+     "A10 has no MIG"),
+    ({"cluster__gpu_pools__a10__mig": {"profile": "tiny"}}, "cluster.gpu_pools.a10.mig.profile", "pattern"),
+    ({"cluster__gpu_pools__a10__auto_repair__remedy_policy_id": "no spaces"},
+     "cluster.gpu_pools.a10.auto_repair.remedy_policy_id", "pattern"),
 ]
 
 

@@ -36,19 +36,28 @@ LEADER_LABEL = ROLE_LABEL
 
 def shm_bytes(ctx: ServingContext) -> int:
     """/dev/shm for NCCL and the engine's worker IPC: the 64 MiB container default breaks
-    tensor parallelism (vllm#1710). 2 GiB base + 2 GiB per GPU in the pod."""
+    tensor parallelism (vllm#1710). 2 GiB base + 2 GiB per GPU in the pod; 1 GiB on a MIG
+    slice (one process, no NCCL)."""
+    if ctx.mig is not None:
+        return GIB
     return (2 + 2 * ctx.gpus_per_pod) * GIB
 
 
 def memory_request_bytes(ctx: ServingContext) -> int:
     """Host memory: the engine process, tokenizer workers and pinned staging buffers
     (~16 GiB) plus ~16 GiB per GPU for the per-rank workers, plus the shm that counts
-    against the container's memory."""
+    against the container's memory. A MIG slice holds a small model and a node holds up to
+    7 slices per GPU, so a slice's pod gets 8 GiB plus its shm."""
+    if ctx.mig is not None:
+        return 8 * GIB + shm_bytes(ctx)
     return 16 * GIB + 16 * GIB * ctx.gpus_per_pod + shm_bytes(ctx)
 
 
 def cpu_request(ctx: ServingContext) -> int:
-    """Cores: one per GPU worker plus scheduler, API server and tokenizer threads."""
+    """Cores: one per GPU worker plus scheduler, API server and tokenizer threads; 2 on a
+    MIG slice (seven of them share a GPU's host share of cores)."""
+    if ctx.mig is not None:
+        return 2
     return 4 + 2 * ctx.gpus_per_pod
 
 
@@ -126,9 +135,11 @@ def resources(ctx: ServingContext) -> dict:
     mem = _gi(memory_request_bytes(ctx))
     gpus = str(ctx.gpus_per_pod)
     cpu = cpu_request(ctx)
+    # On a MIG pool the device plugin (mixed strategy) advertises slices, not GPUs.
+    gpu = ctx.gpu_resource
     return {
-        "requests": {"cpu": str(cpu), "memory": mem, GPU_RESOURCE: gpus},
-        "limits": {"cpu": str(2 * cpu), "memory": mem, GPU_RESOURCE: gpus},
+        "requests": {"cpu": str(cpu), "memory": mem, gpu: gpus},
+        "limits": {"cpu": str(2 * cpu), "memory": mem, gpu: gpus},
     }
 
 
