@@ -19,8 +19,8 @@ from .common import (
     gpu_requests,
     POOL_LABEL,
     VKE_NODE_POOL,
-    container_argv,
     dig,
+    engine_argv,
     engine_flag,
     is_vllm,
     items,
@@ -85,7 +85,7 @@ def _fits(args, report):
                 if not is_vllm(c):
                     continue
                 where = f"{kind} {name_of(w.props)} ({role})"
-                argv = container_argv(c)
+                argv = engine_argv(t, c)
                 pool = _pool_of(t)
                 labels = pools.get(pool or "")
                 if labels is None or GPU_MODEL_LABEL not in labels:

@@ -24,6 +24,7 @@ from pulumi_policy import (
 )
 
 from stacks.constants import (  # noqa: F401
+    ENGINE_ARGS_ANNOTATION,
     GPU_COUNT_LABEL,
     GPU_MODEL_LABEL,
     GPU_RESOURCE,
@@ -278,11 +279,33 @@ def engine_flag(argv: list[str], flag: str) -> str | None:
     return value
 
 
+TRITON_FRONTEND = "openai_frontend/main.py"  # Triton's OpenAI-compatible frontend
+
+
+def is_triton(c: Any) -> bool:
+    """A Triton Inference Server container running the vLLM engine behind its OpenAI frontend."""
+    return any(TRITON_FRONTEND in part for part in container_argv(c))
+
+
 def is_vllm(c: Any) -> bool:
-    """The serving container: it runs `vllm serve` (or the OpenAI server module)."""
+    """The serving container: it runs `vllm serve` (or the OpenAI server module), or Triton
+    with its vLLM backend."""
     argv = container_argv(c)
     text = " ".join(argv)
-    return ("vllm" in text and "serve" in argv) or "vllm.entrypoints.openai.api_server" in text
+    return ("vllm" in text and "serve" in argv) or "vllm.entrypoints.openai.api_server" in text or is_triton(c)
+
+
+def engine_argv(template: Any, c: Any) -> list[str]:
+    """The engine's arguments as vLLM flags: the command line of a vLLM container, or the
+    engine-args annotation of a Triton pod (its model.json as flags)."""
+    if not is_triton(c):
+        return container_argv(c)
+    raw = dig(template, "metadata", "annotations", ENGINE_ARGS_ANNOTATION)
+    try:
+        parsed = json.loads(raw) if isinstance(raw, str) else []
+    except json.JSONDecodeError:
+        return []
+    return [str(x) for x in parsed] if isinstance(parsed, list) else []
 
 
 def serving_workloads(resources: list) -> list:

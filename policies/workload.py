@@ -20,6 +20,7 @@ from .common import (
     container_argv,
     containers,
     dig,
+    engine_argv,
     engine_flag,
     gpu_requests,
     is_vllm,
@@ -131,7 +132,7 @@ def _resources(args, report):
             report(f"{where} has no {', '.join(missing)}: the scheduler cannot place it safely and a leak takes "
                    "the node down. Fix: set CPU and memory requests and limits (workloads/manifests.py resources).")
         if serving:
-            tp = number(engine_flag(container_argv(c), "--tensor-parallel-size"), 1.0)
+            tp = number(engine_flag(engine_argv(t, c), "--tensor-parallel-size"), 1.0)
             g_req, g_lim = gpu_requests(c)
             slices = sorted(k for k in set(g_req) | set(g_lim) if k.startswith(MIG_RESOURCE_PREFIX))
             if slices:
@@ -197,8 +198,8 @@ def _shm(args, report):
     for _, t, c in iter_workload_containers(kind, args.props, init=False):
         if not is_vllm(c):
             continue
-        tp = number(engine_flag(container_argv(c), "--tensor-parallel-size"), 1.0)
-        pp = number(engine_flag(container_argv(c), "--pipeline-parallel-size"), 1.0)
+        tp = number(engine_flag(engine_argv(t, c), "--tensor-parallel-size"), 1.0)
+        pp = number(engine_flag(engine_argv(t, c), "--pipeline-parallel-size"), 1.0)
         if tp * pp <= 1:
             continue
         mem_volumes = {dig(v, "name") for v in items(dig(t, "spec", "volumes"))

@@ -54,6 +54,9 @@ STS_AUDIENCE = "sts.volcengine.com"
 # --------------------------------------------------------------------------- serving
 # The port vLLM serves /health, /v1/* and /metrics on, and the serving Services expose.
 HTTP_PORT = 8000
+# A Triton pod's template carries the engine's settings as vLLM flags (JSON list) in this
+# annotation, the same arguments its model.json holds as fields.
+ENGINE_ARGS_ANNOTATION = f"{LABEL_PREFIX}/engine-args"
 # Envoy Gateway runs its proxies in its controller namespace; a stable-named Service there
 # selects the proxies of our Gateway, so the edge has a fixed target.
 ENTRY_NAMESPACE = "envoy-gateway-system"

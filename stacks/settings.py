@@ -299,6 +299,28 @@ class RateLimitSettings(_Model):
     consumers: list[ConsumerLimit] = Field(default_factory=list, description="per-consumer overrides")
 
 
+class TritonSettings(_Model):
+    """NVIDIA Triton Inference Server in front of the same vLLM engine (serving.server: triton)."""
+
+    default_max_tokens: int = Field(
+        4096, ge=16, le=131072,
+        description="max_tokens of a request that sets none (Triton's OpenAI frontend defaults to 16, vLLM's "
+        "own server to the rest of the context); at most the engine's max_model_len",
+    )
+    kserve_http_port: int = Field(8080, ge=1024, le=65535, description="Triton's KServe v2 HTTP port (health probes)")
+    kserve_grpc_port: int = Field(8001, ge=1024, le=65535, description="Triton's KServe v2 gRPC port")
+
+    @model_validator(mode="after")
+    def _ports(self):
+        used = {HTTP_PORT: "the OpenAI port"}
+        for name in ("kserve_http_port", "kserve_grpc_port"):
+            port = getattr(self, name)
+            if port in used:
+                raise ValueError(f"{name}: {port} is already {used[port]}; expected a free port")
+            used[port] = name
+        return self
+
+
 class ServingSettings(_Model):
     namespace: Name = Field("deepseek-serving", description="namespace of the serving workload")
     name: Name = Field("deepseek", description="release name (prefix of every serving object)")
@@ -324,6 +346,12 @@ class ServingSettings(_Model):
     termination_grace_seconds: int = Field(
         180, ge=30, le=3600, description="time for in-flight generations to finish on shutdown"
     )
+    server: Literal["vllm", "triton"] = Field(
+        "vllm",
+        description="what answers the OpenAI API: vLLM's own server, or NVIDIA Triton Inference Server with its "
+        "vLLM backend (same engine settings, model repository generated; docs/serving.md says when)",
+    )
+    triton: TritonSettings = Field(default_factory=TritonSettings, description="Triton front (server: triton)")
     in_cluster_gateway: bool = Field(True, description="Envoy Gateway in the cluster with JWT and rate limits")
     gateway_replicas: int = Field(2, ge=1, le=20, description="Envoy proxy replicas of the in-cluster gateway")
     auth: AuthSettings = Field(default_factory=AuthSettings, description="JWT authentication")
@@ -403,6 +431,9 @@ class MonitoringSettings(_Model):
     error_rate: float = Field(0.02, gt=0, lt=1, description="alert when the failed-request ratio exceeds this")
     kv_cache_usage: float = Field(0.9, gt=0, le=1, description="alert when KV cache usage exceeds this")
     at_max_replicas_minutes: int = Field(30, ge=5, description="alert when pinned at max replicas this long")
+    triton_queue_seconds: float = Field(
+        1.0, gt=0, description="alert when requests wait longer than this in Triton's queue (server: triton)"
+    )
     selector_labels: dict[str, str] = Field(
         default_factory=dict,
         description="labels added to monitors and rules so the Prometheus selects them (e.g. release: kube-prometheus-stack)",
@@ -534,8 +565,22 @@ class StackSettings(_Model):
                     f"cluster.gpu_pools.{sv.gpu_pool}.max_nodes: {low} replica(s) x {p.nodes} node(s) each need "
                     f"{needed} nodes, the pool allows {pool.max_nodes}"
                 )
+        if sv.server == "triton":
+            self._check_triton(p)
         self._derived["plan"] = p
         self._derived["model"] = model
+
+    def _check_triton(self, p) -> None:
+        sv = self.serving
+        if p.nodes > 1:
+            raise ValueError(f"serving.server: triton serves one node per replica here; {sv.model} needs "
+                             f"{p.nodes} nodes per replica: expected vllm (a LeaderWorkerSet) for it")
+        if sv.engine.extra_args:
+            raise ValueError("serving.engine.extra_args: Triton's model.json takes engine fields, not command-line "
+                             "flags; expected none with server: triton")
+        if sv.triton.default_max_tokens > p.max_model_len:
+            raise ValueError(f"serving.triton.default_max_tokens: {sv.triton.default_max_tokens} exceeds the "
+                             f"engine's max_model_len {p.max_model_len}; expected at most that")
 
     def _multi_node_refusal(self, model, gpu_name: str, per_node: int, p) -> str:
         """One replica would span several nodes: say so, and name the smallest node shape on

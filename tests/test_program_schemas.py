@@ -9,7 +9,7 @@ import k8s_schema
 from dsvolc import engine
 from stacks import load, read_raw
 
-STACKS = ["dev", "staging", "prod"]
+STACKS = ["dev", "staging", "prod", "mig-example", "triton-example"]
 # Helm releases are charts, not objects.
 NOT_OBJECTS = {"kubernetes:helm.sh/v3:Release"}
 
