@@ -439,6 +439,41 @@ class MonitoringSettings(_Model):
         description="labels added to monitors and rules so the Prometheus selects them (e.g. release: kube-prometheus-stack)",
     )
 
+class GpuHealthSettings(_Model):
+    enabled: bool = Field(
+        True, description="turn DCGM XID/ECC and device-plugin signals into a NoSchedule taint and drain bad GPU "
+        "nodes (runtime/gpu_health.py; needs monitoring)",
+    )
+    interval_seconds: int = Field(60, ge=15, le=3600, description="how often the signals are read")
+    max_unhealthy_fraction: float = Field(
+        0.34, gt=0, le=1, description="most GPU nodes quarantined at once (a broken exporter must not drain the fleet)"
+    )
+    evict: bool = Field(True, description="evict serving pods from a node to drain (PDB honoured); off: taint only")
+
+
+class PrewarmSettings(_Model):
+    enabled: bool = Field(
+        True, description="on every node of the serving pool, pull the serving image and (weights_mode sync) fill "
+        "the node's model cache as soon as the node joins, before a serving pod needs them",
+    )
+
+
+class WarmCapacitySettings(_Model):
+    replicas: int = Field(
+        0, ge=0, le=20,
+        description="placeholder pods, each holding the GPUs of one serving pod at the lowest priority; a serving "
+        "pod preempts one at once instead of waiting for a new node (0: off)",
+    )
+
+
+class ResilienceSettings(_Model):
+    gpu_health: GpuHealthSettings = Field(default_factory=GpuHealthSettings, description="GPU node quarantine")
+    prewarm: PrewarmSettings = Field(default_factory=PrewarmSettings, description="image and model cache pre-warm")
+    warm_capacity: WarmCapacitySettings = Field(
+        default_factory=WarmCapacitySettings, description="idle GPU capacity held for the next replica"
+    )
+
+
 # --------------------------------------------------------------------------- the stack
 
 
@@ -470,6 +505,9 @@ class StackSettings(_Model):
     autoscaling: AutoscalingSettings = Field(default_factory=AutoscalingSettings, description="replica autoscaling")
     rollout: RolloutSettings = Field(default_factory=RolloutSettings, description="canary rollout")
     monitoring: MonitoringSettings = Field(default_factory=MonitoringSettings, description="metrics and alerts")
+    resilience: ResilienceSettings = Field(
+        default_factory=ResilienceSettings, description="GPU node health, pre-warm and warm capacity"
+    )
 
     _derived: dict = PrivateAttr(default_factory=dict)
 
@@ -559,7 +597,16 @@ class StackSettings(_Model):
                     f"node need {needed} nodes, the pool allows {pool.max_nodes}"
                 )
         else:
-            needed = low * p.nodes
+            # each warm placeholder holds one serving pod's GPUs (a pipeline stage's when multi-node)
+            warm = self.resilience.warm_capacity.replicas
+            warm_nodes = -(-warm * p.tensor_parallel_size // per_node)
+            needed = low * p.nodes + warm_nodes
+            if needed > pool.max_nodes and warm and low * p.nodes <= pool.max_nodes:
+                raise ValueError(
+                    f"resilience.warm_capacity.replicas: {low} replica(s) x {p.nodes} node(s) plus {warm} "
+                    f"placeholder(s) on {warm_nodes} node(s) need {needed} nodes, pool {sv.gpu_pool} allows "
+                    f"{pool.max_nodes}"
+                )
             if needed > pool.max_nodes:
                 raise ValueError(
                     f"cluster.gpu_pools.{sv.gpu_pool}.max_nodes: {low} replica(s) x {p.nodes} node(s) each need "
