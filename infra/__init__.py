@@ -60,6 +60,7 @@ def build_infra(s: StackSettings) -> Infra:
     for pool_name, pool in s.cluster.gpu_pools.items():
         gpu_model, gpus_per_node = pool.hardware()
         hpc = s.pool_hardware(pool_name).hpc
+        mig = s.pool_mig(pool_name)
         gpu_pools[pool_name] = GpuPoolArgs(
             instance_type=pool.instance_type,
             gpu_model=gpu_model,
@@ -75,6 +76,10 @@ def build_infra(s: StackSettings) -> Infra:
             labels=pool.labels,
             hpc_zone=s.pool_zones(pool_name)[0] if hpc else None,
             hpc_cluster_id=pool.hpc_cluster_id,
+            mig_profile=mig.name if mig else None,
+            mig_per_gpu=mig.per_gpu if mig else 0,
+            auto_repair=pool.auto_repair.enabled,
+            remedy_policy_id=pool.auto_repair.remedy_policy_id,
         )
     c = s.cluster
     cluster = Cluster(

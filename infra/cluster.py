@@ -13,9 +13,13 @@ import pulumi_volcengine as volc
 
 from infra.common import child, tag_list
 from stacks.constants import (
+    DEVICE_PLUGIN_CONFIG_LABEL,
+    DEVICE_PLUGIN_MIG_CONFIG,
     GPU_COUNT_LABEL,
     GPU_MODEL_LABEL,
     GPU_TAINT,
+    MIG_CONFIG_LABEL,
+    MIG_PROFILE_LABEL,
     MODEL_CACHE_HOST_PATH,
     POOL_LABEL,
     SERVING_UID,
@@ -24,10 +28,33 @@ from stacks.nodepools import TOPOLOGY_SCOPE
 
 MODEL_CACHE_MOUNT = MODEL_CACHE_HOST_PATH
 MODEL_CACHE_OWNER = SERVING_UID
-MODEL_CACHE_INIT_SCRIPT = base64.b64encode(
+MODEL_CACHE_SCRIPT = (
     f"#!/bin/bash\nset -e\nmkdir -p {MODEL_CACHE_MOUNT}\n"
-    f"chown {MODEL_CACHE_OWNER}:{MODEL_CACHE_OWNER} {MODEL_CACHE_MOUNT}\nchmod 0750 {MODEL_CACHE_MOUNT}\n".encode()
-).decode()
+    f"chown {MODEL_CACHE_OWNER}:{MODEL_CACHE_OWNER} {MODEL_CACHE_MOUNT}\nchmod 0750 {MODEL_CACHE_MOUNT}\n"
+)
+MODEL_CACHE_INIT_SCRIPT = base64.b64encode(MODEL_CACHE_SCRIPT.encode()).decode()
+
+
+def mig_script(profile: str, per_gpu: int) -> str:
+    """Cut every GPU of the node into `per_gpu` instances of `profile` with the driver's own
+    nvidia-smi (MIG user guide, "Getting Started with MIG": enable MIG mode, create GPU
+    instances with their default compute instance, -C). Old instances are removed first so
+    a re-run converges on the same layout."""
+    instances = ",".join([profile] * per_gpu)
+    return (
+        "# MIG: every GPU becomes " f"{per_gpu} x {profile}\n"
+        "nvidia-smi -mig 1\n"
+        "nvidia-smi mig -dci || true\nnvidia-smi mig -dgi || true\n"
+        "for i in $(nvidia-smi --query-gpu=index --format=csv,noheader); do\n"
+        f"  nvidia-smi mig -i \"$i\" -cgi {instances} -C\n"
+        "done\n"
+    )
+
+
+def init_script(mig_profile: str | None, mig_per_gpu: int) -> str:
+    """The GPU pool's node initialisation script, base64 as VKE takes it."""
+    text = MODEL_CACHE_SCRIPT + (mig_script(mig_profile, mig_per_gpu) if mig_profile else "")
+    return base64.b64encode(text.encode()).decode()
 
 # Control-plane logs worth paying for: who changed what (Audit) and why pods did not
 # schedule (KubeScheduler); the API server log helps with webhook and admission failures.
@@ -51,6 +78,11 @@ class GpuPoolArgs:
     # HPC instance types: the pool's one zone, and an existing HPC cluster (None: create one)
     hpc_zone: str | None = None
     hpc_cluster_id: str | None = None
+
+    mig_profile: str | None = None  # every GPU cut into slices of this profile
+    mig_per_gpu: int = 0  # slices of the profile per GPU
+    auto_repair: bool = False  # VKE node check and self-healing (remedy config)
+    remedy_policy_id: str | None = None  # VKE remedy policy; the cluster's default when None
 
 
 @dataclass(frozen=True)
@@ -211,6 +243,22 @@ class Cluster(pulumi.ComponentResource):
                     ).id
                 self.hpc_cluster_ids[pool_name] = pulumi.Output.from_input(hpc_id)
                 hpc = {"hpc_cluster_ids": [hpc_id]}
+            if pool.mig_profile:
+                labels.update({
+                    MIG_PROFILE_LABEL: pool.mig_profile,
+                    # mig-manager's layout name, should the GPU operator run here too
+                    MIG_CONFIG_LABEL: f"all-{pool.mig_profile}",
+                    # the device plugin's per-node config: strategy mixed
+                    DEVICE_PLUGIN_CONFIG_LABEL: DEVICE_PLUGIN_MIG_CONFIG,
+                })
+            management = {}
+            if pool.auto_repair:
+                # VKE's node check and self-healing (docs 6460/1148783): GPU faults (card
+                # fallen off the bus, uncorrectable memory errors, NVLink, driver) and node
+                # faults are detected, then the pool's remedy policy cordons, drains and
+                # repairs the node.
+                remedy = {"enabled": True, **({"id": pool.remedy_policy_id} if pool.remedy_policy_id else {})}
+                management = {"management": {"enabled": True, "remedy_config": remedy}}
             gpu_pool = volc.vke.NodePool(
                 f"{name}-gpu-{pool_name}",
                 name=f"{args.cluster_name}-{pool_name}",
@@ -226,8 +274,9 @@ class Cluster(pulumi.ComponentResource):
                         {"type": pool.data_disk_type, "size": pool.data_disk_gib, "mount_point": MODEL_CACHE_MOUNT}
                     ],
                     "instance_charge_type": "PostPaid",
-                    # The serving pods run as uid 1000 and write the cache (base64 script).
-                    "initialize_script": MODEL_CACHE_INIT_SCRIPT,
+                    # The serving pods run as uid 1000 and write the cache; MIG pools cut
+                    # their GPUs here (base64 script).
+                    "initialize_script": init_script(pool.mig_profile, pool.mig_per_gpu),
                 },
                 kubernetes_config={
                     "labels": [{"key": k, "value": v} for k, v in sorted(labels.items())],
@@ -251,6 +300,7 @@ class Cluster(pulumi.ComponentResource):
                 },
                 tags=tag_list(args.tags),
                 opts=child(self, depends_on=managed_addons),
+                **management,
             )
             self.node_pool_ids[pool_name] = gpu_pool.id
 

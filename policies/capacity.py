@@ -14,10 +14,13 @@ from pathlib import PurePosixPath
 from .common import (
     GPU_COUNT_LABEL,
     GPU_MODEL_LABEL,
+    MIG_PROFILE_LABEL,
+    MIG_RESOURCE_PREFIX,
+    gpu_requests,
     POOL_LABEL,
     VKE_NODE_POOL,
-    container_argv,
     dig,
+    engine_argv,
     engine_flag,
     is_vllm,
     items,
@@ -67,6 +70,7 @@ def _int(argv, flag):
 
 def _fits(args, report):
     from capacity.catalog import get_gpu, get_model
+    from capacity.mig import mig_profile, slice_gpu
     from capacity.planner import PlanError, plan
 
     pools = {}
@@ -81,7 +85,7 @@ def _fits(args, report):
                 if not is_vllm(c):
                     continue
                 where = f"{kind} {name_of(w.props)} ({role})"
-                argv = container_argv(c)
+                argv = engine_argv(t, c)
                 pool = _pool_of(t)
                 labels = pools.get(pool or "")
                 if labels is None or GPU_MODEL_LABEL not in labels:
@@ -107,9 +111,32 @@ def _fits(args, report):
                     continue  # gpu-pool-labelled reports the missing count; guessing one would mislead
                 per_node = int(count)
                 try:
+                    gpu = get_gpu(gpu_name)
+                except KeyError as exc:
+                    report(f"{where}: {exc}. Fix: label the pool with a catalogued GPU.", w.urn)
+                    continue
+                # A pool cut into MIG slices: size the engine on one slice, and the pod must
+                # ask for a slice of the pool's profile.
+                profile = labels.get(MIG_PROFILE_LABEL)
+                asked = sorted(k for k in gpu_requests(c)[1] if k.startswith(MIG_RESOURCE_PREFIX))
+                if profile or asked:
+                    want = f"{MIG_RESOURCE_PREFIX}{profile}" if profile else None
+                    if asked != ([want] if want else []):
+                        report(f"{where} asks for {asked or 'whole GPUs'} on pool {pool!r}, whose GPUs are "
+                               f"{'cut into ' + profile + ' slices' if profile else 'not cut into MIG slices'}. Fix: "
+                               f"request {want or 'nvidia.com/gpu'} (serving.gpu_pool and the pool's mig.profile).",
+                               w.urn)
+                        continue
+                    try:
+                        gpu = slice_gpu(gpu, mig_profile(gpu_name, profile))
+                    except KeyError as exc:
+                        report(f"{where}: pool {pool!r}: {exc}. Fix: set a valid mig.profile on the pool.", w.urn)
+                        continue
+                    per_node = 1
+                try:
                     p = plan(
                         model,
-                        get_gpu(gpu_name),
+                        gpu,
                         gpus_per_node=per_node,
                         context=_int(argv, "--max-model-len"),
                         quantization=engine_flag(argv, "--quantization"),
@@ -126,7 +153,7 @@ def _fits(args, report):
                     continue
                 if not p.fits:
                     report(f"{where}: {model.name} with {' '.join(_engine_summary(argv))} does not fit on "
-                           f"{gpu_name} x {per_node}: {'; '.join(p.reasons)}. Fix: run `dsvolc size --model "
+                           f"{gpu.name} x {per_node}: {'; '.join(p.reasons)}. Fix: run `dsvolc size --model "
                            f"{model.name} --gpu {gpu_name}` and adopt its max_model_len / tensor_parallel_size / "
                            "gpu_memory_utilization in serving.engine.", w.urn)
 

@@ -23,7 +23,15 @@ from pulumi_policy import (
     StackValidationPolicy,
 )
 
-from stacks.constants import GPU_COUNT_LABEL, GPU_MODEL_LABEL, GPU_RESOURCE, POOL_LABEL  # noqa: F401
+from stacks.constants import (  # noqa: F401
+    ENGINE_ARGS_ANNOTATION,
+    GPU_COUNT_LABEL,
+    GPU_MODEL_LABEL,
+    GPU_RESOURCE,
+    MIG_PROFILE_LABEL,
+    MIG_RESOURCE_PREFIX,
+    POOL_LABEL,
+)
 
 # Every policy defaults to mandatory: a stack run without a config file gets the strictest
 # verdict. policies/config/<environment class>.json relaxes levels per class.
@@ -271,11 +279,33 @@ def engine_flag(argv: list[str], flag: str) -> str | None:
     return value
 
 
+TRITON_FRONTEND = "openai_frontend/main.py"  # Triton's OpenAI-compatible frontend
+
+
+def is_triton(c: Any) -> bool:
+    """A Triton Inference Server container running the vLLM engine behind its OpenAI frontend."""
+    return any(TRITON_FRONTEND in part for part in container_argv(c))
+
+
 def is_vllm(c: Any) -> bool:
-    """The serving container: it runs `vllm serve` (or the OpenAI server module)."""
+    """The serving container: it runs `vllm serve` (or the OpenAI server module), or Triton
+    with its vLLM backend."""
     argv = container_argv(c)
     text = " ".join(argv)
-    return ("vllm" in text and "serve" in argv) or "vllm.entrypoints.openai.api_server" in text
+    return ("vllm" in text and "serve" in argv) or "vllm.entrypoints.openai.api_server" in text or is_triton(c)
+
+
+def engine_argv(template: Any, c: Any) -> list[str]:
+    """The engine's arguments as vLLM flags: the command line of a vLLM container, or the
+    engine-args annotation of a Triton pod (its model.json as flags)."""
+    if not is_triton(c):
+        return container_argv(c)
+    raw = dig(template, "metadata", "annotations", ENGINE_ARGS_ANNOTATION)
+    try:
+        parsed = json.loads(raw) if isinstance(raw, str) else []
+    except json.JSONDecodeError:
+        return []
+    return [str(x) for x in parsed] if isinstance(parsed, list) else []
 
 
 def serving_workloads(resources: list) -> list:
@@ -321,6 +351,18 @@ def selector_matches(selector: Any, labels: dict[str, str]) -> bool:
         if op == "DoesNotExist" and key in labels:
             return False
     return True
+
+
+def gpu_requests(c: Any) -> tuple[dict, dict]:
+    """The GPU resources (nvidia.com/gpu and nvidia.com/mig-<profile>) a container requests
+    and limits, as {resource: number or None}."""
+    req = mapping(dig(c, "resources", "requests", default={}))
+    lim = mapping(dig(c, "resources", "limits", default={}))
+
+    def pick(d: dict) -> dict:
+        return {str(k): number(v) for k, v in d.items()
+                if str(k) == GPU_RESOURCE or str(k).startswith(MIG_RESOURCE_PREFIX)}
+    return pick(req), pick(lim)
 
 
 SECRET_NAME = re.compile(r"(SECRET|PASSWORD|PASSWD|TOKEN|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|CREDENTIAL)", re.I)

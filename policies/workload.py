@@ -13,13 +13,16 @@ from .common import (
     CR_REGISTRY,
     CR_REPOSITORY,
     GPU_RESOURCE,
+    MIG_RESOURCE_PREFIX,
     SECRET_NAME,
     WORKLOAD_KINDS,
     cfg,
     container_argv,
     containers,
     dig,
+    engine_argv,
     engine_flag,
+    gpu_requests,
     is_vllm,
     items,
     iter_workload_containers,
@@ -129,12 +132,21 @@ def _resources(args, report):
             report(f"{where} has no {', '.join(missing)}: the scheduler cannot place it safely and a leak takes "
                    "the node down. Fix: set CPU and memory requests and limits (workloads/manifests.py resources).")
         if serving:
-            tp = number(engine_flag(container_argv(c), "--tensor-parallel-size"), 1.0)
-            g_req, g_lim = number(req.get(GPU_RESOURCE)), number(lim.get(GPU_RESOURCE))
-            if g_lim is None or g_lim != g_req or g_lim != tp:
+            tp = number(engine_flag(engine_argv(t, c), "--tensor-parallel-size"), 1.0)
+            g_req, g_lim = gpu_requests(c)
+            slices = sorted(k for k in set(g_req) | set(g_lim) if k.startswith(MIG_RESOURCE_PREFIX))
+            if slices:
+                # A CUDA process sees one MIG device: one slice, one rank, no whole GPUs.
+                k = slices[0]
+                if len(set(g_req) | set(g_lim)) != 1 or g_req.get(k) != 1 or g_lim.get(k) != 1 or tp != 1:
+                    report(f"{where} asks for {g_req} / {g_lim} (requests/limits) with tensor parallel {tp:g}; "
+                           f"a MIG slice holds one engine process. Fix: request and limit exactly 1 {k}, "
+                           "nothing else of the GPU resources, with tensor parallel 1.")
+            elif g_lim.get(GPU_RESOURCE) is None or g_lim.get(GPU_RESOURCE) != g_req.get(GPU_RESOURCE) \
+                    or g_lim.get(GPU_RESOURCE) != tp:
                 report(f"{where} asks for {req.get(GPU_RESOURCE)} / {lim.get(GPU_RESOURCE)} {GPU_RESOURCE} "
                        f"(requests/limits) but runs tensor parallel {tp:g}. Fix: request and limit exactly "
-                       f"{tp:g} GPU(s), one per tensor-parallel rank.")
+                       f"{tp:g} GPU(s), one per tensor-parallel rank (or one nvidia.com/mig-<profile> slice).")
 
 
 # --------------------------------------------------------------------------- probes
@@ -186,8 +198,8 @@ def _shm(args, report):
     for _, t, c in iter_workload_containers(kind, args.props, init=False):
         if not is_vllm(c):
             continue
-        tp = number(engine_flag(container_argv(c), "--tensor-parallel-size"), 1.0)
-        pp = number(engine_flag(container_argv(c), "--pipeline-parallel-size"), 1.0)
+        tp = number(engine_flag(engine_argv(t, c), "--tensor-parallel-size"), 1.0)
+        pp = number(engine_flag(engine_argv(t, c), "--pipeline-parallel-size"), 1.0)
         if tp * pp <= 1:
             continue
         mem_volumes = {dig(v, "name") for v in items(dig(t, "spec", "volumes"))
@@ -353,7 +365,7 @@ POLICIES = [
         "container-resources",
         "Containers declare CPU/memory requests and limits; vLLM containers request exactly their GPUs.",
         _resources,
-        fix="Set requests and limits for cpu, memory and nvidia.com/gpu.",
+        fix="Set requests and limits for cpu, memory and nvidia.com/gpu (or one nvidia.com/mig-<profile>).",
         tags=["workloads"],
     ),
     resource_policy(

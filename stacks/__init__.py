@@ -5,7 +5,16 @@ May import: `capacity` (settings are sized and checked by the planner) and third
 libraries. Never `infra`, `workloads`, `policies` or `dsvolc`: they all build on this.
 """
 
-from stacks.loader import SETTINGS_KEY, SettingsError, from_pulumi_config, load, parse, read_raw, stack_file
+from stacks.loader import (
+    SETTINGS_KEY,
+    SettingsError,
+    from_pulumi_config,
+    load,
+    parse,
+    read_raw,
+    shipped_stacks,
+    stack_file,
+)
 from stacks.settings import StackSettings
 
 __all__ = [
@@ -16,5 +25,6 @@ __all__ = [
     "load",
     "parse",
     "read_raw",
+    "shipped_stacks",
     "stack_file",
 ]

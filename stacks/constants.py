@@ -22,6 +22,23 @@ ROLE_LABEL = f"{LABEL_PREFIX}/role"  # pod label: leader or worker of a multi-no
 GPU_RESOURCE = "nvidia.com/gpu"  # extended resource the NVIDIA device plugin advertises
 GPU_TAINT = {"key": GPU_RESOURCE, "value": "present", "effect": "NoSchedule"}
 
+# --------------------------------------------------------------------------- MIG
+# A pool cut into MIG slices carries its profile as a node label (what the policies and
+# the serving pods read) and the labels NVIDIA's tools act on: mig-manager's layout
+# (`all-<profile>`) and the device plugin's per-node config, which selects the "mixed"
+# strategy so each slice is advertised as nvidia.com/mig-<profile>.
+MIG_PROFILE_LABEL = f"{LABEL_PREFIX}/mig-profile"
+MIG_CONFIG_LABEL = "nvidia.com/mig.config"
+DEVICE_PLUGIN_CONFIG_LABEL = "nvidia.com/device-plugin.config"
+DEVICE_PLUGIN_MIG_CONFIG = "mig-mixed"  # config name in the device plugin's ConfigMap
+DEVICE_PLUGIN_DEFAULT_CONFIG = "default"
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+
+
+def mig_resource(profile: str) -> str:
+    """The extended resource one slice of `profile` is advertised as (mixed strategy)."""
+    return f"{MIG_RESOURCE_PREFIX}{profile}"
+
 # --------------------------------------------------------------------------- model cache
 # The GPU pools' data disk is mounted here on the node (infra/cluster.py's init script),
 # owned by SERVING_UID so that the serving pods (which run as that uid) can write it.
@@ -37,6 +54,9 @@ STS_AUDIENCE = "sts.volcengine.com"
 # --------------------------------------------------------------------------- serving
 # The port vLLM serves /health, /v1/* and /metrics on, and the serving Services expose.
 HTTP_PORT = 8000
+# A Triton pod's template carries the engine's settings as vLLM flags (JSON list) in this
+# annotation, the same arguments its model.json holds as fields.
+ENGINE_ARGS_ANNOTATION = f"{LABEL_PREFIX}/engine-args"
 # Envoy Gateway runs its proxies in its controller namespace; a stable-named Service there
 # selects the proxies of our Gateway, so the edge has a fixed target.
 ENTRY_NAMESPACE = "envoy-gateway-system"

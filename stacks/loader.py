@@ -39,6 +39,11 @@ def stack_file(stack: str) -> Path:
     return STACKS_DIR / f"Pulumi.{stack}.yaml"
 
 
+def shipped_stacks() -> list[str]:
+    """Names of the stack files shipped in stacks/ (Pulumi.<name>.yaml)."""
+    return sorted(p.name[len("Pulumi."):-len(".yaml")] for p in STACKS_DIR.glob("Pulumi.*.yaml"))
+
+
 def stack_name(stack: str) -> str:
     path = Path(stack)
     if path.suffix in (".yaml", ".yml"):
@@ -51,7 +56,7 @@ def read_raw(stack: str) -> dict[str, Any]:
     """The raw settings mapping of a stack file."""
     path = stack_file(stack)
     if not path.is_file():
-        known = sorted(p.stem.split(".", 1)[1] for p in STACKS_DIR.glob("Pulumi.*.yaml"))
+        known = shipped_stacks()
         raise SettingsError(str(path), [f"no such stack file; known stacks: {', '.join(known)}"])
     try:
         doc = yaml.safe_load(path.read_text()) or {}

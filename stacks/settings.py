@@ -24,6 +24,7 @@ from pydantic import (
 
 from capacity.catalog import GPUS, get_gpu, get_model
 from capacity.instances import INSTANCE_TYPES, get_instance_type, resolve_instance_type
+from capacity.mig import MigError, MigProfile, mig_profile, slice_gpu
 from capacity.planner import PlanError, plan, single_node_options
 from stacks.addons import ADDONS, Addon
 from stacks.constants import ENTRY_NAMESPACE, HTTP_PORT, entry_service
@@ -106,6 +107,26 @@ class SystemPoolSettings(_Model):
         return self
 
 
+class MigSettings(_Model):
+    profile: str = Field(
+        pattern=r"^[1-7]g\.[0-9]+gb$",
+        description="MIG profile every GPU of the pool is cut into (e.g. 1g.10gb); the pool's GPU must offer it "
+        "(A100-40G/80G, H100, H800, H20, H200: see capacity/mig.py). Each serving replica takes one slice.",
+    )
+
+
+class AutoRepairSettings(_Model):
+    enabled: bool = Field(
+        False,
+        description="VKE node check and self-healing on the pool (node pool management.remedy_config): GPU and "
+        "node faults get the node cordoned, drained and repaired by VKE",
+    )
+    remedy_policy_id: str | None = Field(
+        None, pattern=r"^[A-Za-z0-9-]{1,64}$",
+        description="VKE remedy policy to apply; the cluster's default policy when unset",
+    )
+
+
 class GpuPoolSettings(_Model):
     instance_type: InstanceTypeName = Field(description="ECS GPU instance type, e.g. ecs.gni2.3xlarge")
     gpu: str | None = Field(
@@ -142,6 +163,12 @@ class GpuPoolSettings(_Model):
     )
     system_disk_gib: int = Field(200, ge=40, le=2048, description="system disk (container images are large)")
     labels: dict[str, str] = Field(default_factory=dict, description="extra node labels")
+    mig: MigSettings | None = Field(
+        None, description="cut every GPU into MIG slices of one profile (small models); whole GPUs when unset"
+    )
+    auto_repair: AutoRepairSettings = Field(
+        default_factory=AutoRepairSettings, description="VKE auto-repair of faulty GPU nodes"
+    )
 
     @model_validator(mode="after")
     def _bounds(self):
@@ -328,6 +355,28 @@ class RateLimitSettings(_Model):
     consumers: list[ConsumerLimit] = Field(default_factory=list, description="per-consumer overrides")
 
 
+class TritonSettings(_Model):
+    """NVIDIA Triton Inference Server in front of the same vLLM engine (serving.server: triton)."""
+
+    default_max_tokens: int = Field(
+        4096, ge=16, le=131072,
+        description="max_tokens of a request that sets none (Triton's OpenAI frontend defaults to 16, vLLM's "
+        "own server to the rest of the context); at most the engine's max_model_len",
+    )
+    kserve_http_port: int = Field(8080, ge=1024, le=65535, description="Triton's KServe v2 HTTP port (health probes)")
+    kserve_grpc_port: int = Field(8001, ge=1024, le=65535, description="Triton's KServe v2 gRPC port")
+
+    @model_validator(mode="after")
+    def _ports(self):
+        used = {HTTP_PORT: "the OpenAI port"}
+        for name in ("kserve_http_port", "kserve_grpc_port"):
+            port = getattr(self, name)
+            if port in used:
+                raise ValueError(f"{name}: {port} is already {used[port]}; expected a free port")
+            used[port] = name
+        return self
+
+
 class ServingSettings(_Model):
     namespace: Name = Field("deepseek-serving", description="namespace of the serving workload")
     name: Name = Field("deepseek", description="release name (prefix of every serving object)")
@@ -353,6 +402,12 @@ class ServingSettings(_Model):
     termination_grace_seconds: int = Field(
         180, ge=30, le=3600, description="time for in-flight generations to finish on shutdown"
     )
+    server: Literal["vllm", "triton"] = Field(
+        "vllm",
+        description="what answers the OpenAI API: vLLM's own server, or NVIDIA Triton Inference Server with its "
+        "vLLM backend (same engine settings, model repository generated; docs/serving.md says when)",
+    )
+    triton: TritonSettings = Field(default_factory=TritonSettings, description="Triton front (server: triton)")
     in_cluster_gateway: bool = Field(True, description="Envoy Gateway in the cluster with JWT and rate limits")
     gateway_replicas: int = Field(2, ge=1, le=20, description="Envoy proxy replicas of the in-cluster gateway")
     auth: AuthSettings = Field(default_factory=AuthSettings, description="JWT authentication")
@@ -432,10 +487,48 @@ class MonitoringSettings(_Model):
     error_rate: float = Field(0.02, gt=0, lt=1, description="alert when the failed-request ratio exceeds this")
     kv_cache_usage: float = Field(0.9, gt=0, le=1, description="alert when KV cache usage exceeds this")
     at_max_replicas_minutes: int = Field(30, ge=5, description="alert when pinned at max replicas this long")
+    triton_queue_seconds: float = Field(
+        1.0, gt=0, description="alert when requests wait longer than this in Triton's queue (server: triton)"
+    )
     selector_labels: dict[str, str] = Field(
         default_factory=dict,
         description="labels added to monitors and rules so the Prometheus selects them (e.g. release: kube-prometheus-stack)",
     )
+
+class GpuHealthSettings(_Model):
+    enabled: bool = Field(
+        True, description="turn DCGM XID/ECC and device-plugin signals into a NoSchedule taint and drain bad GPU "
+        "nodes (runtime/gpu_health.py; needs monitoring)",
+    )
+    interval_seconds: int = Field(60, ge=15, le=3600, description="how often the signals are read")
+    max_unhealthy_fraction: float = Field(
+        0.34, gt=0, le=1, description="most GPU nodes quarantined at once (a broken exporter must not drain the fleet)"
+    )
+    evict: bool = Field(True, description="evict serving pods from a node to drain (PDB honoured); off: taint only")
+
+
+class PrewarmSettings(_Model):
+    enabled: bool = Field(
+        True, description="on every node of the serving pool, pull the serving image and (weights_mode sync) fill "
+        "the node's model cache as soon as the node joins, before a serving pod needs them",
+    )
+
+
+class WarmCapacitySettings(_Model):
+    replicas: int = Field(
+        0, ge=0, le=20,
+        description="placeholder pods, each holding the GPUs of one serving pod at the lowest priority; a serving "
+        "pod preempts one at once instead of waiting for a new node (0: off)",
+    )
+
+
+class ResilienceSettings(_Model):
+    gpu_health: GpuHealthSettings = Field(default_factory=GpuHealthSettings, description="GPU node quarantine")
+    prewarm: PrewarmSettings = Field(default_factory=PrewarmSettings, description="image and model cache pre-warm")
+    warm_capacity: WarmCapacitySettings = Field(
+        default_factory=WarmCapacitySettings, description="idle GPU capacity held for the next replica"
+    )
+
 
 # --------------------------------------------------------------------------- the stack
 
@@ -468,6 +561,9 @@ class StackSettings(_Model):
     autoscaling: AutoscalingSettings = Field(default_factory=AutoscalingSettings, description="replica autoscaling")
     rollout: RolloutSettings = Field(default_factory=RolloutSettings, description="canary rollout")
     monitoring: MonitoringSettings = Field(default_factory=MonitoringSettings, description="metrics and alerts")
+    resilience: ResilienceSettings = Field(
+        default_factory=ResilienceSettings, description="GPU node health, pre-warm and warm capacity"
+    )
 
     _derived: dict = PrivateAttr(default_factory=dict)
 
@@ -513,16 +609,25 @@ class StackSettings(_Model):
         except (OSError, ValueError) as exc:
             raise ValueError(f"serving.model: {exc}") from None
         gpu_name, per_node = self.cluster.gpu_pools[sv.gpu_pool].hardware()
+        gpu, tp, pp = get_gpu(gpu_name), e.tensor_parallel_size, e.pipeline_parallel_size
+        mig = self.pool_mig(sv.gpu_pool)
+        if mig is not None:
+            # A CUDA process sees one MIG device: a replica is one slice, unsplit.
+            for name, value in (("tensor_parallel_size", tp), ("pipeline_parallel_size", pp)):
+                if value not in (None, 1):
+                    raise ValueError(f"serving.engine.{name}: pool {sv.gpu_pool} serves from MIG {mig.name} slices "
+                                     f"and a replica runs on one slice; expected 1 or unset, got {value}")
+            gpu, tp, pp = slice_gpu(gpu, mig), 1, 1
         try:
             p = plan(
                 model,
-                get_gpu(gpu_name),
-                gpus_per_node=per_node,
+                gpu,
+                gpus_per_node=1 if mig is not None else per_node,
                 context=e.max_model_len,
                 quantization=e.quantization,
                 kv_cache_dtype=e.kv_cache_dtype,
-                tensor_parallel_size=e.tensor_parallel_size,
-                pipeline_parallel_size=e.pipeline_parallel_size,
+                tensor_parallel_size=tp,
+                pipeline_parallel_size=pp,
                 max_num_seqs=e.max_num_seqs,
                 gpu_memory_utilization=e.gpu_memory_utilization,
                 max_num_batched_tokens=e.max_num_batched_tokens,
@@ -530,23 +635,56 @@ class StackSettings(_Model):
         except PlanError as exc:
             raise ValueError(f"serving.engine: {exc}") from None
         if not p.fits:
+            where = (f"a MIG {mig.name} slice of {gpu_name} ({mig.memory_mib / 1024:.1f} GiB)" if mig is not None
+                     else f"{gpu_name} x {per_node} per node")
             raise ValueError(
-                f"serving.engine: {model.name} does not fit on {gpu_name} x {per_node} per node "
-                f"(pool {sv.gpu_pool}): " + "; ".join(p.reasons)
+                f"serving.engine: {model.name} does not fit on {where} (pool {sv.gpu_pool}): " + "; ".join(p.reasons)
             )
         if p.nodes > 1 and not sv.multi_node:
             raise ValueError(self._multi_node_refusal(model, gpu_name, per_node, p))
         pool = self.cluster.gpu_pools[sv.gpu_pool]
         low = (self.autoscaling.min_replicas or sv.replicas) if self.autoscaling.enabled else sv.replicas
-        needed = low * p.nodes
-        if needed > pool.max_nodes:
-            raise ValueError(
-                f"cluster.gpu_pools.{sv.gpu_pool}.max_nodes: {low} replica(s) x {p.nodes} node(s) each need "
-                f"{needed} nodes, the pool allows {pool.max_nodes}"
-            )
+        if mig is not None:
+            slices = per_node * mig.per_gpu
+            needed = -(-low // slices)
+            if needed > pool.max_nodes:
+                raise ValueError(
+                    f"cluster.gpu_pools.{sv.gpu_pool}.max_nodes: {low} replica(s) on {slices} {mig.name} slices per "
+                    f"node need {needed} nodes, the pool allows {pool.max_nodes}"
+                )
+        else:
+            # each warm placeholder holds one serving pod's GPUs (a pipeline stage's when multi-node)
+            warm = self.resilience.warm_capacity.replicas
+            warm_nodes = -(-warm * p.tensor_parallel_size // per_node)
+            needed = low * p.nodes + warm_nodes
+            if needed > pool.max_nodes and warm and low * p.nodes <= pool.max_nodes:
+                raise ValueError(
+                    f"resilience.warm_capacity.replicas: {low} replica(s) x {p.nodes} node(s) plus {warm} "
+                    f"placeholder(s) on {warm_nodes} node(s) need {needed} nodes, pool {sv.gpu_pool} allows "
+                    f"{pool.max_nodes}"
+                )
+            if needed > pool.max_nodes:
+                raise ValueError(
+                    f"cluster.gpu_pools.{sv.gpu_pool}.max_nodes: {low} replica(s) x {p.nodes} node(s) each need "
+                    f"{needed} nodes, the pool allows {pool.max_nodes}"
+                )
+        if sv.server == "triton":
+            self._check_triton(p)
         self._derived["plan"] = p
         self._derived["model"] = model
         self._check_node_shapes()
+
+    def _check_triton(self, p) -> None:
+        sv = self.serving
+        if p.nodes > 1:
+            raise ValueError(f"serving.server: triton serves one node per replica here; {sv.model} needs "
+                             f"{p.nodes} nodes per replica: expected vllm (a LeaderWorkerSet) for it")
+        if sv.engine.extra_args:
+            raise ValueError("serving.engine.extra_args: Triton's model.json takes engine fields, not command-line "
+                             "flags; expected none with server: triton")
+        if sv.triton.default_max_tokens > p.max_model_len:
+            raise ValueError(f"serving.triton.default_max_tokens: {sv.triton.default_max_tokens} exceeds the "
+                             f"engine's max_model_len {p.max_model_len}; expected at most that")
 
     def _multi_node_refusal(self, model, gpu_name: str, per_node: int, p) -> str:
         """One replica would span several nodes: say so, and name the smallest node shape on
@@ -669,6 +807,16 @@ class StackSettings(_Model):
             elif pool.hpc_cluster_id is not None:
                 raise ValueError(f"{path}.hpc_cluster_id: {pool.instance_type} is not an HPC instance type "
                                  "(ecs.hpc* / ecs.ebmhpc*); remove hpc_cluster_id")
+            if pool.mig is not None:
+                try:
+                    mig_profile(pool.hardware()[0], pool.mig.profile)
+                except MigError as exc:
+                    raise ValueError(f"{path}.mig.profile: {exc}") from None
+
+    def pool_mig(self, pool: str) -> MigProfile | None:
+        """The MIG profile a pool's GPUs are cut into, or None for whole GPUs."""
+        p = self.cluster.gpu_pools[pool]
+        return mig_profile(p.hardware()[0], p.mig.profile) if p.mig is not None else None
 
     def pool_zones(self, pool: str) -> list[str]:
         return list(self.cluster.gpu_pools[pool].zones or self.zones)
@@ -706,8 +854,14 @@ class StackSettings(_Model):
 
     def vke_addons(self) -> list[Addon]:
         """The add-ons to install, versions resolved (cluster.addon_versions over stacks/addons.py);
-        rdma-device-plugin only where serving pods use RDMA."""
+        rdma-device-plugin only where serving pods use RDMA, VKE's nvidia-device-plugin not where a
+        pool is cut into MIG slices."""
         names = ["cluster-autoscaler", "nvidia-device-plugin", "metrics-server"]
+        if any(p.mig is not None for p in self.cluster.gpu_pools.values()):
+            # a MIG pool runs NVIDIA's device plugin chart instead (workloads/platform.py), whose
+            # per-node config gives MIG nodes the mixed strategy; two plugins on one node would
+            # both advertise its GPUs
+            names.remove("nvidia-device-plugin")
         if self.serving_rdma_per_pod:
             names.append("rdma-device-plugin")
         pinned = self.cluster.addon_versions

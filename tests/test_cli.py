@@ -118,7 +118,7 @@ def test_bad_settings_exit_2_with_the_path_and_no_traceback(tmp_path):
 def test_unknown_stack_exit_2_lists_known_stacks():
     result = runner.invoke(app, ["preview", "qa"])
     assert result.exit_code == 2
-    assert "dev, prod, staging" in result.output
+    assert "known stacks: dev, mig-example, prod, staging, triton-example" in result.output
 
 
 def test_preview_existing_sees_what_the_program_builds_from_computed_outputs(tmp_path):

@@ -154,6 +154,20 @@ def serving(fn: Callable[[dict], None]) -> PropsFn:
     return transform
 
 
+def _triton_args(flag: str, value: str) -> Callable[[dict], None]:
+    """Edit the engine arguments a Triton pod template carries (its model.json as flags)."""
+    import json
+
+    def apply(props: dict) -> None:
+        md = props["spec"]["template"]["metadata"]
+        key = "deepseek-volc/engine-args"
+        if key in md.get("annotations", {}):
+            args = json.loads(md["annotations"][key])
+            args[args.index(flag) + 1] = value
+            md["annotations"][key] = json.dumps(args)
+    return apply
+
+
 def _add_statement(st: dict) -> Callable[[dict], None]:
     return lambda doc: doc["Statement"].append(st)
 
@@ -262,6 +276,15 @@ MATRIX: list[Case] = [
          transform=serving(vllm_containers(set_flag("--max-model-len", "131072")))),
     Case("engine-fits-gpu", "prod", "--gpu-memory-utilization 0.30 on H20",
          transform=serving(vllm_containers(set_flag("--gpu-memory-utilization", "0.30")))),
+    # MIG and Triton
+    Case("container-resources", "mig-example", "vLLM on a MIG pool asks for two slices",
+         transform=serving(vllm_containers(lambda c: [c["resources"][k].update({"nvidia.com/mig-1g.24gb": "2"})
+                                                      for k in ("requests", "limits")]))),
+    Case("engine-fits-gpu", "mig-example", "a whole GPU asked for on a MIG pool",
+         transform=serving(vllm_containers(lambda c: [c["resources"][k].update(
+             {"nvidia.com/gpu": c["resources"][k].pop("nvidia.com/mig-1g.24gb")}) for k in ("requests", "limits")]))),
+    Case("engine-fits-gpu", "triton-example", "Triton's engine args say --max-model-len 131072 on one A10",
+         transform=on("apps/v1:Deployment", _triton_args("--max-model-len", "131072"), name_has="deepseek-serving")),
 ]
 
 

@@ -15,7 +15,7 @@ import pytest
 from pulumi.runtime import rpc
 
 from dsvolc import engine
-from stacks import contract, read_raw
+from stacks import contract, read_raw, shipped_stacks
 from stacks.docs import DOC_PAGE, section
 from stacks.settings import (
     GatewaySettings,
@@ -26,7 +26,7 @@ from stacks.settings import (
     WeightsSettings,
 )
 
-STACKS = ["dev", "staging", "prod"]
+STACKS = shipped_stacks()  # dev, staging, prod and the examples
 C = contract.load()
 
 
@@ -60,6 +60,8 @@ RUNS = {
     "staging:named-hpc": ("staging", variant("staging", cluster__gpu_pools__a100__hpc_cluster_id="hpcCluster-x1"),
                           "new"),
     "staging:no-in-cluster-gateway": ("staging", variant("staging", serving__in_cluster_gateway=False), "new"),
+    "prod:remedy-policy": ("prod", variant("prod", cluster__gpu_pools__h20__auto_repair__remedy_policy_id="rp-x1"),
+                           "new"),
 }
 
 

@@ -128,6 +128,11 @@ BAD = [
      "not an HPC instance type"),
     ({"cluster__addon_versions": {"karpenter": "v1.0"}}, "cluster.addon_versions",
      "not an add-on the stack installs; expected one of cluster-autoscaler"),
+    ({"cluster__gpu_pools__a10__mig": {"profile": "1g.10gb"}}, "cluster.gpu_pools.a10.mig.profile",
+     "A10 has no MIG"),
+    ({"cluster__gpu_pools__a10__mig": {"profile": "tiny"}}, "cluster.gpu_pools.a10.mig.profile", "pattern"),
+    ({"cluster__gpu_pools__a10__auto_repair__remedy_policy_id": "no spaces"},
+     "cluster.gpu_pools.a10.auto_repair.remedy_policy_id", "pattern"),
 ]
 
 

@@ -78,11 +78,18 @@ def triggers(ctx: ServingContext) -> list[dict]:
             },
         }
 
+    if ctx.settings.serving.server == "triton":
+        # Triton's names (docs/user_guide/metrics.md): requests received but not yet taken
+        # by the backend, and successful requests; the vLLM backend re-exports neither
+        # vLLM's queue nor its per-request success counter.
+        waiting = f"sum(nv_inference_pending_request_count{{{vllm}}})"
+        rate = f"sum(rate(nv_inference_request_success{{{vllm}}}[{RATE_WINDOW}]))"
+    else:
+        waiting = f"sum(vllm:num_requests_waiting{{{vllm}}})"
+        rate = f"sum(rate(vllm:request_success_total{{{vllm}}}[{RATE_WINDOW}]))"
     return [
-        prometheus("waiting-requests", f"sum(vllm:num_requests_waiting{{{vllm}}})", a.waiting_per_replica,
-                   "AverageValue"),
-        prometheus("request-rate", f"sum(rate(vllm:request_success_total{{{vllm}}}[{RATE_WINDOW}]))",
-                   a.requests_per_second_per_replica, "AverageValue"),
+        prometheus("waiting-requests", waiting, a.waiting_per_replica, "AverageValue"),
+        prometheus("request-rate", rate, a.requests_per_second_per_replica, "AverageValue"),
         prometheus("gpu-utilization", f"avg(DCGM_FI_DEV_GPU_UTIL{{{gpu}}})", a.gpu_utilization_percent, "Value"),
     ]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from stacks.constants import MANAGED_BY, PART_OF
+from stacks.constants import GPU_RESOURCE, MANAGED_BY, PART_OF
 from stacks.settings import StackSettings
 from capacity.catalog import GPUSpec, ModelSpec, get_gpu
 from capacity.planner import Plan
@@ -73,6 +73,16 @@ class ServingContext:
     @property
     def gpu_pool(self) -> str:
         return self.settings.serving.gpu_pool
+
+    @property
+    def mig(self):
+        """The MIG profile (capacity.mig.MigProfile) the pool's GPUs are cut into, or None."""
+        return self.settings.pool_mig(self.gpu_pool)
+
+    @property
+    def gpu_resource(self) -> str:
+        """What a serving pod requests its GPUs as: whole GPUs, or one MIG slice."""
+        return self.mig.resource if self.mig is not None else GPU_RESOURCE
 
     # -- labels ---------------------------------------------------------------------
 

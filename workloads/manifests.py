@@ -8,10 +8,11 @@ and the capacity plan, never from constants here.
 
 from __future__ import annotations
 
+import json
 import shlex
 
 from stacks.regions import tos_internal_endpoint, tos_internal_s3_host
-from workloads import engine_args, rdma
+from workloads import engine_args, rdma, triton
 from stacks.constants import (
     GPU_RESOURCE,
     HTTP_PORT,
@@ -36,19 +37,28 @@ LEADER_LABEL = ROLE_LABEL
 
 def shm_bytes(ctx: ServingContext) -> int:
     """/dev/shm for NCCL and the engine's worker IPC: the 64 MiB container default breaks
-    tensor parallelism (vllm#1710). 2 GiB base + 2 GiB per GPU in the pod."""
+    tensor parallelism (vllm#1710). 2 GiB base + 2 GiB per GPU in the pod; 1 GiB on a MIG
+    slice (one process, no NCCL)."""
+    if ctx.mig is not None:
+        return GIB
     return (2 + 2 * ctx.gpus_per_pod) * GIB
 
 
 def memory_request_bytes(ctx: ServingContext) -> int:
     """Host memory: the engine process, tokenizer workers and pinned staging buffers
     (~16 GiB) plus ~16 GiB per GPU for the per-rank workers, plus the shm that counts
-    against the container's memory."""
+    against the container's memory. A MIG slice holds a small model and a node holds up to
+    7 slices per GPU, so a slice's pod gets 8 GiB plus its shm."""
+    if ctx.mig is not None:
+        return 8 * GIB + shm_bytes(ctx)
     return 16 * GIB + 16 * GIB * ctx.gpus_per_pod + shm_bytes(ctx)
 
 
 def cpu_request(ctx: ServingContext) -> int:
-    """Cores: one per GPU worker plus scheduler, API server and tokenizer threads."""
+    """Cores: one per GPU worker plus scheduler, API server and tokenizer threads; 2 on a
+    MIG slice (seven of them share a GPU's host share of cores)."""
+    if ctx.mig is not None:
+        return 2
     return 4 + 2 * ctx.gpus_per_pod
 
 
@@ -126,9 +136,11 @@ def resources(ctx: ServingContext) -> dict:
     mem = _gi(memory_request_bytes(ctx))
     gpus = str(ctx.gpus_per_pod)
     cpu = cpu_request(ctx)
+    # On a MIG pool the device plugin (mixed strategy) advertises slices, not GPUs.
+    gpu = ctx.gpu_resource
     return {
-        "requests": {"cpu": str(cpu), "memory": mem, GPU_RESOURCE: gpus},
-        "limits": {"cpu": str(2 * cpu), "memory": mem, GPU_RESOURCE: gpus},
+        "requests": {"cpu": str(cpu), "memory": mem, gpu: gpus},
+        "limits": {"cpu": str(2 * cpu), "memory": mem, gpu: gpus},
     }
 
 
@@ -145,6 +157,8 @@ def volumes(ctx: ServingContext) -> list[dict]:
             "path": f"{MODEL_CACHE_HOST_PATH}/{ctx.model.name}", "type": "DirectoryOrCreate"}})
     else:
         vols.append({"name": "model-meta", "emptyDir": {"sizeLimit": "1Gi"}})
+    if triton.enabled(ctx):
+        vols.append(triton.repository_volume(ctx))
     if _irsa(ctx):
         vols.append({"name": "volcengine-token", "projected": {"sources": [{"serviceAccountToken": {
             "audience": STS_AUDIENCE, "expirationSeconds": 3600, "path": "token"}}]}})
@@ -210,14 +224,16 @@ def engine_env(ctx: ServingContext) -> list[dict]:
     return env
 
 
-def engine_command(ctx: ServingContext, args: list[str], *, headless: bool = False) -> dict:
+def engine_command(ctx: ServingContext, args: list[str], *, headless: bool = False,
+                   program: list[str] | None = None) -> dict:
     """Program and arguments. In stream mode the S3 credentials written by the init
-    container are sourced first; `exec` keeps vLLM as PID 1's child for signal delivery."""
-    if headless:
+    container are sourced first; `exec` keeps vLLM as PID 1's child for signal delivery.
+    `program` replaces vLLM's server (Triton's frontend)."""
+    if program is None and headless:
         # Workers of a multi-node group run no API server (vLLM's `serve --headless`).
         program = ["python3", "-m", "vllm.entrypoints.cli.main", "serve"]
         args = args + ["--headless"]
-    else:
+    elif program is None:
         program = ["python3", "-m", engine_args.API_SERVER_MODULE]
     if ctx.settings.serving.weights_mode == "stream":
         script = f". {CREDENTIALS_DIR}/s3.env && exec {' '.join(program)} \"$@\""
@@ -312,6 +328,23 @@ def service_account(ctx: ServingContext) -> dict:
     }
 
 
+def server_container(ctx: ServingContext, args: list[str]) -> dict:
+    """The container that answers the API: vLLM's server, or Triton with the same engine."""
+    vllm = engine_container(ctx, args, serving=True)
+    if not triton.enabled(ctx):
+        return vllm
+    command = engine_command(ctx, triton.frontend_args(ctx, triton.tokenizer_dir(ctx)),
+                             program=["python3", triton.OPENAI_FRONTEND])
+    return triton.container(ctx, vllm, command)
+
+
+def template_metadata(ctx: ServingContext, args: list[str]) -> dict:
+    md: dict = {"labels": ctx.labels("server")}
+    if triton.enabled(ctx):
+        md["annotations"] = {triton.ENGINE_ARGS_ANNOTATION: json.dumps(args)}
+    return md
+
+
 def deployment(ctx: ServingContext, role_trn_env: dict) -> dict:
     args = engine_args.render(engine_args.from_context(ctx, model_path(ctx)))
     rollout = ctx.settings.rollout.enabled
@@ -330,9 +363,8 @@ def deployment(ctx: ServingContext, role_trn_env: dict) -> dict:
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
             "progressDeadlineSeconds": ctx.settings.serving.startup_timeout_seconds + 600,
             "template": {
-                "metadata": {"labels": ctx.labels("server")},
-                "spec": pod_spec(ctx, [engine_container(ctx, args, serving=True)],
-                                 init_containers(ctx, role_trn_env), "server"),
+                "metadata": template_metadata(ctx, args),
+                "spec": pod_spec(ctx, [server_container(ctx, args)], init_containers(ctx, role_trn_env), "server"),
             },
         },
     }
@@ -432,7 +464,8 @@ def render(ctx: ServingContext, role_trn: str | None = None) -> list[dict]:
     passes the real Output-resolved value, tests a literal."""
     role_env = {"name": "VOLCENGINE_OIDC_ROLE_TRN", "value": role_trn if role_trn is not None else ""}
     workload = leader_worker_set(ctx, role_env) if ctx.multi_node else deployment(ctx, role_env)
-    return [namespace(ctx), service_account(ctx), workload, *services(ctx), pod_disruption_budget(ctx)]
+    repository = [triton.repository(ctx, model_path(ctx))] if triton.enabled(ctx) else []
+    return [namespace(ctx), service_account(ctx), *repository, workload, *services(ctx), pod_disruption_budget(ctx)]
 
 
 def describe_command(obj: dict) -> str:

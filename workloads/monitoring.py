@@ -38,6 +38,7 @@ from typing import Any
 import yaml
 
 from stacks.constants import GPU_MODEL_LABEL, GPU_RESOURCE, HTTP_PORT, MANAGED_BY, PART_OF
+from workloads import triton
 from workloads.context import ServingContext
 from workloads.manifests import serving_selector
 from workloads.selectors import (  # noqa: F401  (re-exported: the selectors the rules use)
@@ -86,6 +87,7 @@ def template_values(ctx: ServingContext) -> dict[str, str]:
         "error_rate": _num(m.error_rate),
         "kv_cache_usage": _num(m.kv_cache_usage),
         "at_max_for": _fmt_duration(m.at_max_replicas_minutes),
+        "triton_queue_seconds": _num(m.triton_queue_seconds),
     }
 
 
@@ -133,6 +135,40 @@ def rule_groups(ctx: ServingContext) -> dict[str, list[dict]]:
         if not ctx.settings.autoscaling.enabled:
             groups = [g for g in groups if g["name"] != "serving.autoscaling"]
         out[name] = groups
+    if triton.enabled(ctx):
+        out = _for_triton(out, values)
+    return out
+
+
+def _for_triton(files: dict[str, list[dict]], values: dict[str, str]) -> dict[str, list[dict]]:
+    """Behind Triton: leave out every rule that reads a vLLM series Triton does not export
+    (or a recorded series so left out), and add workloads/rules/triton.yaml."""
+    dropped: set[str] = set()
+
+    def readable(rule: dict) -> bool:
+        for name in metric_names(rule["expr"]):
+            if name in dropped or name == "http_requests_total":
+                return False
+            if name.startswith("vllm:") and not triton.exports(name):
+                return False
+        return True
+
+    out = {}
+    for name, groups in files.items():  # recording first: alerts read what it records
+        kept = []
+        for g in groups:
+            rules = []
+            for r in g["rules"]:
+                if readable(r):
+                    rules.append(r)
+                elif "record" in r:
+                    dropped.add(r["record"])
+            if rules:
+                kept.append({**g, "rules": rules})
+        out[name] = kept
+    extra = fill(yaml.safe_load(_package_text("rules", "triton.yaml"))["groups"], values)
+    out["recording"] += [g for g in extra if not any("alert" in r for r in g["rules"])]
+    out["alerts"] += [g for g in extra if any("alert" in r for r in g["rules"])]
     return out
 
 
@@ -244,7 +280,11 @@ def vllm_pod_monitor(ctx: ServingContext) -> dict:
             "jobLabel": "app.kubernetes.io/name",  # job="vllm"
             "podTargetLabels": [ROLLOUT_HASH_POD_LABEL, "app.kubernetes.io/instance"],
             "podMetricsEndpoints": [
-                {"portNumber": HTTP_PORT, "path": "/metrics", "interval": SCRAPE_INTERVAL},
+                {"portNumber": HTTP_PORT, "path": "/metrics", "interval": SCRAPE_INTERVAL,
+                 # Triton labels its series `model`; vLLM (and every rule) says `model_name`.
+                 **({"metricRelabelings": [{"sourceLabels": ["model"], "regex": "(.+)", "targetLabel": "model_name",
+                                            "replacement": "$1", "action": "replace"}]}
+                    if triton.enabled(ctx) else {})},
             ],
         },
     }

@@ -85,8 +85,11 @@ def egress_https(ctx: ServingContext) -> dict:
     kubelet or the API server), nothing on another port (the ECS metadata service is plain
     HTTP), and the weights credential is scoped to read one bucket prefix anyway.
     """
+    # The serving pods, and the pre-warm pods that run the same weights sync on new nodes.
+    sel = {k: v for k, v in ctx.selector("server").items() if k != "app.kubernetes.io/component"}
     return _policy(ctx, f"{ctx.release}-egress-https", {
-        "podSelector": {"matchLabels": ctx.selector("server")},
+        "podSelector": {"matchLabels": sel, "matchExpressions": [
+            {"key": "app.kubernetes.io/component", "operator": "In", "values": ["server", "prewarm"]}]},
         "policyTypes": ["Egress"],
         "egress": [{"to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": cluster_cidrs(ctx)}}],
                     "ports": [{"protocol": "TCP", "port": 443}]}],

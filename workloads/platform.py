@@ -16,7 +16,15 @@ from __future__ import annotations
 
 from stacks.settings import StackSettings
 from workloads import versions
-from stacks.constants import ENTRY_NAMESPACE, MANAGED_BY, PART_OF
+from stacks.constants import (
+    DEVICE_PLUGIN_DEFAULT_CONFIG,
+    DEVICE_PLUGIN_MIG_CONFIG,
+    ENTRY_NAMESPACE,
+    GPU_MODEL_LABEL,
+    GPU_RESOURCE,
+    MANAGED_BY,
+    PART_OF,
+)
 
 REDIS_NAME = "envoy-ratelimit-redis"
 REDIS_PORT = 6379
@@ -111,9 +119,36 @@ def kube_prometheus_stack(settings: StackSettings) -> dict:
     return _release("kube-prometheus-stack", settings.monitoring.namespace, versions.KUBE_PROMETHEUS_STACK, values)
 
 
+def uses_mig(settings: StackSettings) -> bool:
+    return any(p.mig is not None for p in settings.cluster.gpu_pools.values())
+
+
+def device_plugin(settings: StackSettings) -> dict:
+    """NVIDIA's device plugin on every GPU node: whole GPUs by default, and the "mixed" MIG
+    strategy on nodes labelled nvidia.com/device-plugin.config=mig-mixed (the MIG pools), so
+    each slice is advertised as nvidia.com/mig-<profile>."""
+    def flags(strategy: str) -> str:
+        return f"version: v1\nflags:\n  migStrategy: {strategy}\n"
+
+    values = {
+        "config": {
+            "map": {DEVICE_PLUGIN_DEFAULT_CONFIG: flags("none"), DEVICE_PLUGIN_MIG_CONFIG: flags("mixed")},
+            "default": DEVICE_PLUGIN_DEFAULT_CONFIG,
+        },
+        # The chart's default affinity wants node-feature-discovery labels; our GPU pools
+        # carry their own.
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": GPU_MODEL_LABEL, "operator": "Exists"}]}]}}},
+        "tolerations": [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],
+    }
+    return _release("nvidia-device-plugin", "nvidia-device-plugin", versions.NVIDIA_DEVICE_PLUGIN, values)
+
+
 def releases(settings: StackSettings) -> list[dict]:
     """The Helm releases, in install order (controllers before the objects that use them)."""
     out = []
+    if uses_mig(settings):  # VKE's device plugin add-on is left out then (infra/cluster.py)
+        out.append(device_plugin(settings))
     if settings.serving.in_cluster_gateway:
         out.append(envoy_gateway(settings))
     if settings.autoscaling.enabled:

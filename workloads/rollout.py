@@ -53,8 +53,17 @@ def _window(ctx: ServingContext) -> str:
 
 
 def error_rate_query(ctx: ServingContext) -> str:
-    sel = f'{vllm_selector(ctx)},{ROLLOUT_HASH_LABEL}="{{{{args.{HASH_ARG}}}}}",handler=~"/v1/.+"'
     w = _window(ctx)
+    if ctx.settings.serving.server == "triton":
+        # Behind Triton there is no HTTP status counter: failed over all requests Triton saw.
+        sel = f'{vllm_selector(ctx)},{ROLLOUT_HASH_LABEL}="{{{{args.{HASH_ARG}}}}}"'
+        return (
+            f"(sum(rate(nv_inference_request_failure{{{sel}}}[{w}])) or vector(0))\n"
+            f"  / (sum(rate(nv_inference_request_success{{{sel}}}[{w}])) + "
+            f"(sum(rate(nv_inference_request_failure{{{sel}}}[{w}])) or vector(0)) > 0)\n"
+            f"or vector(0)"
+        )
+    sel = f'{vllm_selector(ctx)},{ROLLOUT_HASH_LABEL}="{{{{args.{HASH_ARG}}}}}",handler=~"/v1/.+"'
     return (
         f'(sum(rate(http_requests_total{{{sel},status="5xx"}}[{w}])) or vector(0))\n'
         f"  / (sum(rate(http_requests_total{{{sel}}}[{w}])) > 0)\n"

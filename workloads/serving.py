@@ -14,7 +14,7 @@ import pulumi_kubernetes as k8s
 import pulumi_volcengine as volc
 
 from stacks.constants import HTTP_PORT
-from workloads import autoscaling, gateway, manifests, monitoring, network_policy, platform, rollout
+from workloads import autoscaling, gateway, manifests, monitoring, network_policy, platform, resilience, rollout
 from workloads import k8s as k8s_apply
 from workloads.context import ServingContext, build_context
 
@@ -48,6 +48,7 @@ def renderers(ctx: ServingContext) -> list[Renderer]:
 def render_all(ctx: ServingContext, role_trn: pulumi.Input[str] | str) -> list[dict]:
     """All Kubernetes objects of the serving stack (what the component registers)."""
     objs = manifests.render(ctx, role_trn)  # type: ignore[arg-type]
+    objs += resilience.render(ctx, role_trn)  # type: ignore[arg-type]
     for render in renderers(ctx):
         objs.extend(render(ctx))
     return objs

@@ -39,6 +39,12 @@ KUBE_PROMETHEUS_STACK = Chart(
     "kube-prometheus-stack", "88.2.0", "https://prometheus-community.github.io/helm-charts", "v0.93.0"
 )
 
+# NVIDIA's device plugin, deployed instead of VKE's add-on when a pool is cut into MIG
+# slices: its per-node config (nvidia.com/device-plugin.config) gives MIG nodes the mixed
+# strategy. Chart values checked against NVIDIA/k8s-device-plugin v0.18.2
+# (commit fb1242add205d8563f9c604b8ba239607b4083e6) deployments/helm/nvidia-device-plugin/values.yaml.
+NVIDIA_DEVICE_PLUGIN = Chart("nvidia-device-plugin", "0.18.2", "https://nvidia.github.io/k8s-device-plugin", "v0.18.2")
+
 # Counter store of Envoy Gateway's global rate-limit service (plain manifests, see
 # workloads/platform.py: no maintained Redis chart without a vendor image licence).
 REDIS_IMAGE = "docker.io/library/redis:7.4.2-alpine"
