@@ -58,9 +58,9 @@ def _attn_inner(
     desc_k1, desc_k2, desc_v, k_row0, col_k, col_v,
     lo, hi, offs_m, offs_n, offs_d1, offs_d2, offs_dv, Lk, diag, qk_scale,
     D1: tl.constexpr, D2: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    MASKED: tl.constexpr, CAUSAL: tl.constexpr, USE_TMA: tl.constexpr, F32: tl.constexpr,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, USE_TMA: tl.constexpr, F32: tl.constexpr, WS: tl.constexpr,
 ):
-    for n in tl.range(lo, hi, BLOCK_N):
+    for n in tl.range(lo, hi, BLOCK_N, warp_specialize=WS):
         n = tl.multiple_of(n, BLOCK_N)
         rows = n + offs_n
         row_ok = rows < Lk
@@ -116,10 +116,10 @@ def _prefill_fwd_kernel(
     Q, K, V, O, LSE, CU_Q, CU_K,
     desc_k1, desc_k2, desc_v,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, stride_lse_h,
-    qk_scale,
-    GROUP: tl.constexpr, D1: tl.constexpr, D2: tl.constexpr, DV: tl.constexpr,
+    qk_scale, GROUP,
+    D1: tl.constexpr, D2: tl.constexpr, DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr, USE_TMA: tl.constexpr, F32: tl.constexpr,
+    CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr, USE_TMA: tl.constexpr, F32: tl.constexpr, WS: tl.constexpr,
 ):
     # heaviest query block first: with a causal mask the last block of a sequence
     # has the most keys
@@ -174,13 +174,13 @@ def _prefill_fwd_kernel(
         acc, l_i, m_i, q1, q2, k_base, v_base, stride_kt, stride_vt,
         desc_k1, desc_k2, desc_v, k_start, col_k, col_v,
         0, n_full, offs_m, offs_n, offs_d1, offs_d2, offs_dv, Lk, diag, qk_scale,
-        D1, D2, BLOCK_M, BLOCK_N, False, CAUSAL, USE_TMA, F32,
+        D1, D2, BLOCK_M, BLOCK_N, False, CAUSAL, USE_TMA, F32, WS,
     )
     acc, l_i, m_i = _attn_inner(
         acc, l_i, m_i, q1, q2, k_base, v_base, stride_kt, stride_vt,
         desc_k1, desc_k2, desc_v, k_start, col_k, col_v,
         n_full, hi, offs_m, offs_n, offs_d1, offs_d2, offs_dv, Lk, diag, qk_scale,
-        D1, D2, BLOCK_M, BLOCK_N, True, CAUSAL, USE_TMA, F32,
+        D1, D2, BLOCK_M, BLOCK_N, True, CAUSAL, USE_TMA, F32, False,
     )
 
     empty = l_i == 0.0  # a row that sees no key (Lk = 0, or Lk < Lq under the causal mask)
@@ -305,10 +305,10 @@ def prefill_attention(
         desc_k1, desc_k2, desc_v,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         out.stride(0), out.stride(1), lse.stride(0) if return_lse else 0,
-        scale * LOG2E,
-        GROUP=hq // hkv, D1=d1, D2=d2, DV=dv, BLOCK_M=bm, BLOCK_N=bn,
+        scale * LOG2E, hq // hkv,
+        D1=d1, D2=d2, DV=dv, BLOCK_M=bm, BLOCK_N=bn,
         CAUSAL=bool(causal), STORE_LSE=bool(return_lse), USE_TMA=use_tma,
-        F32=interpreting() and q.dtype == torch.bfloat16,
+        F32=interpreting() and q.dtype == torch.bfloat16, WS=bool(cfg.get("WARP_SPECIALIZE", False)),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     return (out, lse) if return_lse else out

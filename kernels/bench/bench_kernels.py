@@ -89,6 +89,19 @@ def ceilings():
     return copy_gbs, mm_tflops
 
 
+def fp8_mm_ceiling():
+    """fp8 e4m3 8192^3 through torch._scaled_mm (per-tensor scales), TFLOP/s; None if absent."""
+    try:
+        x = torch.randn(8192, 8192, device=DEV).to(torch.float8_e4m3fn)
+        y = torch.randn(8192, 8192, device=DEV).to(torch.float8_e4m3fn).t()
+        one = torch.ones((), device=DEV)
+        t = bench_us(lambda: torch._scaled_mm(x, y, scale_a=one, scale_b=one, out_dtype=torch.bfloat16))
+        return 2 * 8192**3 / t / 1e6
+    except Exception as ex:  # noqa: BLE001 - reported, not fatal
+        print(f"fp8 matmul ceiling not measured: {type(ex).__name__}: {ex}")
+        return None
+
+
 # ----------------------------------------------------------------------------- router
 ROUTER_LAYOUTS = {
     "v3": dict(e=256, g=8, tg=4, k=8, scoring="sigmoid", bias=True, renorm=True, scale=2.5),
@@ -547,21 +560,22 @@ ATTN_CASES = [
     dict(name="mla_16k", lens=[16384], hq=16, hkv=16, dqk=192, dv=128),
     dict(name="mla_varlen", lens=ATTN_VARLEN, hq=16, hkv=16, dqk=192, dv=128),
 ]
-ATTN_SWEEP = {
+ATTN_SWEEP = {  # (BLOCK_M, BLOCK_N, warps, stages, TMA[, warp-specialised key loop])
     "d128": [(128, 128, 8, 2, True), (128, 128, 8, 3, True), (128, 64, 4, 3, True), (128, 64, 8, 3, True),
-             (128, 128, 8, 2, False), (128, 64, 4, 3, False), (64, 64, 4, 3, True), (128, 128, 4, 2, True)],
+             (128, 128, 8, 2, False), (128, 128, 8, 2, True, True)],
     "mla": [(128, 64, 8, 2, True), (128, 64, 8, 3, True), (128, 128, 8, 2, True), (128, 64, 4, 2, True),
-            (128, 64, 8, 2, False), (64, 64, 4, 3, True), (128, 32, 4, 3, True)],
+            (128, 64, 8, 2, False)],
 }
 DEADLINE = {"t": float("inf")}  # wall-clock seconds after which sweeps stop (partial JSON stays)
 
 
 def _attn_cfg_name(c):
-    return f"m{c[0]}_n{c[1]}_w{c[2]}_s{c[3]}_{'tma' if c[4] else 'ptr'}"
+    return f"m{c[0]}_n{c[1]}_w{c[2]}_s{c[3]}_{'tma' if c[4] else 'ptr'}" + ("_ws" if len(c) > 5 and c[5] else "")
 
 
 def _attn_cfg(c):
-    return dict(BLOCK_M=c[0], BLOCK_N=c[1], num_warps=c[2], num_stages=c[3], USE_TMA=c[4])
+    return dict(BLOCK_M=c[0], BLOCK_N=c[1], num_warps=c[2], num_stages=c[3], USE_TMA=c[4],
+                WARP_SPECIALIZE=len(c) > 5 and c[5])
 
 
 def attn_check(q, k, v, cu, out, lse, causal=True, max_rows=2048, groups=(0, -1)):
@@ -745,9 +759,9 @@ MLA_CASES = [
     dict(name="h128_b64_4k", h=128, lens=[4096] * 64),
     dict(name="h128_b32_varlen", h=128, lens="rand32"),
 ]
-MLA_SWEEP = {
-    16: [(16, 16, 4, 2), (16, 32, 4, 3), (16, 64, 4, 2), (16, 32, 8, 2), (16, 64, 8, 2), (16, 32, 4, 1), (16, 64, 4, 3)],
-    128: [(32, 32, 4, 2), (64, 32, 4, 2), (64, 32, 8, 2), (64, 64, 8, 2), (32, 64, 4, 2), (64, 16, 4, 2)],
+MLA_SWEEP = {  # (BLOCK_H, BLOCK_N, warps, stages)
+    16: [(16, 32, 4, 2), (16, 64, 4, 2), (16, 32, 4, 3), (16, 32, 8, 2), (16, 16, 4, 2)],
+    128: [(64, 32, 8, 2), (32, 32, 4, 2), (64, 64, 8, 2), (64, 32, 4, 2)],
 }
 MLA_SPLITS = [dict(waves=1, min_chunk=256), dict(waves=4, min_chunk=256), dict(waves=2, min_chunk=512)]
 PAGE = 64
@@ -946,7 +960,8 @@ def run_mla(copy_gbs, mm_tflops, log, rows, on_case, cases, sweep, smoke=False):
 def attn_table(meta, attn):
     lines = [
         f"GPU {meta['gpu']}, torch {meta['torch']}, triton {meta['triton']}, {meta['date']}; "
-        f"measured ceilings: copy {meta['copy_gbs']:.0f} GB/s, bf16 matmul {meta['mm_tflops']:.0f} TFLOP/s.",
+        f"measured ceilings: copy {meta['copy_gbs']:.0f} GB/s, bf16 matmul {meta['mm_tflops']:.0f} TFLOP/s, "
+        f"fp8 matmul {meta.get('fp8_mm_tflops') or float('nan'):.0f} TFLOP/s.",
         "",
         "Prefill attention, causal, bf16 (do_bench medians). TFLOP/s = 2 * H * (Dqk + Dv) * visible pairs / time,",
         "visible pairs = sum L (L + 1) / 2 over sequences. (of mm) = fraction of the bf16 matmul ceiling.",
@@ -1043,6 +1058,9 @@ def main():
 
     ok = True
     if args.only in ("attn", "mla", "attn_mla"):
+        meta["fp8_mm_tflops"] = fp8_mm_ceiling()
+        log(f"fp8 matmul ceiling: {meta['fp8_mm_tflops']} TFLOP/s; sdpa backends: flash "
+            f"{torch.backends.cuda.flash_sdp_enabled()} cudnn {torch.backends.cuda.cudnn_sdp_enabled()}")
         DEADLINE["t"] = time.time() + args.budget_s
         pick = set(args.cases.split(",")) if args.cases else None
         if args.only in ("attn", "attn_mla"):
