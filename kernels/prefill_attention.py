@@ -211,8 +211,8 @@ def default_config(dqk: int, dv: int, device_type: str) -> dict:
     if device_type != "cuda":
         return dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1, USE_TMA=False)
     if dqk + dv > 256:  # MLA prefill 192 / 128
-        return dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2, USE_TMA=True)
-    return dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2, USE_TMA=True)
+        return dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3, USE_TMA=True)
+    return dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3, USE_TMA=True)
 
 
 def _check(name, t, ndim, dtypes=None):

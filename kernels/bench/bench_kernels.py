@@ -561,10 +561,8 @@ ATTN_CASES = [
     dict(name="mla_varlen", lens=ATTN_VARLEN, hq=16, hkv=16, dqk=192, dv=128),
 ]
 ATTN_SWEEP = {  # (BLOCK_M, BLOCK_N, warps, stages, TMA[, warp-specialised key loop])
-    "d128": [(128, 128, 8, 2, True), (128, 128, 8, 3, True), (128, 64, 4, 3, True), (128, 64, 8, 3, True),
-             (128, 128, 8, 2, False), (128, 128, 8, 2, True, True)],
-    "mla": [(128, 64, 8, 2, True), (128, 64, 8, 3, True), (128, 128, 8, 2, True), (128, 64, 4, 2, True),
-            (128, 64, 8, 2, False)],
+    "d128": [(128, 128, 8, 2, True), (128, 64, 8, 4, True), (128, 128, 8, 3, False), (128, 64, 8, 3, True)],
+    "mla": [(128, 64, 8, 2, True), (128, 64, 8, 4, True), (128, 64, 8, 3, False), (128, 128, 8, 2, True)],
 }
 DEADLINE = {"t": float("inf")}  # wall-clock seconds after which sweeps stop (partial JSON stays)
 
@@ -759,11 +757,21 @@ MLA_CASES = [
     dict(name="h128_b64_4k", h=128, lens=[4096] * 64),
     dict(name="h128_b32_varlen", h=128, lens="rand32"),
 ]
-MLA_SWEEP = {  # (BLOCK_H, BLOCK_N, warps, stages)
-    16: [(16, 32, 4, 2), (16, 64, 4, 2), (16, 32, 4, 3), (16, 32, 8, 2), (16, 16, 4, 2)],
-    128: [(64, 32, 8, 2), (32, 32, 4, 2), (64, 64, 8, 2), (64, 32, 4, 2)],
+MLA_SWEEP = {  # name -> config (merged over the default); "t" = transposed (swap-AB) kernel
+    16: {
+        "h16_n32_w4_s3": dict(BLOCK_H=16, BLOCK_N=32, num_warps=4, num_stages=3),
+        "h16_n32_w4_s3_waves4": dict(BLOCK_H=16, BLOCK_N=32, num_warps=4, num_stages=3, waves=4),
+        "t_h16_n64_w4_s2": dict(SWAP=True, BLOCK_H=16, BLOCK_N=64, num_warps=4, num_stages=2),
+        "t_h16_n64_w4_s2_waves4": dict(SWAP=True, BLOCK_H=16, BLOCK_N=64, num_warps=4, num_stages=2, waves=4),
+        "t_h16_n64_w8_s2": dict(SWAP=True, BLOCK_H=16, BLOCK_N=64, num_warps=8, num_stages=2),
+        "t_h16_n32_w4_s3": dict(SWAP=True, BLOCK_H=16, BLOCK_N=32, num_warps=4, num_stages=3),
+    },
+    128: {
+        "h64_n64_w8_s2": dict(BLOCK_H=64, BLOCK_N=64, num_warps=8, num_stages=2),
+        "t_h32_n64_w4_s2": dict(SWAP=True, BLOCK_H=32, BLOCK_N=64, num_warps=4, num_stages=2),
+        "t_h64_n64_w8_s2": dict(SWAP=True, BLOCK_H=64, BLOCK_N=64, num_warps=8, num_stages=2),
+    },
 }
-MLA_SPLITS = [dict(waves=1, min_chunk=256), dict(waves=4, min_chunk=256), dict(waves=2, min_chunk=512)]
 PAGE = 64
 
 
@@ -889,11 +897,7 @@ def run_mla(copy_gbs, mm_tflops, log, rows, on_case, cases, sweep, smoke=False):
 
             cfgs = {"default": None}
             if sweep and not smoke:
-                for c in MLA_SWEEP[16 if h <= 16 else 128]:
-                    cfgs["h{}_n{}_w{}_s{}".format(*c)] = dict(BLOCK_H=c[0], BLOCK_N=c[1], num_warps=c[2], num_stages=c[3])
-                for sp in MLA_SPLITS:
-                    cfgs[f"default_waves{sp['waves']}_min{sp['min_chunk']}"] = dict(sp)
-                cfgs["default_1split"] = dict(force_splits=1)
+                cfgs.update(MLA_SWEEP[16 if h <= 16 else 128])
             for name, cfg in cfgs.items():
                 if time.time() > DEADLINE["t"] and name != "default":
                     r["variants"][name] = dict(error="skipped: time budget")
