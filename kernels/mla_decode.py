@@ -220,10 +220,21 @@ def default_config(num_heads: int, device_type: str) -> dict:
 
 
 def pick_splits(batch: int, head_blocks: int, max_seq_len: int, sms: int, block_n: int,
-                waves: int = 2, min_chunk: int = 256) -> tuple[int, int]:
-    """(splits, tokens per split): enough programs for ``waves`` per SM, no split shorter
-    than ``min_chunk`` tokens, chunks a multiple of ``block_n``."""
-    want = max(1, -(-waves * sms // max(1, batch * head_blocks)))
+                waves: int = 2, min_chunk: int = 256, rule: str = "waves", resident: int = 2) -> tuple[int, int]:
+    """(splits, tokens per split), chunks a multiple of ``block_n``, none shorter than
+    ``min_chunk`` tokens.
+
+    rule "waves": enough programs for ``waves`` per SM (batch * head_blocks * splits >=
+    waves * sms). rule "fill": at most one wave of ``resident`` programs per SM
+    (batch * head_blocks * splits <= resident * sms), so no SM runs a second, partial wave.
+    """
+    progs = max(1, batch * head_blocks)
+    if rule == "fill":
+        want = max(1, (resident * sms) // progs)
+    elif rule == "waves":
+        want = max(1, -(-waves * sms // progs))
+    else:
+        raise ValueError(f"rule must be 'waves' or 'fill', got {rule!r}")
     most = max(1, -(-max_seq_len // min_chunk))
     splits = min(want, most)
     chunk = -(-max(1, max_seq_len) // splits)
@@ -301,7 +312,7 @@ def mla_decode(
             max_seq_len = int(seq_lens.max().item())
         sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 4
         num_splits, chunk = pick_splits(bsz, hblocks, max_seq_len, sms, bn, cfg.get("waves", 2),
-                                        cfg.get("min_chunk", 256))
+                                        cfg.get("min_chunk", 256), cfg.get("rule", "waves"), cfg.get("resident", 2))
     else:
         if max_seq_len is None:
             raise ValueError("num_splits needs max_seq_len (the longest seq_lens entry)")

@@ -564,7 +564,8 @@ ATTN_SWEEP = {  # (BLOCK_M, BLOCK_N, warps, stages, TMA[, warp-specialised key l
     "d128": [(128, 128, 8, 2, True), (128, 64, 8, 4, True), (128, 128, 8, 3, False), (128, 64, 8, 3, True)],
     "mla": [(128, 64, 8, 2, True), (128, 64, 8, 4, True), (128, 64, 8, 3, False), (128, 128, 8, 2, True)],
 }
-DEADLINE = {"t": float("inf")}  # wall-clock seconds after which sweeps stop (partial JSON stays)
+DEADLINE = {"t": float("inf")}
+SWEEP_SET = {"mla": "tiles"}  # --mla-sweep  # wall-clock seconds after which sweeps stop (partial JSON stays)
 
 
 def _attn_cfg_name(c):
@@ -772,6 +773,14 @@ MLA_SWEEP = {  # name -> config (merged over the default); "t" = transposed (swa
         "t_h64_n64_w8_s2": dict(SWAP=True, BLOCK_H=64, BLOCK_N=64, num_warps=8, num_stages=2),
     },
 }
+# split rules on the default tile (third H200 run): one wave of `resident` programs per SM
+# against the default `waves` rule; the fill_r2 entry is timed twice
+MLA_SPLIT_SWEEP = {
+    16: {"fill_r2": dict(rule="fill", resident=2), "fill_r1": dict(rule="fill", resident=1),
+         "fill_r3": dict(rule="fill", resident=3), "fill_r2_again": dict(rule="fill", resident=2),
+         "waves2_again": dict(rule="waves", waves=2)},
+    128: {"fill_r1": dict(rule="fill", resident=1), "waves2_again": dict(rule="waves", waves=2)},
+}
 PAGE = 64
 
 
@@ -897,7 +906,7 @@ def run_mla(copy_gbs, mm_tflops, log, rows, on_case, cases, sweep, smoke=False):
 
             cfgs = {"default": None}
             if sweep and not smoke:
-                cfgs.update(MLA_SWEEP[16 if h <= 16 else 128])
+                cfgs.update((MLA_SPLIT_SWEEP if SWEEP_SET["mla"] == "splits" else MLA_SWEEP)[16 if h <= 16 else 128])
             for name, cfg in cfgs.items():
                 if time.time() > DEADLINE["t"] and name != "default":
                     r["variants"][name] = dict(error="skipped: time budget")
@@ -1023,6 +1032,8 @@ def main():
                     default=None)
     ap.add_argument("--cases", default=None,
                     help="attn/mla: comma-separated case names to run (default: all)")
+    ap.add_argument("--mla-sweep", choices=["tiles", "splits"], default="tiles",
+                    help="mla --sweep: tile/kernel variants, or split rules on the default tile")
     ap.add_argument("--budget-s", type=float, default=float("inf"),
                     help="attn/mla: stop timing sweep variants after this many seconds (defaults still run)")
     ap.add_argument("--profile-gemv", action="store_true",
@@ -1066,6 +1077,7 @@ def main():
         log(f"fp8 matmul ceiling: {meta['fp8_mm_tflops']} TFLOP/s; sdpa backends: flash "
             f"{torch.backends.cuda.flash_sdp_enabled()} cudnn {torch.backends.cuda.cudnn_sdp_enabled()}")
         DEADLINE["t"] = time.time() + args.budget_s
+        SWEEP_SET["mla"] = args.mla_sweep
         pick = set(args.cases.split(",")) if args.cases else None
         if args.only in ("attn", "attn_mla"):
             res["attn"] = []

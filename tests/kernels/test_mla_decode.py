@@ -132,3 +132,16 @@ def test_transposed_kernel(kv, qdtype, num_splits):
     # the swap-AB variant (tokens as the MMA's M side): same function, any split
     check([0, 1, 16, 37, 70], 3, qdtype, kv, page=16, num_splits=num_splits, seed=9,
           config=dict(SWAP=True, BLOCK_N=16 if SMALL else 64))
+
+
+def test_pick_splits_fill_rule():
+    # one wave of 2 programs per SM: 64 sequences x 1 head block -> 4 splits of 1024 tokens
+    assert pick_splits(64, 1, 4096, 132, 32, rule="fill", resident=2) == (4, 1024)
+    # more programs than slots: no split
+    assert pick_splits(300, 1, 4096, 132, 32, rule="fill", resident=2) == (1, 4096)
+    with pytest.raises(ValueError, match="rule"):
+        pick_splits(1, 1, 10, 132, 32, rule="even")
+
+
+def test_fill_rule_end_to_end():
+    check([37, 70, 5], 3, torch.bfloat16, "same", page=16, seed=10, config=dict(rule="fill", resident=1))
