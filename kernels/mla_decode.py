@@ -49,7 +49,9 @@ def _mla_split_kernel(
     s = tl.program_id(2)
     L = tl.load(SEQ + b)
     start = s * chunk
-    end = tl.minimum(L, start + chunk)
+    # the last split takes whatever is left, so a launch sized for a shorter max_seq_len
+    # (a CUDA graph replayed with longer sequences) is still exact, only slower
+    end = tl.where(s == tl.num_programs(2) - 1, L, tl.minimum(L, start + chunk))
     heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)
     h_ok = heads < H
     if start >= end:
@@ -126,7 +128,9 @@ def _mla_split_kernel_t(
     s = tl.program_id(2)
     L = tl.load(SEQ + b)
     start = s * chunk
-    end = tl.minimum(L, start + chunk)
+    # the last split takes whatever is left, so a launch sized for a shorter max_seq_len
+    # (a CUDA graph replayed with longer sequences) is still exact, only slower
+    end = tl.where(s == tl.num_programs(2) - 1, L, tl.minimum(L, start + chunk))
     heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)
     h_ok = heads < H
     offs_dl = tl.arange(0, DL)

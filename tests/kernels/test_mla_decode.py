@@ -145,3 +145,12 @@ def test_pick_splits_fill_rule():
 
 def test_fill_rule_end_to_end():
     check([37, 70, 5], 3, torch.bfloat16, "same", page=16, seed=10, config=dict(rule="fill", resident=1))
+
+
+def test_launch_sized_for_shorter_sequences_is_still_exact():
+    # a launch (e.g. a captured CUDA graph) sized for max_seq_len 20 running 70-token
+    # sequences: the last split reads the rest
+    q, cache, bt, sl, _ = make([70, 33], 2, torch.float16, "same", 16, seed=12)
+    o = mla_decode(q, cache, bt, sl, SCALE, max_seq_len=20, num_splits=2, config=SMALL)
+    ro, _ = mla_decode_reference(q.cpu(), cache.cpu(), bt.cpu(), sl.cpu(), SCALE, compute_dtype=torch.float64)
+    assert ((o.cpu().double() - ro).norm() / ro.norm()) < TOL[torch.float16]
