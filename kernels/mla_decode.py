@@ -214,8 +214,10 @@ def _mla_merge_kernel(
 
 
 def default_config(num_heads: int, device_type: str) -> dict:
-    """Tile per head count, from the H200 sweep (kernels/bench/results/2026-11-30_h200_*);
-    small tiles under the interpreter."""
+    """Tile per head count, the fastest of the H200 sweeps
+    (kernels/bench/results/2026-11-30_h200_attn_mla_run*); small tiles under the interpreter.
+    Split rule: "waves" (2 programs per SM); "fill" won on uniform batches and lost on
+    ragged ones (run3), so it is an option, not the default."""
     if device_type != "cuda":
         return dict(BLOCK_H=16, BLOCK_N=16, num_warps=4, num_stages=1)
     if num_heads <= 16:

@@ -206,8 +206,9 @@ def split_head_dim(d: int) -> tuple[int, int]:
 
 
 def default_config(dqk: int, dv: int, device_type: str) -> dict:
-    """Block shape per head dims. Chosen from the H200 sweep
-    (kernels/bench/results/2026-11-30_h200_attn_*); small tiles under the interpreter."""
+    """Block shape per head dims: the fastest of the H200 sweep
+    (kernels/bench/results/2026-11-30_h200_attn_mla_run1_sweep*); small tiles under the
+    interpreter."""
     if device_type != "cuda":
         return dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1, USE_TMA=False)
     if dqk + dv > 256:  # MLA prefill 192 / 128
