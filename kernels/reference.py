@@ -108,3 +108,84 @@ def awq_dequantize(qweight, qzeros, scales, group_size: int = 128) -> torch.Tens
 def w4a16_reference(x, qweight, qzeros, scales, group_size: int = 128) -> torch.Tensor:
     """fp32 x @ dequant(W)."""
     return x.float() @ awq_dequantize(qweight, qzeros, scales, group_size)
+
+
+def varlen_attention_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor | None = None,
+    softmax_scale: float | None = None,
+    causal: bool = True,
+    compute_dtype: torch.dtype = torch.float32,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Packed varlen attention, one sequence at a time, in ``compute_dtype``.
+
+    q [Tq, Hq, Dqk], k [Tk, Hkv, Dqk], v [Tk, Hkv, Dv]; GQA by repeating kv heads; the
+    causal mask is aligned bottom-right (query i sees keys j <= i + Lk - Lq). Returns
+    (out [Tq, Hq, Dv], lse [Hq, Tq]) in ``compute_dtype``; rows that see no key get
+    out = 0 and lse = -inf.
+    """
+    cu_k = cu_seqlens_q if cu_seqlens_k is None else cu_seqlens_k
+    tq, hq, dqk = q.shape
+    hkv, dv = k.shape[1], v.shape[2]
+    scale = dqk**-0.5 if softmax_scale is None else softmax_scale
+    out = torch.zeros(tq, hq, dv, dtype=compute_dtype, device=q.device)
+    lse = torch.full((hq, tq), float("-inf"), dtype=compute_dtype, device=q.device)
+    cq, ck = cu_seqlens_q.tolist(), cu_k.tolist()
+    for b in range(len(cq) - 1):
+        q0, q1, k0, k1 = cq[b], cq[b + 1], ck[b], ck[b + 1]
+        lq, lk = q1 - q0, k1 - k0
+        if lq == 0 or lk == 0:
+            continue
+        qb = q[q0:q1].to(compute_dtype).transpose(0, 1)  # [Hq, Lq, D]
+        kb = k[k0:k1].to(compute_dtype).transpose(0, 1).repeat_interleave(hq // hkv, dim=0)
+        vb = v[k0:k1].to(compute_dtype).transpose(0, 1).repeat_interleave(hq // hkv, dim=0)
+        s = qb @ kb.transpose(1, 2) * scale
+        if causal:
+            i = torch.arange(lq, device=q.device)[:, None]
+            j = torch.arange(lk, device=q.device)[None, :]
+            s = s.masked_fill(j > i + (lk - lq), float("-inf"))
+        m = s.amax(-1, keepdim=True)
+        seen = torch.isfinite(m)
+        m = torch.where(seen, m, torch.zeros_like(m))
+        e = torch.exp(s - m)
+        den = e.sum(-1, keepdim=True)
+        ob = (e @ vb) / torch.where(seen, den, torch.ones_like(den))
+        out[q0:q1] = ob.transpose(0, 1)
+        lse[:, q0:q1] = torch.where(seen, m + torch.log(den), torch.full_like(m, float("-inf")))[..., 0]
+    return out, lse
+
+
+def mla_decode_reference(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    softmax_scale: float,
+    kv_scale: float = 1.0,
+    kv_lora_rank: int = 512,
+    compute_dtype: torch.dtype = torch.float32,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """MLA decode in the absorbed form, one sequence at a time.
+
+    q [B, H, kv_lora_rank + rope]; kv_cache [num_blocks, page, kv_lora_rank + rope]
+    (fp8 caches are dequantised as value * kv_scale); sequence b's token t lives in
+    page block_table[b, t // page], row t % page. Returns (out [B, H, kv_lora_rank],
+    lse [B, H]) in ``compute_dtype``: out = softmax(scale * q . row) @ row[:kv_lora_rank].
+    """
+    bsz, nh, _ = q.shape
+    page = kv_cache.shape[1]
+    out = torch.zeros(bsz, nh, kv_lora_rank, dtype=compute_dtype, device=q.device)
+    lse = torch.full((bsz, nh), float("-inf"), dtype=compute_dtype, device=q.device)
+    for b in range(bsz):
+        n = int(seq_lens[b])
+        if n == 0:
+            continue
+        t = torch.arange(n, device=q.device)
+        rows = kv_cache[block_table[b, t // page].long(), t % page].to(compute_dtype) * kv_scale  # [n, 576]
+        s = q[b].to(compute_dtype) @ rows.T * softmax_scale  # [H, n]
+        lse[b] = torch.logsumexp(s, -1)
+        out[b] = torch.softmax(s, -1) @ rows[:, :kv_lora_rank]
+    return out, lse

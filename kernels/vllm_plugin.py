@@ -10,6 +10,11 @@
 On any other platform every replacement defers to vLLM's own native path.
 
 ``DSVOLC_KERNELS=0`` (also ``false``/``off``/``no``) makes ``register()`` do nothing.
+
+``DSVOLC_MLA=1`` (off by default) also registers the MLA attention backends of
+``kernels.vllm_mla`` into vLLM's ``CUSTOM`` slots: decode (``--attention-backend CUSTOM``)
+on ``kernels.mla_decode``, prefill (``--attention-config '{"mla_prefill_backend": "CUSTOM"}'``)
+on ``kernels.prefill_attention``. Unset, vLLM's own backends are the only ones there.
 """
 
 from __future__ import annotations
@@ -23,6 +28,9 @@ import torch
 logger = logging.getLogger("vllm.deepseek_volc.kernels")
 
 ENV_SWITCH = "DSVOLC_KERNELS"
+MLA_SWITCH = "DSVOLC_MLA"
+MLA_DECODE_PATH = "kernels.vllm_mla.DsvolcMLABackend"
+MLA_PREFILL_PATH = "kernels.vllm_mla.DsvolcMLAPrefillBackend"
 QUANT_NAME = "dsvolc_awq"
 # devices whose tensors go to the Triton kernels; tests add "cpu" under TRITON_INTERPRET=1
 KERNEL_DEVICES = {"cuda"}
@@ -30,6 +38,22 @@ KERNEL_DEVICES = {"cuda"}
 
 def enabled() -> bool:
     return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "false", "off", "no")
+
+
+def mla_enabled() -> bool:
+    """The MLA backends are opt-in: only DSVOLC_MLA=1 (or true/on/yes) registers them."""
+    return os.environ.get(MLA_SWITCH, "0").strip().lower() in ("1", "true", "on", "yes")
+
+
+def _register_mla() -> None:
+    from vllm.v1.attention.backends.mla.prefill.registry import (
+        MLAPrefillBackendEnum,
+        register_mla_prefill_backend,
+    )
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
+
+    register_backend(AttentionBackendEnum.CUSTOM, MLA_DECODE_PATH)
+    register_mla_prefill_backend(MLAPrefillBackendEnum.CUSTOM, MLA_PREFILL_PATH)
 
 
 def _router_ok(gating_output: torch.Tensor, n_group: int, topk_group: int, topk: int, scoring: str) -> bool:
@@ -174,4 +198,8 @@ def register() -> None:
         _NATIVE_GROUPED_TOPK = grouped_topk_router.grouped_topk
         grouped_topk_router.grouped_topk = _triton_grouped_topk
 
-    logger.info("deepseek-volc kernels registered in pid %d (GroupedTopk, %s)", os.getpid(), QUANT_NAME)
+    mla = mla_enabled()
+    if mla:
+        _register_mla()
+    logger.info("deepseek-volc kernels registered in pid %d (GroupedTopk, %s%s)", os.getpid(), QUANT_NAME,
+                ", MLA attention backends in the CUSTOM slots" if mla else "")

