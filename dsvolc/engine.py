@@ -13,6 +13,7 @@ import base64
 import inspect
 import json
 import runpy
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -20,7 +21,9 @@ from typing import Any, Callable
 import pulumi
 from pulumi.runtime import mocks as pulumi_mocks
 from pulumi.runtime import rpc
-from pulumi.runtime.settings import reset_options
+from pulumi.runtime import known_types
+from pulumi.runtime.resource import register_resource_outputs
+from pulumi.runtime.settings import get_root_resource, reset_options
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
 
@@ -87,7 +90,13 @@ def _fake_kubeconfig(cluster_id: str) -> str:
 
 
 class PreviewMocks(pulumi_mocks.Mocks):
-    """Computed outputs the program reads back; everything else echoes the inputs."""
+    """Computed outputs the program reads back; everything else echoes the inputs.
+
+    `existing_stack` says what the data sources answer: the stack's cluster as VKE lists it
+    once deployed (True), or nothing, as on a stack's first preview (False)."""
+
+    def __init__(self, existing_stack: bool = True):
+        self.existing_stack = existing_stack
 
     def new_resource(self, args: pulumi_mocks.MockResourceArgs):
         state = dict(args.inputs)
@@ -111,6 +120,8 @@ class PreviewMocks(pulumi_mocks.Mocks):
         elif t == "volcengine:iam/accessKey:AccessKey":
             state["accessKeyId"] = "AKLTpreview"
             state["secretAccessKey"] = "preview-secret"
+        elif t == "random:index/randomPassword:RandomPassword":
+            state["result"] = "preview-password"
         return rid, state
 
     def call(self, args: pulumi_mocks.MockCallArgs):
@@ -125,7 +136,33 @@ class PreviewMocks(pulumi_mocks.Mocks):
                 "totalCount": len(ids),
                 "ids": ids,
             }
+        if args.token == "volcengine:vke/getClusters:getClusters":
+            return _clusters_answer(args.args.get("name"), self.existing_stack)
         return {}
+
+
+def _clusters_answer(name: str | None, existing: bool) -> dict:
+    """vke.get_clusters by name: the stack's own cluster, running with IRSA on, when the stack
+    exists; no cluster on a new stack."""
+    if not existing or not name:
+        return {"clusters": [], "totalCount": 0}
+    cid = f"cc{zlib.crc32(name.encode()):08x}preview"
+    return {
+        "clusters": [{
+            "id": cid,
+            "name": name,
+            "status": {"phase": "Running", "conditions": []},
+            "irsaConfigs": [{
+                "enabled": True,
+                "audience": "sts.volcengine.com",
+                "issuer": f"https://oidc-vke-preview.volces.com/{cid}",
+                "oidcTrn": f"trn:iam::{FAKE_ACCOUNT}:oidc-provider/vke-{cid}",
+                "jwksUrl": f"https://oidc-vke-preview.volces.com/{cid}/keys",
+                "openIdConfigUrl": f"https://oidc-vke-preview.volces.com/{cid}/.well-known/openid-configuration",
+            }],
+        }],
+        "totalCount": 1,
+    }
 
 
 def _unwrap(value: Any, mask: bool) -> Any:
@@ -171,6 +208,12 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
         )
         return response
 
+    def RegisterResourceOutputs(self, request):
+        """Keep the stack's outputs (`pulumi.export`) for the preview's header."""
+        if request.urn.split("::")[-2:-1] == ["pulumi:pulumi:Stack"]:
+            outputs = rpc.deserialize_properties(request.outputs, keep_internal=True)
+            self.recording.outputs.update(_unwrap(outputs, mask=True))
+        return super().RegisterResourceOutputs(request)
 
     def _apply_stack_transforms(self, request) -> None:
         """Run the registered stack transforms the way the engine does (Pulumi's mock
@@ -233,14 +276,16 @@ def _mask_paths(value: Any, paths: list[tuple]) -> Any:
 Transform = Callable[[pulumi.ResourceTransformArgs], pulumi.ResourceTransformResult | None]
 
 
-def run(stack: str, raw_settings: dict[str, Any], transforms: list[Transform] | None = None) -> Recording:
+def run(stack: str, raw_settings: dict[str, Any], transforms: list[Transform] | None = None,
+        existing_stack: bool = True) -> Recording:
     """Run `__main__.py` for `stack` with `raw_settings` under the mock engine.
 
     `transforms` are registered as stack transforms before the program runs: the policy
-    tests use them to inject a violation the settings cannot express.
+    tests use them to inject a violation the settings cannot express. `existing_stack`
+    False previews a stack's first `pulumi up` (its cluster does not exist yet).
     """
     recording = Recording(stack=stack)
-    mocks = PreviewMocks()
+    mocks = PreviewMocks(existing_stack=existing_stack)
     reset_options(project=PROJECT, stack=stack, preview=False)
     pulumi_mocks.set_mocks(mocks, project=PROJECT, stack=stack, preview=False,
                            monitor=RecordingMonitor(mocks, recording))
@@ -250,6 +295,11 @@ def run(stack: str, raw_settings: dict[str, Any], transforms: list[Transform] | 
         for t in transforms or []:
             pulumi.runtime.register_resource_transform(t)
         runpy.run_path(str(PROGRAM), run_name="__main__")
+        # `pulumi up` registers the stack's exports after the program (run_in_stack); the
+        # mock runner finished its root stack before the program ran, so register them here.
+        root = get_root_resource()
+        if known_types.is_stack(root):
+            register_resource_outputs(root, dict(root.outputs))
 
     _sync_await(run_pulumi_func(program))
     return recording
