@@ -26,24 +26,27 @@ def preview(
     stack: str = typer.Argument(..., help="stack name (dev, staging, prod) or path to a Pulumi.<stack>.yaml"),
     json_out: Optional[Path] = typer.Option(None, "--json", help="also write the preview as JSON to this file"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="print only the summary lines"),
+    new_stack: bool = typer.Option(
+        False, "--new-stack", help="preview the stack's first `pulumi up` (its cluster does not exist yet)"),
 ) -> None:
     """Run the stack's program offline under Pulumi's mock engine and its policy pack.
 
     Exit 0: no mandatory violation; 1: a mandatory policy is violated; 2: invalid settings.
     """
     from dsvolc.policy_runner import PolicyConfigError
-    from dsvolc.preview import _plan_line, render, run_preview, write_json
+    from dsvolc.preview import _plan_line, phase_line, render, run_preview, write_json
 
     console = Console()
     err = Console(stderr=True, soft_wrap=True)
     try:
-        result = run_preview(stack)
+        result = run_preview(stack, existing_stack=not new_stack)
     except (SettingsError, PolicyConfigError) as exc:
         err.print(f"error: {exc}", highlight=False, markup=False)
         raise typer.Exit(2) from None
     if quiet:
         console.print(f"stack {result.stack}: class {result.environment_class}, policy config "
                       f"{result.policy_config}, {len(result.recording.resources)} resources", highlight=False)
+        console.print(phase_line(result), highlight=False, markup=False, soft_wrap=True)
         for p in result.plans:
             console.print(f"engine plan {p['workload']}: {_plan_line(p)}", highlight=False)
         console.print(f"policy verdict: {len(result.mandatory)} mandatory, "

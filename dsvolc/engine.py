@@ -120,6 +120,8 @@ class PreviewMocks(pulumi_mocks.Mocks):
         elif t == "volcengine:iam/accessKey:AccessKey":
             state["accessKeyId"] = "AKLTpreview"
             state["secretAccessKey"] = "preview-secret"
+        elif t == "volcengine:vmp/workspace:Workspace":
+            state["prometheusWriteIntranetEndpoint"] = f"https://{rid}.vmp.ivolces.com/api/v1/write"
         elif t == "random:index/randomPassword:RandomPassword":
             state["result"] = "preview-password"
         return rid, state

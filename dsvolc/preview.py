@@ -31,6 +31,11 @@ class PreviewResult:
     violations: list[dict[str, Any]] = field(default_factory=list)
 
     @property
+    def deploy_phase(self) -> dict[str, Any]:
+        """The deploy phase the program chose (infra/identity.py), from its stack output."""
+        return self.recording.outputs.get("deploy_phase") or {}
+
+    @property
     def mandatory(self) -> list[dict[str, Any]]:
         return [v for v in self.violations if v["enforcement_level"] == "mandatory"]
 
@@ -39,6 +44,7 @@ class PreviewResult:
             "stack": self.stack,
             "environment_class": self.environment_class,
             "policy_config": self.policy_config,
+            "deploy_phase": self.deploy_phase,
             "plans": self.plans,
             "resources": [r.as_json() for r in self.recording.resources],
             "violations": self.violations,
@@ -74,7 +80,8 @@ def engine_plans(settings: StackSettings) -> list[dict[str, Any]]:
     }]
 
 
-def run_preview(stack: str, *, policies: bool = True, transforms=None, raw: dict | None = None) -> PreviewResult:
+def run_preview(stack: str, *, policies: bool = True, transforms=None, raw: dict | None = None,
+                existing_stack: bool = True) -> PreviewResult:
     """Validate the stack's settings, run the program, run the policies.
 
     Raises loader.SettingsError for bad settings and policy_runner.PolicyConfigError for a
@@ -87,7 +94,7 @@ def run_preview(stack: str, *, policies: bool = True, transforms=None, raw: dict
     # fail fast, with every problem listed
     settings = loader.parse(raw, str(loader.stack_file(stack)), stack=name)
     config_file, config = policy_runner.stack_policy_config(settings) if policies else (None, None)
-    recording = engine.run(name, raw, transforms=transforms)
+    recording = engine.run(name, raw, transforms=transforms, existing_stack=existing_stack)
     result = PreviewResult(stack=name, environment_class=settings.environment_class,
                            policy_config=settings.policy_config_path, recording=recording,
                            plans=engine_plans(settings))
@@ -109,6 +116,13 @@ def _plan_line(p: dict[str, Any]) -> str:
             f"max_num_seqs {p['max_num_seqs']}")
 
 
+def phase_line(result: PreviewResult) -> str:
+    p = result.deploy_phase
+    if not p:
+        return "deploy phase: unknown"
+    return f"deploy {p['description']}; next: {p['next']}"
+
+
 def render(result: PreviewResult, console: Console) -> None:
     resources = result.recording.resources
     by_urn = {r.urn: r for r in resources}
@@ -119,6 +133,7 @@ def render(result: PreviewResult, console: Console) -> None:
 
     console.print(f"[bold]stack {result.stack}[/bold]: class {result.environment_class}, "
                   f"policy config {result.policy_config}", highlight=False)
+    console.print(phase_line(result), highlight=False, markup=False)
     tree = Tree(f"[bold]stack {result.stack}[/bold] ({len(resources)} resources)")
     plans = Tree("[bold]engine plan[/bold]")
     for p in result.plans:
