@@ -6,6 +6,7 @@ the serving layer receives infra only through the component outputs gathered in 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import pulumi
@@ -19,6 +20,8 @@ from infra.observability import Observability, ObservabilityArgs
 from infra.registry import Registry, RegistryArgs
 from infra.weights import WeightStore, WeightStoreArgs
 from stacks.settings import StackSettings
+
+BOOTSTRAP_ENV = "DSVOLC_BOOTSTRAP"
 
 
 @dataclass
@@ -44,6 +47,11 @@ def build_infra(s: StackSettings) -> Infra:
     # Decided before anything registers, from what VKE reports for this stack's cluster
     # (infra/identity.py): phase 1 builds the cloud layer, phase 2 the identity and workloads.
     phase = decide(s.cluster.irsa, lookup_cluster(s.cluster_name, provider))
+    if os.environ.get(BOOTSTRAP_ENV) == "1" and phase.number != 1:
+        # deploy.yml's bootstrap runs outside the VPC; past phase 1 it could not reach the API server
+        raise pulumi.RunError(f"{BOOTSTRAP_ENV}=1 but cluster {s.cluster_name!r} exists ({phase.describe()}): "
+                              "bootstrap is for a new stack only; deploy from the stack's runner in its VPC "
+                              "(docs/deploy.md)")
 
     node_subnets = s.node_subnets()
     vpc_cni = s.cluster.pod_network_mode == "VpcCniShared"
@@ -190,6 +198,7 @@ def build_infra(s: StackSettings) -> Infra:
                 ),
                 tls=EdgeTls(domain=g.tls.domain, certificate_id=g.tls.certificate_id, plain_http=g.tls.plain_http),
                 vmp_workspace_id=observability.workspace_id if observability is not None else None,
+                routes=phase.workloads,
                 project_name=s.project_name,
                 tags=tags,
             ),
@@ -210,6 +219,9 @@ def build_infra(s: StackSettings) -> Infra:
 def export_outputs(infra: Infra, serving=None) -> None:
     """The stack outputs, in one place."""
     pulumi.export("vpc_id", infra.network.vpc_id)
+    # where the stack's deploy runner goes (docs/deploy.md): a node subnet and the node group
+    pulumi.export("runner_subnet_id", next(iter(infra.network.subnet_ids_by_zone.values())))
+    pulumi.export("runner_security_group_id", infra.network.node_security_group_id)
     pulumi.export("egress_ip", infra.network.egress_ip)
     pulumi.export("cluster_id", infra.cluster.cluster_id)
     pulumi.export("kubeconfig", infra.cluster.kubeconfig)

@@ -66,6 +66,9 @@ class EdgeArgs:
     vmp_workspace_id: pulumi.Input[str] | None
     project_name: str
     tags: dict[str, str]
+    # Upstreams and routes name Kubernetes Services: they come with the Kubernetes layer
+    # (deploy phase 2, infra/identity.py); phase 1 builds the gateway, service and domain.
+    routes: bool = True
 
 
 @dataclass(frozen=True)
@@ -180,6 +183,11 @@ class EdgeGateway(pulumi.ComponentResource):
             comments="services of the serving cluster",
             opts=child(self),
         )
+        self.gateway_id = gateway.id
+        self.route_ids = []
+        if not args.routes:
+            self.register_outputs({"gateway_id": self.gateway_id})
+            return
         upstream_ids: dict[str, pulumi.Output[str]] = {}
         for up in args.upstreams:
             upstream = volc.apig.ApigUpstream(
@@ -231,6 +239,5 @@ class EdgeGateway(pulumi.ComponentResource):
             advanced_setting=advanced,
             opts=child(self),
         )
-        self.gateway_id = gateway.id
         self.route_ids = [default_route.id, ab_route.id]
         self.register_outputs({"gateway_id": self.gateway_id})
