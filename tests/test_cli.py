@@ -27,7 +27,9 @@ def test_preview_prod_json_lists_the_foundation(tmp_path):
     assert result.exit_code == 0, result.output
     plan = json.loads(out.read_text())
     assert plan["stack"] == "prod"
-    assert set(plan) == {"stack", "environment_class", "policy_config", "plans", "resources", "violations"}
+    assert set(plan) == {"stack", "environment_class", "policy_config", "deploy_phase", "plans", "resources",
+                         "violations"}
+    assert plan["deploy_phase"]["phase"] == 2 and plan["deploy_phase"]["irsa"] is True
     assert plan["environment_class"] == "prod" and plan["policy_config"] == "policies/config/prod.json"
     (serving,) = plan["plans"]
     s = load("prod")
@@ -115,3 +117,14 @@ def test_unknown_stack_exit_2_lists_known_stacks():
     result = runner.invoke(app, ["preview", "qa"])
     assert result.exit_code == 2
     assert "dev, prod, staging" in result.output
+
+
+def test_preview_new_stack_shows_phase_one_and_what_comes_next(tmp_path):
+    out = tmp_path / "first.json"
+    result = runner.invoke(app, ["preview", "dev", "--new-stack", "--quiet", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "deploy phase 1 of 2" in result.output and "next: run `pulumi up` again" in result.output
+    plan = json.loads(out.read_text())
+    assert plan["deploy_phase"]["phase"] == 1
+    types = {r["type"] for r in plan["resources"]}
+    assert "volcengine:iam/role:Role" not in types and not any(t.startswith("kubernetes:") for t in types)
