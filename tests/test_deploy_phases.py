@@ -240,3 +240,20 @@ def test_bucket_policy_denies_acl_changes_with_tos_action_names(later):
     doc = json.loads(one(later["prod"], "tos/bucketPolicy:BucketPolicy")["policy"])
     (deny,) = [st for st in doc["Statement"] if st["Sid"] == "DenyAclChanges"]
     assert deny["Action"] == ["tos:PutBucketACL", "tos:PutObjectACL"]
+
+
+def test_remote_write_is_a_valid_prometheus_remote_write(later):
+    """The chart copies prometheusSpec.remoteWrite into the Prometheus resource: it must
+    validate against prometheus-operator's Prometheus CRD (the version the chart ships)."""
+    from k8s_schema import validate
+
+    release = next(r for r in later["prod"].resources if r.type == "kubernetes:helm.sh/v3:Release"
+                   and r.inputs["name"] == "kube-prometheus-stack")
+    remote = release.inputs["values"]["prometheus"]["prometheusSpec"]["remoteWrite"]
+    validate({"apiVersion": "monitoring.coreos.com/v1", "kind": "Prometheus",
+              "metadata": {"name": "kube-prometheus-stack-prometheus", "namespace": "monitoring"},
+              "spec": {"remoteWrite": remote}})
+    with pytest.raises(Exception):  # the schema is strict: a misspelt key fails
+        validate({"apiVersion": "monitoring.coreos.com/v1", "kind": "Prometheus",
+                  "metadata": {"name": "p", "namespace": "monitoring"},
+                  "spec": {"remoteWrite": [{**remote[0], "basicAuthentication": remote[0]["basicAuth"]}]}})
