@@ -275,6 +275,12 @@ MATRIX: list[Case] = [
     Case("alerts-latency-and-errors", "prod", "monitoring.enabled: false (with observability.vmp_enabled: false)",
          settings=lambda raw: [setting("monitoring.enabled", False)(raw),
                                setting("observability.vmp_enabled", False)(raw)]),
+    # metrics
+    Case("vmp-receives-metrics", "prod", "in-cluster Prometheus without the remote write to VMP",
+         transform=on("helm.sh/v3:Release", lambda p: p["values"]["prometheus"]["prometheusSpec"].pop("remoteWrite"),
+                      name_has="kube-prometheus-stack")),
+    Case("vmp-receives-metrics", "staging", "APIG monitor_spec off",
+         transform=on("apig/apigGateway:ApigGateway", lambda p: p.update(monitorSpec={"enable": False}))),
     # capacity
     Case("engine-fits-gpu", "dev", "--max-model-len 131072 on one A10",
          transform=serving(vllm_containers(set_flag("--max-model-len", "131072")))),
