@@ -74,13 +74,14 @@ def test_later_apply_trusts_the_clusters_issuer_audience_and_service_account(lat
 def test_irsa_switched_on_in_the_same_update_takes_the_provider_from_the_cluster(monkeypatch):
     """VKE lists the cluster but IRSA is still off: this update enables it and the role's
     trust comes from the cluster resource's irsa_configs once the update has run."""
-    def answer(name, existing):
-        doc = engine._clusters_answer.__wrapped__(name, existing)
+    listed = engine._clusters_answer
+
+    def irsa_off(name, existing):
+        doc = listed(name, existing)
         doc["clusters"][0]["irsaConfigs"] = [{"enabled": False}]
         return doc
 
-    answer.__wrapped__ = engine._clusters_answer
-    monkeypatch.setattr(engine, "_clusters_answer", answer)
+    monkeypatch.setattr(engine, "_clusters_answer", irsa_off)
     rec = engine.run("dev", read_raw("dev"))
     assert "enables IRSA" in rec.outputs["deploy_phase"]["description"]
     cluster = next(r for r in rec.resources if r.type.endswith("vke/cluster:Cluster"))
