@@ -28,37 +28,54 @@ def preview(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="print only the summary lines"),
     existing: bool = typer.Option(
         False, "--existing",
-        help="preview against a stack whose resources exist (computed outputs known) instead of a new one",
+        help="only the stack as deployed (computed outputs known; deploy phase 2: IRSA and the serving stack)",
+    ),
+    new_stack: bool = typer.Option(
+        False, "--new-stack",
+        help="only a new stack's first `pulumi up` (computed outputs unknown; deploy phase 1: the cloud layer)",
     ),
 ) -> None:
     """Run the stack's program offline under Pulumi's mock engine and its policy pack.
 
-    Exit 0: no mandatory violation; 1: a mandatory policy is violated; 2: invalid settings.
+    By default twice: the stack as deployed (every resource, shown in full) and its first
+    `pulumi up` (summarised). Exit 0: no mandatory violation in either; 1: a mandatory policy
+    is violated; 2: invalid settings or policy config.
     """
     from dsvolc.policy_runner import PolicyConfigError
-    from dsvolc.preview import _plan_line, render, run_preview, write_json
+    from dsvolc.preview import _plan_line, phase_line, render, run_both, run_preview, verdict_line, write_json
 
     console = Console()
     err = Console(stderr=True, soft_wrap=True)
+    if existing and new_stack:
+        err.print("error: --existing and --new-stack exclude each other (neither: both phases)")
+        raise typer.Exit(2)
     try:
-        result = run_preview(stack, mode="existing" if existing else "new")
+        if existing or new_stack:
+            result = run_preview(stack, mode="existing" if existing else "new")
+        else:
+            result = run_both(stack)
     except (SettingsError, PolicyConfigError) as exc:
         err.print(f"error: {exc}", highlight=False, markup=False)
         raise typer.Exit(2) from None
     if quiet:
         console.print(f"stack {result.stack}: class {result.environment_class}, policy config "
                       f"{result.policy_config}, {len(result.recording.resources)} resources"
-                      + (" (existing stack)" if existing else ""), highlight=False)
+                      + (" (existing stack)" if result.recording.mode == "existing" else " (new stack)"),
+                      highlight=False, soft_wrap=True)
+        console.print(phase_line(result), highlight=False, markup=False, soft_wrap=True)
         for p in result.plans:
-            console.print(f"engine plan {p['workload']}: {_plan_line(p)}", highlight=False)
-        console.print(f"policy verdict: {len(result.mandatory)} mandatory, "
-                      f"{len(result.violations) - len(result.mandatory)} advisory violation(s)")
+            console.print(f"engine plan {p['workload']}: {_plan_line(p)}", highlight=False, soft_wrap=True)
+        if result.first_apply is not None:
+            f = result.first_apply
+            console.print(f"first `pulumi up`: {phase_line(f)}; {len(f.recording.resources)} resources; "
+                          f"{verdict_line(f)}", highlight=False, markup=False, soft_wrap=True)
+        console.print(verdict_line(result), soft_wrap=True)
     else:
         render(result, console)
     if json_out is not None:
         write_json(result, json_out)
         console.print(f"wrote {json_out}")
-    if result.mandatory:
+    if result.all_mandatory:
         raise typer.Exit(1)
 
 

@@ -9,9 +9,11 @@ Two modes answer the registrations:
   inputs, and everything the provider computes (ids, addresses, the cluster's IRSA
   config, the kubeconfig) is unknown. Values that depend on them are recorded as unknown
   (`UNKNOWN` on the wire, as the policy analyzer receives them), never invented.
+  Its data sources find nothing either: the stack's own cluster does not exist, so the
+  program runs deploy phase 1 (infra/identity.py).
 - "existing" is a stack whose resources exist: computed outputs have realistic values (an
-  OIDC provider once IRSA is on, a kubeconfig, an egress address), for tests and policies
-  that need to see what the program builds from them.
+  OIDC provider once IRSA is on, a kubeconfig, an egress address) and the stack's cluster
+  is found by name, so the program runs deploy phase 2 (IRSA and the serving stack).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import base64
 import inspect
 import json
 import runpy
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal
@@ -27,7 +30,9 @@ from typing import Any, Callable, Literal
 import pulumi
 from pulumi.runtime import mocks as pulumi_mocks
 from pulumi.runtime import rpc
-from pulumi.runtime.settings import reset_options
+from pulumi.runtime import known_types
+from pulumi.runtime.resource import register_resource_outputs
+from pulumi.runtime.settings import get_root_resource, reset_options
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
 
@@ -110,7 +115,10 @@ class NewStackMocks(pulumi_mocks.Mocks):
 
     def call(self, args: pulumi_mocks.MockCallArgs):
         # Invokes with unknown arguments never reach here (the SDK skips them in a preview);
-        # any other invoke of the program would read the cloud, which a new stack has not.
+        # the others read the cloud, which holds nothing of a new stack: its own cluster,
+        # looked up by name to choose the deploy phase (infra/identity.py), is not there.
+        if args.token == "volcengine:vke/getClusters:getClusters":
+            return _clusters_answer(args.args.get("name"), existing=False)
         return {}
 
 
@@ -141,6 +149,10 @@ class ExistingStackMocks(pulumi_mocks.Mocks):
         elif t == "volcengine:iam/accessKey:AccessKey":
             state["accessKeyId"] = "AKLTpreview"
             state["secretAccessKey"] = "preview-secret"
+        elif t == "volcengine:vmp/workspace:Workspace":
+            state["prometheusWriteIntranetEndpoint"] = f"https://{rid}.vmp.ivolces.com/api/v1/write"
+        elif t == "random:index/randomPassword:RandomPassword":
+            state["result"] = "preview-password"
         return rid, state
 
     def call(self, args: pulumi_mocks.MockCallArgs):
@@ -155,7 +167,33 @@ class ExistingStackMocks(pulumi_mocks.Mocks):
                 "totalCount": len(ids),
                 "ids": ids,
             }
+        if args.token == "volcengine:vke/getClusters:getClusters":
+            return _clusters_answer(args.args.get("name"), existing=True)
         return {}
+
+
+def _clusters_answer(name: str | None, existing: bool) -> dict:
+    """vke.get_clusters by name: the stack's own cluster, running with IRSA on, when the stack
+    exists; no cluster on a new stack."""
+    if not existing or not name:
+        return {"clusters": [], "totalCount": 0}
+    cid = f"cc{zlib.crc32(name.encode()):08x}preview"
+    return {
+        "clusters": [{
+            "id": cid,
+            "name": name,
+            "status": {"phase": "Running", "conditions": []},
+            "irsaConfigs": [{
+                "enabled": True,
+                "audience": "sts.volcengine.com",
+                "issuer": f"https://oidc-vke-preview.volces.com/{cid}",
+                "oidcTrn": f"trn:iam::{FAKE_ACCOUNT}:oidc-provider/vke-{cid}",
+                "jwksUrl": f"https://oidc-vke-preview.volces.com/{cid}/keys",
+                "openIdConfigUrl": f"https://oidc-vke-preview.volces.com/{cid}/.well-known/openid-configuration",
+            }],
+        }],
+        "totalCount": 1,
+    }
 
 
 def _unwrap(value: Any, mask: bool, unknown: Any = UNKNOWN) -> Any:
@@ -205,6 +243,12 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
         )
         return response
 
+    def RegisterResourceOutputs(self, request):
+        """Keep the stack's outputs (`pulumi.export`) for the preview's header."""
+        if request.urn.split("::")[-2:-1] == ["pulumi:pulumi:Stack"]:
+            outputs = rpc.deserialize_properties(request.outputs, keep_internal=True)
+            self.recording.outputs.update(_unwrap(outputs, mask=True))
+        return super().RegisterResourceOutputs(request)
 
     def _apply_stack_transforms(self, request) -> None:
         """Run the registered stack transforms the way the engine does (Pulumi's mock
@@ -271,10 +315,12 @@ def run(stack: str, raw_settings: dict[str, Any], transforms: list[Transform] | 
         mode: Mode = "new") -> Recording:
     """Run `__main__.py` for `stack` with `raw_settings` under the mock engine.
 
-    `mode` "new" (default) previews a new stack: computed outputs are unknown; "existing"
-    runs against a stack whose resources exist, with realistic computed outputs.
-    `transforms` are registered as stack transforms before the program runs: the policy
-    tests use them to inject a violation the settings cannot express.
+    `mode` "new" (default) previews a new stack's first `pulumi up`: computed outputs are
+    unknown and the stack's own cluster does not exist yet (deploy phase 1); "existing" runs
+    against a stack whose resources exist, with realistic computed outputs and the cluster
+    found by name (deploy phase 2: IRSA and the serving stack). `transforms` are registered
+    as stack transforms before the program runs: the policy tests use them to inject a
+    violation the settings cannot express.
     """
     if mode not in MODES:
         raise ValueError(f"mode: expected one of {', '.join(MODES)}, got {mode!r}")
@@ -290,6 +336,11 @@ def run(stack: str, raw_settings: dict[str, Any], transforms: list[Transform] | 
         for t in transforms or []:
             pulumi.runtime.register_resource_transform(t)
         runpy.run_path(str(PROGRAM), run_name="__main__")
+        # `pulumi up` registers the stack's exports after the program (run_in_stack); the
+        # mock runner finished its root stack before the program ran, so register them here.
+        root = get_root_resource()
+        if known_types.is_stack(root):
+            register_resource_outputs(root, dict(root.outputs))
 
     _sync_await(run_pulumi_func(program))
     return recording

@@ -29,21 +29,40 @@ class PreviewResult:
     recording: engine.Recording
     plans: list[dict[str, Any]] = field(default_factory=list)
     violations: list[dict[str, Any]] = field(default_factory=list)
+    # with the stack as deployed: its first `pulumi up` (deploy phase 1), judged on its own
+    first_apply: "PreviewResult | None" = None
+
+    @property
+    def all_mandatory(self) -> list[dict[str, Any]]:
+        """Mandatory violations of this preview and of the first apply beside it."""
+        return self.mandatory + (self.first_apply.mandatory if self.first_apply else [])
+
+    @property
+    def deploy_phase(self) -> dict[str, Any]:
+        """The deploy phase the program chose (infra/identity.py), from its stack output."""
+        return self.recording.outputs.get("deploy_phase") or {}
 
     @property
     def mandatory(self) -> list[dict[str, Any]]:
         return [v for v in self.violations if v["enforcement_level"] == "mandatory"]
 
     def as_json(self) -> dict[str, Any]:
-        return {
+        doc = {
             "stack": self.stack,
             "environment_class": self.environment_class,
             "policy_config": self.policy_config,
             "mode": self.recording.mode,
+            "deploy_phase": self.deploy_phase,
             "plans": self.plans,
             "resources": [r.as_json() for r in self.recording.resources],
             "violations": self.violations,
         }
+        if self.first_apply is not None:
+            f = self.first_apply
+            doc["first_apply"] = {"mode": f.recording.mode, "deploy_phase": f.deploy_phase,
+                                  "resources": [r.as_json() for r in f.recording.resources],
+                                  "violations": f.violations}
+        return doc
 
 
 def engine_plans(settings: StackSettings) -> list[dict[str, Any]]:
@@ -99,6 +118,15 @@ def run_preview(stack: str, *, policies: bool = True, transforms=None, raw: dict
     return result
 
 
+def run_both(stack: str) -> PreviewResult:
+    """The stack as deployed (deploy phase 2: every resource, "existing" mode) with its first
+    `pulumi up` (phase 1, "new" mode) beside it: an offline preview cannot know which of the
+    two a real `pulumi preview` would meet, so it judges both."""
+    complete = run_preview(stack, mode="existing")
+    complete.first_apply = run_preview(stack, mode="new")
+    return complete
+
+
 def _plan_line(p: dict[str, Any]) -> str:
     layout = f"TP{p['tensor_parallel_size']} x PP{p['pipeline_parallel_size']}"
     nodes = p["nodes_per_replica"]
@@ -112,6 +140,13 @@ def _plan_line(p: dict[str, Any]) -> str:
             f"max_num_seqs {p['max_num_seqs']}")
 
 
+def phase_line(result: PreviewResult) -> str:
+    p = result.deploy_phase
+    if not p:
+        return "deploy phase: unknown"
+    return f"deploy {p['description']}; next: {p['next']}"
+
+
 def render(result: PreviewResult, console: Console) -> None:
     resources = result.recording.resources
     by_urn = {r.urn: r for r in resources}
@@ -123,6 +158,7 @@ def render(result: PreviewResult, console: Console) -> None:
     existing = " (existing stack: computed outputs known)" if result.recording.mode == "existing" else ""
     console.print(f"[bold]stack {result.stack}[/bold]: class {result.environment_class}, "
                   f"policy config {result.policy_config}{existing}", highlight=False)
+    console.print(phase_line(result), highlight=False, markup=False)
     tree = Tree(f"[bold]stack {result.stack}[/bold] ({len(resources)} resources)")
     plans = Tree("[bold]engine plan[/bold]")
     for p in result.plans:
@@ -161,9 +197,21 @@ def render(result: PreviewResult, console: Console) -> None:
                 colour = "red" if level == "mandatory" else "yellow"
                 vt.add_row(policy, f"[{colour}]{level}[/{colour}]", v.get("resource") or "(stack)", v["message"])
         console.print(vt)
+    if result.first_apply is not None:
+        f = result.first_apply
+        console.print(f"first `pulumi up` of a new stack: {phase_line(f)}; {len(f.recording.resources)} "
+                      f"resources; policy verdict: {len(f.mandatory)} mandatory, "
+                      f"{len(f.violations) - len(f.mandatory)} advisory violation(s)", highlight=False, markup=False)
+        for v in f.violations:
+            console.print(f"  {v['enforcement_level']}: {v['policy']}: {v['message']}", highlight=False,
+                          markup=False)
+    console.print(verdict_line(result))
+
+
+def verdict_line(result: PreviewResult) -> str:
     mandatory = len(result.mandatory)
     advisory = len(result.violations) - mandatory
-    console.print(f"policy verdict: {mandatory} mandatory, {advisory} advisory violation(s)")
+    return f"policy verdict: {mandatory} mandatory, {advisory} advisory violation(s)"
 
 
 def write_json(result: PreviewResult, path: Path) -> None:

@@ -6,18 +6,22 @@ the serving layer receives infra only through the component outputs gathered in 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import pulumi
 import pulumi_volcengine as volc
 
 from infra.cluster import AddonArgs, Cluster, ClusterArgs, GpuPoolArgs
-from infra.gateway import EdgeArgs, EdgeGateway, EdgeUpstream
+from infra.gateway import EdgeArgs, EdgeGateway, EdgeRetry, EdgeTls, EdgeUpstream
+from infra.identity import DeployPhase, decide, lookup_cluster
 from infra.network import Network, NetworkArgs
 from infra.observability import Observability, ObservabilityArgs
 from infra.registry import Registry, RegistryArgs
 from infra.weights import WeightStore, WeightStoreArgs
 from stacks.settings import StackSettings
+
+BOOTSTRAP_ENV = "DSVOLC_BOOTSTRAP"
 
 
 @dataclass
@@ -30,6 +34,7 @@ class Infra:
     weights: WeightStore
     registry: Registry
     observability: Observability | None
+    phase: DeployPhase
 
 
 def build_infra(s: StackSettings) -> Infra:
@@ -39,6 +44,14 @@ def build_infra(s: StackSettings) -> Infra:
     # VOLCENGINE_ACCESS_KEY / VOLCENGINE_SECRET_KEY in the environment.
     provider = volc.Provider(f"{name}-volcengine", region=s.region)
     opts = pulumi.ResourceOptions(providers=[provider])
+    # Decided before anything registers, from what VKE reports for this stack's cluster
+    # (infra/identity.py): phase 1 builds the cloud layer, phase 2 the identity and workloads.
+    phase = decide(s.cluster.irsa, lookup_cluster(s.cluster_name, provider))
+    if os.environ.get(BOOTSTRAP_ENV) == "1" and phase.number != 1:
+        # deploy.yml's bootstrap runs outside the VPC; past phase 1 it could not reach the API server
+        raise pulumi.RunError(f"{BOOTSTRAP_ENV}=1 but cluster {s.cluster_name!r} exists ({phase.describe()}): "
+                              "bootstrap is for a new stack only; deploy from the stack's runner in its VPC "
+                              "(docs/deploy.md)")
 
     node_subnets = s.node_subnets()
     vpc_cni = s.cluster.pod_network_mode == "VpcCniShared"
@@ -91,7 +104,8 @@ def build_infra(s: StackSettings) -> Infra:
             pod_network_mode=c.pod_network_mode,
             delete_protection=c.delete_protection,
             control_plane_logging=c.control_plane_logging,
-            irsa=c.irsa,
+            # VKE takes irsa_enabled on an existing cluster only: switched on in phase 2
+            irsa=c.irsa and phase.number >= 2,
             vpc_id=network.vpc_id,
             node_subnet_ids=network.node_subnet_ids,
             pod_subnet_ids=network.pod_subnet_ids,
@@ -121,7 +135,10 @@ def build_infra(s: StackSettings) -> Infra:
             sse_algorithm=s.weights.sse_algorithm,
             kms_key_id=s.weights.kms_key_id,
             irsa=c.irsa,
-            oidc_provider_trn=cluster.oidc_provider_trn,
+            create_reader=phase.reader_identity,
+            # known at preview when VKE already reports IRSA on; else from this update's cluster
+            oidc_provider_trn=phase.existing.oidc_provider_trn if phase.irsa_ready else cluster.oidc_provider_trn,
+            oidc_issuer=phase.existing.issuer if phase.irsa_ready else cluster.oidc_issuer,
             namespace=s.serving_namespace,
             service_account=s.serving_service_account,
             protect=c.delete_protection,
@@ -138,6 +155,7 @@ def build_infra(s: StackSettings) -> Infra:
             namespace=s.registry.namespace,
             repository=s.registry.repository,
             region=s.region,
+            vpc_id=network.vpc_id,
             project_name=s.project_name,
             tags=tags,
         ),
@@ -166,7 +184,7 @@ def build_infra(s: StackSettings) -> Infra:
             EdgeArgs(
                 gateway_name=name,
                 vpc_id=network.vpc_id,
-                subnet_ids=network.node_subnet_ids,
+                subnet_ids=[network.subnet_ids_by_zone[z] for z in s.edge_zones()],
                 cluster_id=cluster.cluster_id,
                 flannel_pod_cidr=None if vpc_cni else str(s.network.flannel_pod_cidr),
                 instance_spec=g.instance_spec,
@@ -178,6 +196,16 @@ def build_infra(s: StackSettings) -> Infra:
                 # the canary when the edge splits, else the in-cluster gateway's one upstream
                 ab_upstream_role=upstreams[-1].role,
                 timeout_seconds=g.request_timeout_seconds,
+                retry=EdgeRetry(
+                    enabled=g.retry.enabled,
+                    attempts=g.retry.attempts,
+                    per_try_timeout_seconds=g.retry.per_try_timeout_seconds or g.request_timeout_seconds,
+                    retry_on=tuple(g.retry.retry_on),
+                    http_codes=tuple(g.retry.http_codes),
+                ),
+                tls=EdgeTls(domain=g.tls.domain, certificate_id=g.tls.certificate_id, plain_http=g.tls.plain_http),
+                vmp_workspace_id=observability.workspace_id if observability is not None else None,
+                routes=phase.workloads,
                 project_name=s.project_name,
                 tags=tags,
             ),
@@ -191,17 +219,23 @@ def build_infra(s: StackSettings) -> Infra:
         weights=weights,
         registry=registry,
         observability=observability,
+        phase=phase,
     )
 
 
 def export_outputs(infra: Infra, serving=None) -> None:
     """The stack outputs, in one place."""
     pulumi.export("vpc_id", infra.network.vpc_id)
+    # where the stack's deploy runner goes (docs/deploy.md): a node subnet and the node group
+    pulumi.export("runner_subnet_id", next(iter(infra.network.subnet_ids_by_zone.values())))
+    pulumi.export("runner_security_group_id", infra.network.node_security_group_id)
     pulumi.export("egress_ip", infra.network.egress_ip)
     pulumi.export("cluster_id", infra.cluster.cluster_id)
     pulumi.export("kubeconfig", infra.cluster.kubeconfig)
+    pulumi.export("deploy_phase", infra.phase.as_dict())
     pulumi.export("weights_bucket", infra.weights.bucket_name)
-    pulumi.export("weights_reader", infra.weights.role_trn)
+    if infra.weights.role_trn is not None:
+        pulumi.export("weights_reader", infra.weights.role_trn)
     pulumi.export("image_repository", infra.registry.image_repository)
     if infra.observability is not None:
         pulumi.export("vmp_workspace_id", infra.observability.workspace_id)

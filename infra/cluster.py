@@ -148,8 +148,8 @@ class Cluster(pulumi.ComponentResource):
             description="DeepSeek serving",
             kubernetes_version=args.kubernetes_version,
             delete_protection_enabled=args.delete_protection,
-            # VKE applies irsa_enabled only to an existing cluster (docs 6460/1324604):
-            # the first `pulumi up` creates the cluster, the second enables IRSA.
+            # VKE applies irsa_enabled only to an existing cluster (docs 6460/1324613): true
+            # from deploy phase 2 on (infra/identity.py), when the cluster exists.
             irsa_enabled=args.irsa,
             project_name=args.project_name,
             cluster_config={

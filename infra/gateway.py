@@ -6,6 +6,18 @@ where JWT and rate limits live), the edge has one upstream, the Envoy service, a
 HTTPRoute splits stable/canary. Without it, the edge splits between the stable and canary
 Services itself. Either way the weight comes from `gateway.canary_weight`; it is applied
 once, never at both hops.
+
+What APIG accepts (terraform-provider-volcenginecc docs/resources/apig_gateway.md at
+3a525a11: `subnet_ids` "Length limit: 1-2", `replicas` "2-100", public bandwidth "0-500"
+Mbps; terraform-provider-volcengine volcengine/apig at 8cff1813 for the route schema):
+- at most two subnets, the node subnets of `gateway.zones` (settings refuse more);
+- retry `http_codes` are strings, `per_try_timeout` is in milliseconds (the provider's
+  example pairs `per_try_timeout = 1000` with a route `timeout = 10`, whose unit it
+  documents as seconds); settings take seconds and integers and convert here;
+- clients send bearer tokens, so the public service speaks HTTPS only, on the stack's
+  domain with a certificate from VolcEngine's certificate service; plain HTTP is closed
+  (default) or answered with a redirect (`gateway.tls.plain_http`);
+- APIG's own metrics go to the stack's VMP workspace (`monitor_spec`) when there is one.
 """
 
 from __future__ import annotations
@@ -19,6 +31,8 @@ from infra.common import child, tag_list
 
 # APIG weights run 0..10000 (pulumi-volcengine ApigRoute.upstream_lists).
 APIG_WEIGHT_SCALE = 100
+APIG_MAX_SUBNETS = 2
+MS_PER_SECOND = 1000
 
 
 @dataclass(frozen=True)
@@ -47,8 +61,50 @@ class EdgeArgs:
     ab_header_value: str
     ab_upstream_role: str
     timeout_seconds: int
+    retry: "EdgeRetry"
+    tls: "EdgeTls"
+    vmp_workspace_id: pulumi.Input[str] | None
     project_name: str
     tags: dict[str, str]
+    # Upstreams and routes name Kubernetes Services: they come with the Kubernetes layer
+    # (deploy phase 2, infra/identity.py); phase 1 builds the gateway, service and domain.
+    routes: bool = True
+
+
+@dataclass(frozen=True)
+class EdgeRetry:
+    """Retries of one route, in the units of the settings (seconds, integer status codes)."""
+
+    enabled: bool
+    attempts: int
+    per_try_timeout_seconds: int
+    retry_on: tuple[str, ...]
+    http_codes: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class EdgeTls:
+    domain: str
+    certificate_id: str
+    plain_http: str  # "closed" or "redirect"
+
+
+def retry_policy(r: EdgeRetry) -> dict:
+    """APIG's retry_policy_setting: status codes as strings, the per-try timeout in ms."""
+    if not r.enabled:
+        return {"enable": False}
+    return {
+        "enable": True,
+        "attempts": r.attempts,
+        "retry_ons": list(r.retry_on),
+        "http_codes": [str(c) for c in r.http_codes],
+        "per_try_timeout": r.per_try_timeout_seconds * MS_PER_SECOND,
+    }
+
+
+def protocols(tls: EdgeTls) -> list[str]:
+    """What the public service listens to: HTTPS, plus HTTP only to redirect it."""
+    return ["HTTP", "HTTPS"] if tls.plain_http == "redirect" else ["HTTPS"]
 
 
 def upstream_weights(upstreams: list[EdgeUpstream]) -> list[int]:
@@ -67,6 +123,8 @@ class EdgeGateway(pulumi.ComponentResource):
     def __init__(self, name: str, args: EdgeArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("deepseek-volc:gateway:EdgeGateway", name, None, opts)
         weights = upstream_weights(args.upstreams)
+        if isinstance(args.subnet_ids, list) and not 1 <= len(args.subnet_ids) <= APIG_MAX_SUBNETS:
+            raise ValueError(f"APIG takes 1 to {APIG_MAX_SUBNETS} subnets, got {len(args.subnet_ids)}")
 
         gateway = volc.apig.ApigGateway(
             f"{name}-apig",
@@ -74,6 +132,11 @@ class EdgeGateway(pulumi.ComponentResource):
             type="standard",
             comments="DeepSeek serving edge",
             network_spec={"vpc_id": args.vpc_id, "subnet_ids": args.subnet_ids},
+            monitor_spec=(
+                {"enable": True, "workspace_id": args.vmp_workspace_id}
+                if args.vmp_workspace_id is not None
+                else {"enable": False}
+            ),
             resource_spec={
                 "instance_spec_code": args.instance_spec,
                 "replicas": args.replicas,
@@ -95,11 +158,21 @@ class EdgeGateway(pulumi.ComponentResource):
             f"{name}-service",
             gateway_id=gateway.id,
             service_name=f"{args.gateway_name}-api",
-            protocols=["HTTP", "HTTPS"],
+            protocols=protocols(args.tls),
             # APIG's own auth stays off: JWT is verified by the in-cluster gateway, which
             # the provider can configure (pulumi-volcengine has no APIG JWT resource).
             auth_spec={"enable": False},
             comments="OpenAI-compatible API",
+            opts=child(self),
+        )
+        volc.apig.ApigCustomDomain(
+            f"{name}-domain",
+            service_id=service.id,
+            domain=args.tls.domain,
+            certificate_id=args.tls.certificate_id,
+            protocols=protocols(args.tls),
+            ssl_redirect=args.tls.plain_http == "redirect",
+            comments="public API domain, HTTPS only",
             opts=child(self),
         )
         source = volc.apig.ApigUpstreamSource(
@@ -110,6 +183,11 @@ class EdgeGateway(pulumi.ComponentResource):
             comments="services of the serving cluster",
             opts=child(self),
         )
+        self.gateway_id = gateway.id
+        self.route_ids = []
+        if not args.routes:
+            self.register_outputs({"gateway_id": self.gateway_id})
+            return
         upstream_ids: dict[str, pulumi.Output[str]] = {}
         for up in args.upstreams:
             upstream = volc.apig.ApigUpstream(
@@ -125,17 +203,12 @@ class EdgeGateway(pulumi.ComponentResource):
             )
             upstream_ids[up.role] = upstream.id
 
-        # LLM responses stream for minutes; retries only for failures before a response
-        # started (connect errors, 503 from a draining pod), never for 5xx mid-generation.
+        # LLM responses stream for minutes; by default retries only for failures before a
+        # response started (connect errors, 503 from a draining pod), never for 5xx
+        # mid-generation. The route timeout is in seconds, the per-try timeout in ms.
         advanced = {
             "timeout_setting": {"enable": True, "timeout": args.timeout_seconds},
-            "retry_policy_setting": {
-                "enable": True,
-                "attempts": 2,
-                "retry_ons": ["connect-failure", "refused-stream", "reset"],
-                "http_codes": ["503"],  # a set of strings (apig_route.go:312)
-                "per_try_timeout": args.timeout_seconds,
-            },
+            "retry_policy_setting": retry_policy(args.retry),
         }
         default_route = volc.apig.ApigRoute(
             f"{name}-route-default",
@@ -166,6 +239,5 @@ class EdgeGateway(pulumi.ComponentResource):
             advanced_setting=advanced,
             opts=child(self),
         )
-        self.gateway_id = gateway.id
         self.route_ids = [default_route.id, ab_route.id]
         self.register_outputs({"gateway_id": self.gateway_id})

@@ -18,6 +18,7 @@ from stacks.constants import STS_AUDIENCE
 
 READ_ACTIONS = ("tos:GetObject",)
 LIST_ACTIONS = ("tos:ListBucket",)
+ACL_WRITE_ACTIONS = ("tos:PutBucketACL", "tos:PutObjectACL")
 OIDC_AUDIENCE = STS_AUDIENCE
 
 
@@ -44,8 +45,15 @@ def read_policy_document(bucket: str, prefix: str) -> dict:
     }
 
 
-def irsa_trust_document(oidc_provider_trn: str, namespace: str, service_account: str) -> dict:
-    """Only the serving ServiceAccount of this cluster may assume the role (docs 6460/1324604)."""
+def irsa_trust_document(oidc_provider_trn: str, issuer: str, namespace: str, service_account: str) -> dict:
+    """Only the serving ServiceAccount of this cluster may assume the role: tokens issued by
+    this cluster's issuer (`oidc:iss`, the provider URL VKE shows once IRSA is on), for STS
+    (`oidc:aud`), naming the ServiceAccount (`oidc:sub`); docs 6460/1324613 lists the three
+    keys. Empty values are refused: a role must never trust an empty principal."""
+    missing = [k for k, v in (("oidc_provider_trn", oidc_provider_trn), ("issuer", issuer)) if not v]
+    if missing:
+        raise ValueError(f"IRSA trust policy without {' and '.join(missing)}: VKE reported no OIDC provider "
+                         "for the cluster; run `pulumi up` again once the cluster shows IRSA enabled")
     return {
         "Statement": [
             {
@@ -54,6 +62,7 @@ def irsa_trust_document(oidc_provider_trn: str, namespace: str, service_account:
                 "Principal": {"Federated": [oidc_provider_trn]},
                 "Condition": {
                     "StringEquals": {
+                        "oidc:iss": [issuer],
                         "oidc:aud": [OIDC_AUDIENCE],
                         "oidc:sub": [f"system:serviceaccount:{namespace}:{service_account}"],
                     }
@@ -65,13 +74,15 @@ def irsa_trust_document(oidc_provider_trn: str, namespace: str, service_account:
 
 def bucket_guard_document(bucket: str, deny_bucket_delete: bool) -> dict:
     """Defence in depth on the bucket itself: nobody may re-open it with an ACL, and in
-    protected stacks nobody may delete it."""
+    protected stacks nobody may delete it. Action names as TOS spells them (BytePlus TOS,
+    "Templates and Parameters": PutBucketACL, PutObjectACL,
+    https://docs.byteplus.com/zh-CN/docs/tos/docs-templates-and-parameters)."""
     statements = [
         {
             "Sid": "DenyAclChanges",
             "Effect": "Deny",
             "Principal": ["*"],
-            "Action": ["tos:PutBucketAcl", "tos:PutObjectAcl"],
+            "Action": list(ACL_WRITE_ACTIONS),
             "Resource": [f"trn:tos:::{bucket}", f"trn:tos:::{bucket}/*"],
         }
     ]
@@ -96,7 +107,10 @@ class WeightStoreArgs:
     sse_algorithm: str
     kms_key_id: str | None
     irsa: bool
-    oidc_provider_trn: pulumi.Input[str | None]  # None until IRSA is on
+    # Phase 2 only (infra/identity.py): the reader identity exists once the cluster does.
+    create_reader: bool
+    oidc_provider_trn: pulumi.Input[str]
+    oidc_issuer: pulumi.Input[str]
     namespace: str
     service_account: str
     protect: bool
@@ -107,8 +121,8 @@ class WeightStoreArgs:
 class WeightStore(pulumi.ComponentResource):
     bucket_name: pulumi.Output[str]
     prefix: str
-    role_name: pulumi.Output[str]
-    role_trn: pulumi.Output[str]
+    role_name: pulumi.Output[str] | None  # None in phase 1: no reader identity yet
+    role_trn: pulumi.Output[str] | None
     access_key_id: pulumi.Output[str] | None
     secret_access_key: pulumi.Output[str] | None
 
@@ -168,38 +182,34 @@ class WeightStore(pulumi.ComponentResource):
 
         self.access_key_id = None
         self.secret_access_key = None
-        if args.irsa:
-            # The role's trust names the cluster's OIDC provider, which VKE creates only when
-            # IRSA is switched on, an update of an existing cluster. Until the provider is
-            # known the role is not created (a trust without a principal is invalid); it is
-            # created in the apply that first sees the provider. Interim: a phased design
-            # with its own preview is tracked separately.
-            def reader_role(trn: str | None) -> dict[str, object]:
-                if not trn:
-                    return {"name": "", "trn": ""}
-                role = volc.iam.Role(
-                    f"{name}-reader-role",
-                    role_name=f"{bucket_name}-reader",
-                    display_name=f"{bucket_name} reader",
-                    description="assumed by the serving ServiceAccount through IRSA",
-                    trust_policy_document=json.dumps(irsa_trust_document(trn, args.namespace, args.service_account)),
-                    max_session_duration=3600,
-                    tags=tag_list(args.tags),
-                    opts=child(self),
-                )
-                volc.iam.RolePolicyAttachment(
-                    f"{name}-reader-attach",
-                    role_name=role.role_name,
-                    policy_name=read_policy.policy_name,
-                    policy_type="Custom",
-                    opts=child(self),
-                )
-                return {"name": role.role_name, "trn": role.trn}
-
-            role = pulumi.Output.from_input(args.oidc_provider_trn).apply(reader_role)
-            self.role_name = role.apply(lambda r: r["name"])
-            self.role_trn = role.apply(lambda r: r["trn"])
-        else:
+        self.role_name = None
+        self.role_trn = None
+        # Phase 1 creates no reader identity: with IRSA it needs the cluster's OIDC provider,
+        # and nothing runs in the cluster yet to use either kind.
+        if args.create_reader and args.irsa:
+            trust = pulumi.Output.all(args.oidc_provider_trn, args.oidc_issuer).apply(
+                lambda v: json.dumps(irsa_trust_document(v[0], v[1], args.namespace, args.service_account))
+            )
+            role = volc.iam.Role(
+                f"{name}-reader-role",
+                role_name=f"{bucket_name}-reader",
+                display_name=f"{bucket_name} reader",
+                description="assumed by the serving ServiceAccount through IRSA",
+                trust_policy_document=trust,
+                max_session_duration=3600,
+                tags=tag_list(args.tags),
+                opts=child(self),
+            )
+            volc.iam.RolePolicyAttachment(
+                f"{name}-reader-attach",
+                role_name=role.role_name,
+                policy_name=read_policy.policy_name,
+                policy_type="Custom",
+                opts=child(self),
+            )
+            self.role_name = role.role_name
+            self.role_trn = role.trn
+        elif args.create_reader:
             # Without IRSA the pods need a static credential: a dedicated IAM user that holds
             # the same read-only policy; its key goes into a Kubernetes Secret (workloads/).
             user = volc.iam.User(
@@ -227,6 +237,7 @@ class WeightStore(pulumi.ComponentResource):
 
         self.bucket_name = bucket.bucket_name
         self.prefix = args.prefix
-        self.register_outputs(
-            {"bucket_name": self.bucket_name, "role_name": self.role_name, "role_trn": self.role_trn}
-        )
+        outputs = {"bucket_name": self.bucket_name}
+        if self.role_trn is not None:
+            outputs.update(role_name=self.role_name, role_trn=self.role_trn)
+        self.register_outputs(outputs)

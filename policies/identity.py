@@ -110,14 +110,24 @@ def _trust_scoped(args, report):
     for st in statements(json_doc(dig(args.props, "trustPolicyDocument"))):
         if "sts:AssumeRoleWithOIDC" not in as_list(st.get("Action")) or st.get("Effect") != "Allow":
             continue
+        role = dig(args.props, "roleName")
+        federated = [str(p) for p in as_list(dig(st, "Principal", "Federated"))]
+        if not federated or any(not p.strip() or "*" in p for p in federated):
+            report(f"role {role!r} trusts OIDC provider(s) {federated}: an empty or wildcard principal. Fix: create "
+                   "the role only once VKE reports the cluster's OIDC provider (deploy phase 2, infra/identity.py).")
         cond = dig(st, "Condition", "StringEquals", default={})
         subs = [str(s) for s in as_list(dig(cond, "oidc:sub"))]
         auds = as_list(dig(cond, "oidc:aud"))
+        issuers = [str(i) for i in as_list(dig(cond, "oidc:iss"))]
         if not subs or any("*" in s or not s.startswith("system:serviceaccount:") for s in subs) or not auds:
-            report(f"role {dig(args.props, 'roleName')!r} can be assumed through OIDC without an exact "
+            report(f"role {role!r} can be assumed through OIDC without an exact "
                    "oidc:sub (system:serviceaccount:<namespace>:<name>) and oidc:aud condition, so any pod of "
                    "the cluster could read the weights. Fix: add StringEquals conditions on oidc:sub and "
                    "oidc:aud (infra/weights.py irsa_trust_document).")
+        if not issuers or any(not i.startswith("https://") for i in issuers):
+            report(f"role {role!r} does not pin the token issuer (oidc:iss {issuers}): the trust names no cluster. "
+                   "Fix: add a StringEquals condition on oidc:iss with the cluster's OIDC issuer URL "
+                   "(docs 6460/1324613; infra/weights.py irsa_trust_document).")
 
 
 POLICIES = [
@@ -146,9 +156,10 @@ POLICIES = [
     ),
     resource_policy(
         "iam-oidc-trust-scoped",
-        "Roles assumed through OIDC must name one ServiceAccount and the STS audience.",
+        "Roles assumed through OIDC trust a real provider and name its issuer, the STS audience and one "
+        "ServiceAccount.",
         _trust_scoped,
-        fix="Add StringEquals conditions on oidc:sub and oidc:aud to the trust policy.",
+        fix="Add StringEquals conditions on oidc:iss, oidc:aud and oidc:sub; create the role in deploy phase 2.",
         tags=["iam"],
     ),
 ]

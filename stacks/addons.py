@@ -52,5 +52,11 @@ ADDONS: dict[str, Addon] = {
             "Kubernetes version, maintained; the add-on is in public beta)",
             "advertises vke.volcengine.com/rdma on RDMA nodes, for multi-node serving",
         ),
+        Addon(
+            "cr-credential-controller", "Unmanaged", "Node", None,
+            f"VKE add-on list ({ADDON_LIST}); no public changelog or configuration reference was found, "
+            "so it runs with its defaults",
+            "hands the account's CR credentials to the nodes' image pulls (registry.pull_credentials)",
+        ),
     )
 }

@@ -204,7 +204,10 @@ class ClusterSettings(_Model):
     delete_protection: bool = Field(False, description="refuse to delete the cluster")
     control_plane_logging: bool = Field(True, description="ship API server, audit and scheduler logs to TLS")
     irsa: bool = Field(
-        True, description="IAM roles for service accounts (applied on the second `pulumi up`: VKE enables it on existing clusters only)"
+        True,
+        description="weights reader through IAM roles for service accounts; false: the IAM-user fallback (a static "
+        "key in a Secret). Either way the reader identity comes in deploy phase 2, once the cluster exists "
+        "(VKE enables IRSA on existing clusters only; see docs/deploy.md)",
     )
     ssh_key_pair: str | None = Field(None, description="ECS key pair for node login; none (no SSH) when unset")
     addon_versions: dict[str, str] = Field(
@@ -274,10 +277,33 @@ class RegistrySettings(_Model):
     name: Name | None = Field(None, description="CR Enterprise instance name; deepseek-<env> when unset")
     namespace: Name = Field("deepseek", description="CR namespace")
     repository: Name = Field("vllm-serving", description="repository of the serving image")
+    pull_credentials: Literal["cr-credential-controller", "image-pull-secret"] = Field(
+        "cr-credential-controller",
+        description="how nodes authenticate pulls from the private repository: VKE's cr-credential-controller "
+        "add-on, or a kubernetes.io/dockerconfigjson Secret named by image_pull_secret in the pods' imagePullSecrets",
+    )
+    image_pull_secret: Name | None = Field(
+        None,
+        description="pull Secret in the serving namespace (created outside the stack) when pull_credentials is "
+        "image-pull-secret",
+    )
+
+    @model_validator(mode="after")
+    def _secret(self):
+        if self.pull_credentials == "image-pull-secret" and not self.image_pull_secret:
+            raise ValueError("image_pull_secret: required when pull_credentials is 'image-pull-secret'")
+        if self.pull_credentials != "image-pull-secret" and self.image_pull_secret:
+            raise ValueError("image_pull_secret: only used when pull_credentials is 'image-pull-secret'; remove it "
+                             "or switch pull_credentials")
+        return self
 
 
 class ObservabilitySettings(_Model):
-    vmp_enabled: bool = Field(True, description="create a managed Prometheus (VMP) workspace")
+    vmp_enabled: bool = Field(
+        True,
+        description="create a managed Prometheus (VMP) workspace; the in-cluster Prometheus remote-writes to it "
+        "(needs monitoring.enabled) and the APIG edge sends its metrics there",
+    )
     vmp_instance_type: str = Field("vmp.standard.15d", description="VMP workspace instance type")
 
 
@@ -286,14 +312,91 @@ class AbHeader(_Model):
     value: str = Field("canary", min_length=1, description="header value routed to the canary")
 
 
+# APIG's retry conditions (terraform-provider-volcengine volcengine/apig/apig_route at 8cff1813).
+RetryOn = Literal["5xx", "reset", "connect-failure", "refused-stream", "cancelled", "deadline-exceeded",
+                  "internal", "resource-exhausted", "unavailable"]
+# APIG takes one or two subnets (terraform-provider-volcenginecc docs/resources/apig_gateway.md
+# at 3a525a11: subnet_ids "Length limit: 1-2"); replicas 2-100; public bandwidth 0-500 Mbps.
+APIG_MAX_SUBNETS = 2
+HOSTNAME = r"^([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\.)+[a-z]{2,63}$"
+
+
+class EdgeRetrySettings(_Model):
+    enabled: bool = Field(True, description="retry failed requests at the edge")
+    attempts: int = Field(2, ge=1, le=10, description="retries after the first try (APIG attempts)")
+    per_try_timeout_seconds: int | None = Field(
+        None,
+        ge=1,
+        le=3600,
+        description="seconds one try may take; sent to APIG in milliseconds (x 1000); gateway.request_timeout_seconds "
+        "when unset, so a long generation is never cut off by a retry timer",
+    )
+    retry_on: list[RetryOn] = Field(
+        default_factory=lambda: ["connect-failure", "refused-stream", "reset"],
+        min_length=1,
+        description="conditions that trigger a retry (APIG retry_on); '5xx' would also retry after an upstream "
+        "error that may come mid-generation",
+    )
+    http_codes: list[int] = Field(
+        default_factory=lambda: [503],
+        description="response status codes that trigger a retry, e.g. 503 from a draining pod (sent as strings)",
+    )
+
+    @field_validator("http_codes")
+    @classmethod
+    def _codes(cls, v: list[int]) -> list[int]:
+        bad = [c for c in v if not 500 <= c <= 599]
+        if bad:
+            raise ValueError(f"expected 5xx status codes (500-599), got {bad}")
+        return v
+
+
+class EdgeTlsSettings(_Model):
+    domain: str = Field(pattern=HOSTNAME, max_length=253, description="public API host name the edge serves (lower case)")
+    certificate_id: str = Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{2,127}$",
+        description="id of the domain's certificate in VolcEngine's certificate service (upload it there or have "
+        "it issued there)",
+    )
+    plain_http: Literal["closed", "redirect"] = Field(
+        "closed",
+        description="plain HTTP on the public service: closed (no HTTP listener), or redirect (HTTP answered with a "
+        "redirect to HTTPS; a token sent over HTTP has already crossed the network)",
+    )
+
+
 class GatewaySettings(_Model):
     edge_enabled: bool = Field(True, description="create the APIG gateway in front of the cluster")
     instance_spec: ApigInstanceSpec = Field("1c2g", description="APIG instance specification")
-    replicas: int = Field(2, ge=1, le=20, description="APIG gateway replicas")
-    public_bandwidth_mbps: int = Field(50, ge=1, le=5000, description="public bandwidth of the edge listener")
+    replicas: int = Field(2, ge=2, le=100, description="APIG gateway replicas (APIG accepts 2-100)")
+    public_bandwidth_mbps: int = Field(
+        50, ge=1, le=500, description="public bandwidth of the edge listener in Mbps (APIG accepts up to 500)"
+    )
+    zones: list[str] | None = Field(
+        None,
+        min_length=1,
+        max_length=APIG_MAX_SUBNETS,
+        description="stack zones whose node subnets the APIG gateway uses (APIG accepts 1-2 subnets); the first "
+        "two stack zones when unset",
+    )
     canary_weight: int = Field(0, ge=0, le=100, description="percent of traffic sent to the canary track")
     ab_header: AbHeader = Field(default_factory=AbHeader, description="header-based A/B routing to the canary")
-    request_timeout_seconds: int = Field(600, ge=10, le=3600, description="edge timeout (long generations)")
+    request_timeout_seconds: int = Field(600, ge=10, le=3600, description="edge timeout in seconds (long generations)")
+    retry: EdgeRetrySettings = Field(default_factory=EdgeRetrySettings, description="edge retries (units in the names)")
+    tls: EdgeTlsSettings | None = Field(
+        None, description="HTTPS on the public service: domain and certificate; required when edge_enabled"
+    )
+
+    @model_validator(mode="after")
+    def _edge(self):
+        if self.edge_enabled and self.tls is None:
+            raise ValueError("tls: required when edge_enabled: the public edge serves HTTPS only (clients send bearer "
+                             "tokens); set tls.domain and tls.certificate_id, or edge_enabled: false")
+        per_try = self.retry.per_try_timeout_seconds
+        if per_try is not None and per_try > self.request_timeout_seconds:
+            raise ValueError(f"retry.per_try_timeout_seconds: {per_try} exceeds request_timeout_seconds "
+                             f"({self.request_timeout_seconds}); a try cannot outlive the request")
+        return self
 
 
 
@@ -589,6 +692,15 @@ class StackSettings(_Model):
             raise ValueError(
                 f"autoscaling.max_replicas: {a.max_replicas} is below serving.replicas ({self.serving.replicas})"
             )
+        for i, zone in enumerate(self.gateway.zones or []):
+            if zone not in self.zones:
+                raise ValueError(f"gateway.zones[{i}]: {zone!r} is not a stack zone; expected one of "
+                                 f"{', '.join(self.zones)}")
+        if self.gateway.zones and len(set(self.gateway.zones)) != len(self.gateway.zones):
+            raise ValueError("gateway.zones: expected distinct zones")
+        if self.observability.vmp_enabled and not self.monitoring.enabled:
+            raise ValueError("observability.vmp_enabled: metrics reach VMP by the in-cluster Prometheus's remote "
+                             "write; set monitoring.enabled: true, or vmp_enabled: false")
         if self.serving.gpu_pool not in self.cluster.gpu_pools:
             raise ValueError(
                 f"serving.gpu_pool: {self.serving.gpu_pool!r} is not a GPU pool; expected one of "
@@ -855,7 +967,7 @@ class StackSettings(_Model):
     def vke_addons(self) -> list[Addon]:
         """The add-ons to install, versions resolved (cluster.addon_versions over stacks/addons.py);
         rdma-device-plugin only where serving pods use RDMA, VKE's nvidia-device-plugin not where a
-        pool is cut into MIG slices."""
+        pool is cut into MIG slices, cr-credential-controller where it supplies the pull credential."""
         names = ["cluster-autoscaler", "nvidia-device-plugin", "metrics-server"]
         if any(p.mig is not None for p in self.cluster.gpu_pools.values()):
             # a MIG pool runs NVIDIA's device plugin chart instead (workloads/platform.py), whose
@@ -864,6 +976,8 @@ class StackSettings(_Model):
             names.remove("nvidia-device-plugin")
         if self.serving_rdma_per_pod:
             names.append("rdma-device-plugin")
+        if self.registry.pull_credentials == "cr-credential-controller":
+            names.append("cr-credential-controller")
         pinned = self.cluster.addon_versions
         return [replace(ADDONS[n], version=pinned.get(n, ADDONS[n].version)) for n in names]
 
@@ -880,6 +994,9 @@ class StackSettings(_Model):
             if self.pool_multi_node(name) and hw.rdma and hw.rdma_nics is None:
                 raise ValueError(f"{path}.rdma_nics: multi-node serving on {pool.instance_type} uses its RDMA NICs, "
                                  "whose count the catalog does not state; expected the count (e.g. 4 or 8)")
+    def edge_zones(self) -> list[str]:
+        """Zones whose node subnets the APIG gateway uses: as set, else the first two stack zones."""
+        return list(self.gateway.zones or self.zones[:APIG_MAX_SUBNETS])
 
     # -- derived names ----------------------------------------------------------------
 

@@ -27,8 +27,12 @@ def test_preview_prod_json_lists_the_foundation(tmp_path):
     assert result.exit_code == 0, result.output
     plan = json.loads(out.read_text())
     assert plan["stack"] == "prod"
-    assert set(plan) == {"stack", "environment_class", "policy_config", "mode", "plans", "resources",
-                         "violations"}
+    assert set(plan) == {"stack", "environment_class", "policy_config", "mode", "deploy_phase", "first_apply",
+                         "plans", "resources", "violations"}
+    # the stack as deployed (phase 2) at the top, its first `pulumi up` (phase 1) beside it
+    assert plan["mode"] == "existing" and plan["first_apply"]["mode"] == "new"
+    assert plan["deploy_phase"]["phase"] == 2 and plan["deploy_phase"]["irsa"] is True
+    assert plan["first_apply"]["deploy_phase"]["phase"] == 1
     assert plan["environment_class"] == "prod" and plan["policy_config"] == "policies/config/prod.json"
     (serving,) = plan["plans"]
     s = load("prod")
@@ -49,8 +53,12 @@ def test_preview_prod_json_lists_the_foundation(tmp_path):
         "volcengine:ecs/hpcCluster:HpcCluster", "volcengine:vke/addon:Addon",
     ]:
         assert t in types, t
-    # a new stack has no OIDC provider yet, hence no reader role (see --existing)
-    assert plan["mode"] == "new" and "volcengine:iam/role:Role" not in types
+    # the deployed stack trusts the cluster's OIDC provider; its first apply has no provider yet,
+    # hence no reader role and no Kubernetes object (deploy phase 1)
+    assert "volcengine:iam/role:Role" in types and any(t.startswith("kubernetes:") for t in types)
+    first = {r["type"] for r in plan["first_apply"]["resources"]}
+    assert "volcengine:iam/role:Role" not in first and not any(t.startswith("kubernetes:") for t in first)
+    assert {"volcengine:vke/cluster:Cluster", "volcengine:tos/bucket:Bucket"} <= first
     subnets = [r for r in plan["resources"] if r["type"] == "volcengine:vpc/subnet:Subnet" and "-nodes-" in r["name"]]
     assert len(subnets) == len(load("prod").zones)
     for r in plan["resources"]:
@@ -130,3 +138,14 @@ def test_preview_existing_sees_what_the_program_builds_from_computed_outputs(tmp
     assert plan["mode"] == "existing"
     (role,) = [r for r in plan["resources"] if r["type"] == "volcengine:iam/role:Role"]
     assert "oidc-provider" in role["inputs"]["trustPolicyDocument"]
+
+
+def test_preview_new_stack_shows_phase_one_and_what_comes_next(tmp_path):
+    out = tmp_path / "first.json"
+    result = runner.invoke(app, ["preview", "dev", "--new-stack", "--quiet", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "deploy phase 1 of 2" in result.output and "next: run `pulumi up` again" in result.output
+    plan = json.loads(out.read_text())
+    assert plan["deploy_phase"]["phase"] == 1
+    types = {r["type"] for r in plan["resources"]}
+    assert "volcengine:iam/role:Role" not in types and not any(t.startswith("kubernetes:") for t in types)

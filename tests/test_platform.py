@@ -71,6 +71,7 @@ def test_optional_controllers_follow_settings():
     s = _with(s, "serving", in_cluster_gateway=False)
     s = _with(s, "autoscaling", enabled=False)
     s = _with(s, "rollout", enabled=False)
+    s = _with(s, "observability", vmp_enabled=False)  # VMP's metrics come from the in-cluster Prometheus
     s = _with(s, "monitoring", enabled=False)
     assert platform.releases(s) == []
 

@@ -88,7 +88,7 @@ def test_pack_serves_like_the_cli_runs_it():
 
 @pytest.fixture(scope="module")
 def prod() -> engine.Recording:
-    return engine.run("prod", read_raw("prod"))
+    return engine.run("prod", read_raw("prod"), mode="existing")
 
 
 @pytest.mark.parametrize("action", ["*", "tos:*", "iam:*"])
@@ -113,7 +113,7 @@ def test_an_unsafe_prod_is_refused_naming_each_fix():
     cases = [_case("tos-bucket-not-public"), _case("iam-no-wildcard-actions"), _case("image-pinned"),
              _case("serving-probes"), _case("engine-fits-gpu")]
     calls: list = []
-    result = preview.run_preview("prod", transforms=[_pulumi_transform(c.transform, calls) for c in cases])
+    result = preview.run_preview("prod", transforms=[_pulumi_transform(c.transform, calls) for c in cases], mode="existing")
     violations = result.violations
     by_policy = {v["policy"]: v for v in violations}
     for c in cases:
@@ -128,7 +128,7 @@ def test_an_unsafe_prod_is_refused_naming_each_fix():
 def test_edge_straight_to_vllm_is_unauthenticated_and_unlimited():
     raw = copy.deepcopy(read_raw("staging"))
     raw["serving"]["in_cluster_gateway"] = False
-    fired = {v["policy"] for v in preview.run_preview("staging", raw=raw).mandatory}
+    fired = {v["policy"] for v in preview.run_preview("staging", raw=raw, mode="existing").mandatory}
     assert fired == {"gateway-jwt-auth", "gateway-rate-limits"}
 
 
@@ -136,7 +136,7 @@ def test_auth_off_also_drops_the_per_consumer_rate_limit():
     """Rate limits key on the JWT's consumer claim, so turning auth off leaves both gaps."""
     raw = copy.deepcopy(read_raw("prod"))
     raw["serving"]["auth"] = {"enabled": False}
-    fired = {v["policy"] for v in preview.run_preview("prod", raw=raw).mandatory}
+    fired = {v["policy"] for v in preview.run_preview("prod", raw=raw, mode="existing").mandatory}
     assert fired == {"gateway-jwt-auth", "gateway-rate-limits"}
 
 

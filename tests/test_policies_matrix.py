@@ -60,9 +60,9 @@ class Case:
     injected: str  # the unsafe change, in words (the docs' matrix)
     settings: Callable[[dict], None] | None = None  # mutates the raw settings
     transform: PropsFn | None = None  # (type, name, props) -> new props, or None to leave alone
-    # "existing": against a stack whose resources exist, for resources a new stack does not
-    # have yet (the IRSA reader role needs the cluster's OIDC provider)
-    mode: str = "new"
+    # "existing": against the stack as deployed (deploy phase 2: every resource, the serving
+    # stack included); "new": its first `pulumi up` (phase 1: the cloud layer only)
+    mode: str = "existing"
 
     @property
     def id(self) -> str:
@@ -72,7 +72,7 @@ class Case:
     @property
     def via(self) -> str:
         via = "settings" if self.settings is not None else "transform"
-        return via + (" (existing stack)" if self.mode == "existing" else "")
+        return via + (" (first apply)" if self.mode == "new" else "")
 
 
 def setting(path: str, value: Any) -> Callable[[dict], None]:
@@ -201,6 +201,12 @@ MATRIX: list[Case] = [
     Case("iam-oidc-trust-scoped", "prod", "IRSA trust without oidc:sub/aud conditions",
          transform=on("iam/role:Role", _doc_edit("trustPolicyDocument",
                                                  lambda d: d["Statement"][0].pop("Condition"))), mode="existing"),
+    Case("iam-oidc-trust-scoped", "staging", "IRSA trust with an empty Federated principal",
+         transform=on("iam/role:Role", _doc_edit("trustPolicyDocument",
+                                                 lambda d: d["Statement"][0]["Principal"].update(Federated=[""]))), mode="existing"),
+    Case("iam-oidc-trust-scoped", "dev", "IRSA trust without the oidc:iss condition",
+         transform=on("iam/role:Role", _doc_edit("trustPolicyDocument", lambda d: d["Statement"][0]["Condition"][
+             "StringEquals"].pop("oidc:iss"))), mode="existing"),
     # network
     Case("no-public-ingress", "prod", "node security group admits 0.0.0.0/0",
          transform=on("securityGroupRule:SecurityGroupRule", lambda p: p.update(cidrIp="0.0.0.0/0"),
@@ -234,6 +240,13 @@ MATRIX: list[Case] = [
          transform=serving(vllm_containers(lambda c: c.update(image=c["image"].rsplit(":", 1)[0])))),
     Case("image-from-stack-registry", "prod", "serving.image.repository docker.io/vllm/vllm-openai",
          settings=setting("serving.image.repository", "docker.io/vllm/vllm-openai")),
+    # image pulls
+    Case("image-pullable", "prod", "CR VPC endpoint exposes the registry to no VPC",
+         transform=on("cr/vpcEndpoint:VpcEndpoint", lambda p: p.update(vpcs=[]))),
+    Case("image-pullable", "staging", "no cr-credential-controller add-on and no imagePullSecrets",
+         transform=on("vke/addon:Addon", lambda p: p.update(name="csi-nas"), name_has="cr-credential")),
+    Case("image-pullable", "dev", "serving.image.repository ghcr.io/vllm/vllm-openai (registry not allowed)",
+         settings=setting("serving.image.repository", "ghcr.io/vllm/vllm-openai")),
     Case("container-resources", "prod", "vLLM container without limits",
          transform=serving(vllm_containers(lambda c: c["resources"].pop("limits")))),
     Case("serving-probes", "prod", "vLLM container without probes",
@@ -264,13 +277,28 @@ MATRIX: list[Case] = [
          transform=on("SecurityPolicy", lambda p: p["spec"]["jwt"].update(optional=True))),
     Case("gateway-rate-limits", "prod", "serving.rate_limits.enabled: false",
          settings=setting("serving.rate_limits.enabled", False)),
+    # edge
+    Case("edge-subnet-limit", "prod", "APIG gateway given three subnets",
+         transform=on("apig/apigGateway:ApigGateway", lambda p: p["networkSpec"].update(
+             subnetIds=["subnet-a", "subnet-b", "subnet-c"]))),
+    Case("edge-https-only", "prod", "public service listens on plain HTTP without a redirect",
+         transform=on("apig/apigGatewayService:ApigGatewayService", lambda p: p.update(protocols=["HTTP", "HTTPS"]))),
+    Case("edge-https-only", "staging", "public domain without a certificate",
+         transform=on("apig/apigCustomDomain:ApigCustomDomain", lambda p: p.pop("certificateId"))),
     # operations
     Case("autoscaler-present", "prod", "autoscaling.enabled: false",
          settings=setting("autoscaling.enabled", False)),
     Case("autoscaler-present", "staging", "ScaledObject min replicas above max",
          transform=on("ScaledObject", lambda p: p["spec"].update(minReplicaCount=5, maxReplicaCount=4))),
-    Case("alerts-latency-and-errors", "prod", "monitoring.enabled: false",
-         settings=setting("monitoring.enabled", False)),
+    Case("alerts-latency-and-errors", "prod", "monitoring.enabled: false (with observability.vmp_enabled: false)",
+         settings=lambda raw: [setting("monitoring.enabled", False)(raw),
+                               setting("observability.vmp_enabled", False)(raw)]),
+    # metrics
+    Case("vmp-receives-metrics", "prod", "in-cluster Prometheus without the remote write to VMP",
+         transform=on("helm.sh/v3:Release", lambda p: p["values"]["prometheus"]["prometheusSpec"].pop("remoteWrite"),
+                      name_has="kube-prometheus-stack")),
+    Case("vmp-receives-metrics", "staging", "APIG monitor_spec off",
+         transform=on("apig/apigGateway:ApigGateway", lambda p: p.update(monitorSpec={"enable": False}))),
     # capacity
     Case("engine-fits-gpu", "dev", "--max-model-len 131072 on one A10",
          transform=serving(vllm_containers(set_flag("--max-model-len", "131072")))),

@@ -16,12 +16,12 @@ from stacks import read_raw
 
 @pytest.fixture(scope="module")
 def prod() -> engine.Recording:
-    return engine.run("prod", read_raw("prod"))
+    return engine.run("prod", read_raw("prod"), mode="existing")
 
 
 @pytest.fixture(scope="module")
 def dev() -> engine.Recording:
-    return engine.run("dev", read_raw("dev"))
+    return engine.run("dev", read_raw("dev"), mode="existing")
 
 
 def _edit_bucket(rec: engine.Recording, **props) -> engine.Recording:

@@ -133,6 +133,24 @@ BAD = [
     ({"cluster__gpu_pools__a10__mig": {"profile": "tiny"}}, "cluster.gpu_pools.a10.mig.profile", "pattern"),
     ({"cluster__gpu_pools__a10__auto_repair__remedy_policy_id": "no spaces"},
      "cluster.gpu_pools.a10.auto_repair.remedy_policy_id", "pattern"),
+    # the edge as APIG accepts it
+    ({"zones": ["cn-beijing-a", "cn-beijing-b", "cn-beijing-c"],
+      "gateway__zones": ["cn-beijing-a", "cn-beijing-b", "cn-beijing-c"]}, "gateway.zones", "at most 2"),
+    ({"gateway__zones": ["cn-beijing-b"]}, "gateway.zones[0]", "not a stack zone"),
+    ({"gateway__replicas": 1}, "gateway.replicas", "greater than or equal to 2"),
+    ({"gateway__public_bandwidth_mbps": 600}, "gateway.public_bandwidth_mbps", "less than or equal to 500"),
+    ({"gateway__tls": _DELETE}, "gateway.tls", "HTTPS only"),
+    ({"gateway__tls__domain": "API.Example"}, "gateway.tls.domain", "pattern"),
+    ({"gateway__tls__plain_http": "open"}, "gateway.tls.plain_http", "'closed' or 'redirect'"),
+    ({"gateway__retry__http_codes": [404]}, "gateway.retry.http_codes", "5xx status codes"),
+    ({"gateway__retry__retry_on": ["timeout"]}, "gateway.retry.retry_on.0", "connect-failure"),
+    ({"gateway__retry__per_try_timeout_seconds": 900}, "gateway.retry.per_try_timeout_seconds",
+     "exceeds request_timeout_seconds"),
+    # pulls and metrics
+    ({"registry__pull_credentials": "image-pull-secret"}, "registry.image_pull_secret", "required"),
+    ({"registry__pull_credentials": "anonymous"}, "registry.pull_credentials", "cr-credential-controller"),
+    ({"observability__vmp_enabled": True, "monitoring__enabled": False}, "observability.vmp_enabled",
+     "remote write"),
 ]
 
 

@@ -200,7 +200,7 @@ def test_autoscaling_reads_tritons_queue_and_success_counters():
 
 
 def test_the_example_stack_previews_without_a_mandatory_violation():
-    result = preview.run_preview(STACK)
+    result = preview.run_preview(STACK, mode="existing")
     assert [v for v in result.violations if v["enforcement_level"] == "mandatory"] == []
 
 

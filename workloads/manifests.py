@@ -284,9 +284,19 @@ def scheduling(ctx: ServingContext, component: str) -> dict:
     }
 
 
+def pull_secrets(ctx: ServingContext) -> dict:
+    """The pull Secret for the private repository, when the stack pulls with one instead of
+    VKE's cr-credential-controller add-on (registry.pull_credentials)."""
+    r = ctx.settings.registry
+    if r.pull_credentials == "image-pull-secret":
+        return {"imagePullSecrets": [{"name": r.image_pull_secret}]}
+    return {}
+
+
 def pod_spec(ctx: ServingContext, containers: list[dict], init: list[dict], component: str) -> dict:
     return {
         "serviceAccountName": ctx.service_account,
+        **pull_secrets(ctx),
         # vLLM never talks to the Kubernetes API; the IRSA token is projected explicitly.
         "automountServiceAccountToken": False,
         "terminationGracePeriodSeconds": ctx.settings.serving.termination_grace_seconds,

@@ -14,7 +14,17 @@ import pulumi_kubernetes as k8s
 import pulumi_volcengine as volc
 
 from stacks.constants import HTTP_PORT
-from workloads import autoscaling, gateway, manifests, monitoring, network_policy, platform, resilience, rollout
+from workloads import (
+    autoscaling,
+    gateway,
+    manifests,
+    monitoring,
+    network_policy,
+    platform,
+    resilience,
+    rollout,
+    vmp,
+)
 from workloads import k8s as k8s_apply
 from workloads.context import ServingContext, build_context
 
@@ -30,6 +40,9 @@ class ServingArgs:
     static_secret_access_key: pulumi.Input[str] | None
     volcengine_provider: pulumi.ProviderResource
     vmp_workspace_id: pulumi.Input[str] | None
+    # (write endpoint, username, password) of the VMP workspace the in-cluster Prometheus
+    # remote-writes to; None without VMP
+    vmp_remote_write: tuple[pulumi.Input[str], str, pulumi.Input[str]] | None = None
 
 
 def renderers(ctx: ServingContext) -> list[Renderer]:
@@ -69,22 +82,30 @@ class Serving(pulumi.ComponentResource):
         base = pulumi.ResourceOptions(parent=self, provider=provider)
 
         releases = []
+        remote_write = args.vmp_remote_write if ctx.settings.monitoring.enabled else None
         for rel in platform.releases(ctx.settings):
-            releases.append(
-                k8s.helm.v3.Release(
-                    f"{name}-helm-{rel['name']}",
-                    name=rel["name"],
-                    chart=rel["chart"],
-                    version=rel["version"],
-                    namespace=rel["namespace"],
-                    create_namespace=True,
-                    repository_opts={"repo": rel["repository_url"]},
-                    values=rel.get("values", {}),
-                    atomic=True,
-                    timeout=900,
-                    opts=base,
-                )
+            values = rel.get("values", {})
+            if remote_write is not None and rel["name"] == "kube-prometheus-stack":
+                values = vmp.merge(values, vmp.remote_write_values(remote_write[0]))
+            release = k8s.helm.v3.Release(
+                f"{name}-helm-{rel['name']}",
+                name=rel["name"],
+                chart=rel["chart"],
+                version=rel["version"],
+                namespace=rel["namespace"],
+                create_namespace=True,
+                repository_opts={"repo": rel["repository_url"]},
+                values=values,
+                atomic=True,
+                timeout=900,
+                opts=base,
             )
+            releases.append(release)
+            if remote_write is not None and rel["name"] == "kube-prometheus-stack":
+                # In the namespace the release creates; the operator picks the Secret up when
+                # it appears and only then writes to VMP.
+                k8s_apply.apply(name, vmp.credentials_secret(ctx.settings, remote_write[1], remote_write[2]),
+                                pulumi.ResourceOptions.merge(base, pulumi.ResourceOptions(depends_on=[release])))
 
         # Plain manifests the controllers need besides their charts (e.g. the rate-limit
         # Redis), in namespaces the charts create.
@@ -157,6 +178,11 @@ def build_serving(settings, infra) -> Serving:
             static_secret_access_key=infra.weights.secret_access_key,
             volcengine_provider=infra.provider,
             vmp_workspace_id=infra.observability.workspace_id if infra.observability else None,
+            vmp_remote_write=(
+                (infra.observability.write_endpoint, infra.observability.write_username,
+                 infra.observability.write_password)
+                if infra.observability else None
+            ),
         ),
         opts=pulumi.ResourceOptions(depends_on=[infra.cluster]),
     )
