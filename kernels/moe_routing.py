@@ -5,10 +5,18 @@ Logits [T, E] -> expert ids int32 [T, k] and weights fp32 [T, k], for
   group score = sum of the top-2 biased scores, weights from the unbiased scores;
 - V2 group-limited greedy: softmax, group score = max of the group (V2-Lite: one group).
 
-Each program owns BLOCK_T tokens. The E logits of a token are loaded as a
-[G_PAD, EPG_PAD] tile (group, expert-in-group), so groups whose size is not a power of
-two (V2: 160 / 8 = 20) still reduce along one axis. Selection packs (score, slot) into
-one int64 key so each of the k rounds is a single max-reduction (no separate argmax).
+Default kernel (``method="two_pass"``, `_grouped_topk_kernel`), one token per single-warp
+program: pass 1 loads the E logits as a [G_PAD, EPG_PAD] tile (group, expert-in-group;
+groups whose size is not a power of two, V2's 20, reduce along one padded axis), scores
+them and ranks the groups; pass 2 reloads only the TOPK_GROUP kept groups (L1 hits) and
+runs the k selection rounds over them. A round is two 32-bit warp-wide reductions (max
+of the order-preserving int32 image of the biased score, then the smallest expert id
+holding it; ties go to the lower id) plus a third that reads the winner's unbiased score.
+H200, V3 layout, CUDA graphs: 2.2 us at 1 token, 8.9 us at 8192, 28.7 us at 32768
+(kernels/bench/results/2026-11-30_h200_race3*).
+
+``method="full"`` is the previous kernel (`_grouped_topk_full_kernel`): k rounds of one
+int64 (score, slot) max over all E slots; kept for the race's before/after column.
 """
 
 from __future__ import annotations
@@ -289,15 +297,13 @@ def _grouped_topk_kernel(
 
 
 def _pick_block(t: int) -> tuple[int, int]:
-    """(BLOCK_T, num_warps), from H200 sweeps (kernels/bench/results/*router*.json).
-    Up to 512 tokens: one token per single-warp program, so every reduction is a warp
-    shuffle and programs spread over the SMs (3.9 us at 1 token). Beyond: 4 tokens per
-    single-warp program (18.9 us at 8192 tokens against 24.0 with 4 tokens over 2 warps
-    and 33.5 over 4 warps). BLOCK_T = 2 was as fast but gave wrong ids for the V2 layout
-    on the H200 with Triton 3.6 (right under the interpreter), so it is refused on CUDA."""
-    if t <= 512:
-        return 1, 1
-    return 4, 1
+    """(BLOCK_T, num_warps): one token per single-warp program at every size. Each token
+    then spans the whole warp, so every per-token reduction is one REDUX, and up to 32
+    single-warp programs share an SM to hide the rounds' latency. (The previous kernel
+    ran 4 tokens per program above 512 tokens; for this one BLOCK_T = 4 on one warp
+    miscompiles on Triton 3.6, see grouped_topk.) The H200 race times the alternatives
+    that pass its check: kernels/bench/results/2026-11-30_h200_race*."""
+    return 1, 1
 
 
 def grouped_topk(
@@ -347,10 +353,16 @@ def grouped_topk(
     )
     args = (logits, bias if bias is not None else logits, weights, ids, t, logits.stride(0), float(scale))
     grid = (triton.cdiv(t, bt),)
+    # Compiled for the H200 with Triton 3.6, BLOCK_T = 2 returned wrong ids (both kernels)
+    # and so did the two-pass kernel with BLOCK_T = 4 on one warp; both are right under
+    # the interpreter: kernels/bench/results/2026-11-29_h200_router_check_log.txt,
+    # 2026-11-30_h200_race1_log.txt, 2026-11-30_h200_race2_log.txt
+    assert not (logits.is_cuda and bt == 2), "BLOCK_T=2 miscompiles on Triton 3.6 (see _pick_block)"
+    assert not (logits.is_cuda and method == "two_pass" and bt == 4 and nw == 1), (
+        "BLOCK_T=4 on one warp miscompiles the two-pass kernel on Triton 3.6 (see _pick_block)")
     if method == "two_pass":
         _grouped_topk_kernel[grid](*args, R_PAD=triton.next_power_of_2(topk_group), FAST=logits.is_cuda, **common)
     elif method == "full":
-        assert not (logits.is_cuda and bt == 2), "BLOCK_T=2 miscompiles on Triton 3.6 (see _pick_block)"
         _grouped_topk_full_kernel[grid](*args, **common)
     else:
         raise ValueError(f"method must be 'two_pass' or 'full', got {method!r}")
