@@ -59,6 +59,7 @@ def _fp8_gemm_kernel(
     BLOCK_N: tl.constexpr,
     GROUP_M: tl.constexpr,
     GROUPED: tl.constexpr,
+    PROMOTE: tl.constexpr = True,
 ):
     BLOCK_K: tl.constexpr = 128
     pid = tl.program_id(0)
@@ -101,10 +102,15 @@ def _fp8_gemm_kernel(
     for _ in range(kb0, kb1):
         a = tl.load(a_ptrs, mask=mask_m[:, None], other=0.0)
         b = tl.load(b_ptrs, mask=mask_n[None, :], other=0.0)
-        sa = tl.load(as_ptrs, mask=mask_m, other=0.0)
-        if BLOCK_N <= BLOCK_K:
+        if not PROMOTE:
+            # diagnostic only (wrong numerics): one fp8 accumulation over all of K, no
+            # scales, no per-block promotion; isolates the promotion's cost in the benchmark
+            acc = tl.dot(a, b, acc)
+        elif BLOCK_N <= BLOCK_K:
+            sa = tl.load(as_ptrs, mask=mask_m, other=0.0)
             acc += tl.dot(a, b) * (sa * tl.load(bs_ptrs))[:, None]
         else:
+            sa = tl.load(as_ptrs, mask=mask_m, other=0.0)
             sb = tl.load(bs_ptrs, mask=mask_n, other=0.0)
             acc += tl.dot(a, b) * (sa[:, None] * sb[None, :])
         a_ptrs += BLOCK_K
@@ -123,17 +129,27 @@ def _num_sms(device: torch.device) -> int:
 
 
 def pick_config(m: int, n: int, k: int, num_sms: int) -> dict:
-    """Block sizes by shape. M >= 256: 128 x 128 tiles, 8 warps (two warpgroups share
-    each tile's 128 rows), 4 stages. Smaller M: 64-row tiles, and for so few tiles that
-    the SMs would idle, the K blocks are split over programs (fp32 partial sums reduced
-    by a second small kernel)."""
+    """Block sizes by shape, from the two H200 races (kernels/bench/results/
+    2026-11-30_h200_race1.json: six V3 shapes x M = 64..4096, six candidates each;
+    race2: these defaults against race1's).
+    M >= 256: 128 x 128 tiles over 8 warps (192 registers, one CTA per SM), GROUP_M 16;
+    128 x 64 tiles over 4 warps (two CTAs per SM, so one CTA's promotion FFMAs can overlap
+    the other's MMAs) for narrow N (2112: 5-36% faster at M = 1024 and 4096), K = 512
+    (5%) and K <= 2048 up to M = 2048 (5-8%). They lost 12-20% on K >= 7168 with N >= 4096
+    and 16% on the grouped K = 2048 shapes (M = 32768), which keep 128 x 128.
+    M < 256: 64-row tiles over 4 warps; K split over programs (fp32 partials reduced by a
+    second kernel) only when the tiles fill under half the SMs and K >= 16384 (M = 64 on
+    7168 x 16384: 54 us split, 81 us not). Elsewhere the split was slower or within the
+    run-to-run spread, which at these 10-100 us sizes reached 2x between the two races."""
     if m >= 256:
-        return dict(BLOCK_M=128, BLOCK_N=128, SPLIT_K=1, GROUP_M=8, num_warps=8, num_stages=4)
-    bn = 128
-    tiles = triton.cdiv(m, 64) * triton.cdiv(n, bn)
-    kb = k // BLOCK
-    split = max(1, min(kb // 4, triton.cdiv(num_sms, tiles)))
-    return dict(BLOCK_M=64, BLOCK_N=bn, SPLIT_K=split, GROUP_M=8, num_warps=4, num_stages=4)
+        if n <= 2560 or k <= 512 or (k <= 2048 and m <= 2048):
+            return dict(BLOCK_M=128, BLOCK_N=64, SPLIT_K=1, GROUP_M=8, num_warps=4, num_stages=4)
+        return dict(BLOCK_M=128, BLOCK_N=128, SPLIT_K=1, GROUP_M=16, num_warps=8, num_stages=4)
+    tiles = triton.cdiv(m, 64) * triton.cdiv(n, 128)
+    split = 1
+    if 2 * tiles < num_sms and k >= 16384:
+        split = max(1, min(4, triton.cdiv(num_sms, tiles)))
+    return dict(BLOCK_M=64, BLOCK_N=128, SPLIT_K=split, GROUP_M=8, num_warps=4, num_stages=4)
 
 
 def _check(a, a_scale, b, b_scale, grouped):

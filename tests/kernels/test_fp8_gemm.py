@@ -160,9 +160,17 @@ def test_fp8_grouped_gemm(config):
 
 def test_pick_config_by_shape():
     sms = 132
-    big = pick_config(4096, 7168, 2048, sms)
-    assert (big["BLOCK_M"], big["BLOCK_N"], big["SPLIT_K"]) == (128, 128, 1)
-    # M = 64 on N = 2112 (17 N tiles): the K blocks are split until the SMs have work
-    small = pick_config(64, 2112, 7168, sms)
-    assert small["BLOCK_M"] == 64 and small["SPLIT_K"] > 1
-    assert 17 * small["SPLIT_K"] >= sms or small["SPLIT_K"] == 7168 // 128 // 4
+    # large M: 128 x 128 tiles on 8 warps for long K and wide N, 128 x 64 on 4 warps otherwise
+    assert (pick_config(4096, 7168, 16384, sms)["BLOCK_N"], pick_config(4096, 7168, 16384, sms)["num_warps"]) == (128, 8)
+    assert (pick_config(1024, 7168, 2048, sms)["BLOCK_N"], pick_config(1024, 7168, 2048, sms)["num_warps"]) == (64, 4)
+    assert pick_config(4096, 2112, 7168, sms)["BLOCK_N"] == 64
+    assert pick_config(4096, 32768, 512, sms)["BLOCK_N"] == 64
+    # the grouped shapes' total M (8 x 4096) keeps the 128 x 128 tiles at K = 2048
+    assert pick_config(32768, 7168, 2048, sms)["BLOCK_N"] == 128
+    assert all(pick_config(m, 7168, 16384, sms)["SPLIT_K"] == 1 for m in (256, 4096))
+    # small M: K split only for few tiles and a long K loop (M = 64 on N = 7168, K = 16384:
+    # 56 tiles for 132 SMs)
+    assert pick_config(64, 7168, 16384, sms)["SPLIT_K"] == 3
+    assert pick_config(64, 7168, 2048, sms)["SPLIT_K"] == 1
+    assert pick_config(128, 2112, 7168, sms)["SPLIT_K"] == 1
+    assert pick_config(64, 2112, 7168, sms)["BLOCK_M"] == 64
