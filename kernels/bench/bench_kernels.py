@@ -95,7 +95,7 @@ ROUTER_LAYOUTS = {
     "v2_lite": dict(e=64, g=1, tg=1, k=6, scoring="softmax", bias=False, renorm=False, scale=1.0),
 }
 ROUTER_T = [1, 16, 256, 4096, 8192, 32768]
-ROUTER_CFGS = [(1, 1), (2, 1), (2, 2), (4, 1), (4, 2), (4, 4), (8, 2), (8, 4), (16, 4)]
+ROUTER_CFGS = [(1, 1), (8, 1), (4, 4), (8, 2), (16, 4)]  # BLOCK_T = 2, and 4 on one warp, are refused on CUDA
 
 
 def tie_free(t, e, dtype):
@@ -107,19 +107,30 @@ def router_args(L, logits, bias):
     return (logits, L["k"], L["g"], L["tg"], L["scoring"], bias, L["renorm"], L["scale"])
 
 
-def check_router(log):
+ROUTER_BAD_CFGS: set = set()  # (BLOCK_T, num_warps) that failed check_router: never timed
+
+
+def check_router(log, ts=(1, 16, 257, 8192), cfg_ts=(257, 8192)):
     bad = 0
     bad_cfgs = []
     for name, L in ROUTER_LAYOUTS.items():
-        for t in [1, 16, 257, 8192]:
+        for t in ts:
             for dtype in (torch.bfloat16, torch.float32):
                 logits = tie_free(t, L["e"], dtype)
                 bias = torch.rand(L["e"], device=DEV) * 0.2 if L["bias"] else None
-                cfgs = [(None, None)] + (ROUTER_CFGS if t in (257, 8192) else [])
+                # every config on bf16 (the serving dtype), the default on fp32 too
+                cfgs = [(None, None, "two_pass"), (None, None, "full")] + (
+                    [(bt, nw, "two_pass") for bt, nw in ROUTER_CFGS] + [(4, 1, "full")]
+                    if t in cfg_ts and dtype == torch.bfloat16 else [])
                 rids, rw = grouped_topk_reference(*router_args(L, logits, bias))
                 si, ro = rids.long().sort(1)
-                for bt, nw in cfgs:
-                    ids, w = grouped_topk(*router_args(L, logits, bias), block_t=bt, num_warps=nw)
+                for bt, nw, method in cfgs:
+                    ids, w = grouped_topk(*router_args(L, logits, bias), block_t=bt, num_warps=nw, method=method)
+                    if not bool(((ids >= 0) & (ids < L["e"])).all()):
+                        bad += 1
+                        bad_cfgs.append((bt, nw))
+                        log(f"ROUTER MISMATCH {name} t={t} {dtype} cfg={bt, nw} {method}: expert ids out of range")
+                        continue
                     oi, oo = ids.long().sort(1)
                     diff = (oi != si).any(1)
                     wclose = torch.isclose(w.gather(1, oo), rw.gather(1, ro), rtol=1e-5, atol=1e-7).all(1)
@@ -131,7 +142,7 @@ def check_router(log):
                         b = s + bias if bias is not None else s
                         tok = diff.nonzero()[:, 0]
                         gap = (b[tok].gather(1, oi[tok]).sum(1) - b[tok].gather(1, si[tok]).sum(1)).abs()
-                        log(f"router {name} t={t} {dtype} cfg={bt, nw}: {len(tok)} tokens differ, "
+                        log(f"router {name} t={t} {dtype} cfg={bt, nw} {method}: {len(tok)} tokens differ, "
                             f"biased-score sum gap max {gap.max().item():.2e}")
                         # group-level near tie: topk_group-th vs next group score
                         if L["g"] > 1:
@@ -147,12 +158,13 @@ def check_router(log):
                     ok = near_tie and bool(wclose[~diff].all())
                     if not ok:
                         bad += 1
-                        log(f"ROUTER MISMATCH {name} t={t} {dtype} cfg={bt, nw}")
+                        log(f"ROUTER MISMATCH {name} t={t} {dtype} cfg={bt, nw} {method}")
                         bad_cfgs.append((bt, nw))
+    ROUTER_BAD_CFGS.update(bad_cfgs)
     log(f"router correctness: {'OK' if not bad else f'{bad} FAILED'}")
     if bad:
         failed = [ln for ln in bad_cfgs]
-        log(f"router configs that failed a check: {sorted(set(failed))}")
+        log(f"router configs that failed a check: {sorted(set(failed), key=str)}")
     return bad == 0
 
 
@@ -509,21 +521,17 @@ DEEPGEMM_H800 = {  # (M, N, K) or (groups, m, N, K) -> (TFLOP/s, x CUTLASS 3.6)
 
 
 def fp8_candidates(m, n, k, sms):
-    """The shipped default first, then the alternatives it is picked from."""
+    """The shipped default first, then the first race's default (race1 timed five more
+    candidates per shape; pick_config's docstring says what they showed)."""
     from kernels.fp8_gemm import pick_config as fp8_pick
 
     c = {"default": fp8_pick(m, n, k, sms)}
-    big = lambda bm, bn, w, st, g=8: dict(BLOCK_M=bm, BLOCK_N=bn, SPLIT_K=1, GROUP_M=g, num_warps=w, num_stages=st)  # noqa: E731
     if m >= 256:
-        c["bm128_bn128_w8_st3"] = big(128, 128, 8, 3)
-        c["bm64_bn128_w4_st4"] = big(64, 128, 4, 4)  # 2 CTAs per SM: one scales while the other multiplies
-        c["bm64_bn128_w4_st6"] = big(64, 128, 4, 6)
-        c["bm128_bn64_w4_st4"] = big(128, 64, 4, 4)
-        c["bm128_bn128_w8_st4_g16"] = big(128, 128, 8, 4, 16)
+        c["race1_bm128_bn128_w8_st4"] = dict(BLOCK_M=128, BLOCK_N=128, SPLIT_K=1, GROUP_M=8, num_warps=8, num_stages=4)
     else:
-        c["bm64_bn128_w4_st4_nosplit"] = big(64, 128, 4, 4)
-        c["bm64_bn64_w4_st4_split"] = dict(c["default"], BLOCK_N=64)
-        c["bm64_bn128_w4_st6_split"] = dict(c["default"], num_stages=6)
+        tiles = triton.cdiv(m, 64) * triton.cdiv(n, 128)
+        split = max(1, min(k // 128 // 4, triton.cdiv(sms, tiles)))
+        c["race1_bm64_split"] = dict(BLOCK_M=64, BLOCK_N=128, SPLIT_K=split, GROUP_M=8, num_warps=4, num_stages=4)
     return _dedupe(c)
 
 
@@ -618,6 +626,11 @@ def run_fp8(copy_gbs, mm_tflops, fp8_tflops, log, rows, grows, on_shape, dense=F
                 except Exception as ex:  # noqa: BLE001 - a config that fails to build is a result
                     r["sweep"][name] = dict(error=f"{type(ex).__name__}: {str(ex)[:160]}", cfg=c)
                     log(f"FP8 ERROR M={m} N={n} K={k} {name}: {r['sweep'][name]['error']}")
+            if m >= 4096 and not smoke:
+                # diagnostic: the same tiles with no scales and no promotion (one fp8
+                # accumulation over K; wrong numerics, timed only): what the promotion costs
+                c = dict(fp8_candidates(m, n, k, sms)["default"], PROMOTE=False)
+                r["no_promote_us"] = timer([lambda c=c: fp8_gemm(qa, sa, qw, sw, config=c)])
             d = r["sweep"].get("default", {})
             r["ours_us"] = d.get("us", float("nan"))
             r["rel_err"] = d.get("rel_err", float("nan"))
@@ -633,7 +646,7 @@ def run_fp8(copy_gbs, mm_tflops, fp8_tflops, log, rows, grows, on_shape, dense=F
             log(f"fp8 M={m} N={n} K={k}: ours {r['ours_us']:.1f} us {r['tflops']:.0f} TF/s "
                 f"({r['frac_fp8_ceiling']:.0%} of fp8 ceiling, {r['x_cublas_bf16']:.2f}x bf16) bf16 {r['cublas_bf16_us']:.1f} "
                 f"blockwise _scaled_mm {r.get('scaled_mm_blockwise_us', float('nan')):.1f} "
-                f"tensorwise {r.get('scaled_mm_tensorwise_us', float('nan')):.1f} best {r['best']}; "
+                f"tensorwise {r.get('scaled_mm_tensorwise_us', float('nan')):.1f} no-promote {r.get('no_promote_us', float('nan')):.1f} best {r['best']}; "
                 + json.dumps({kk: (round(v["us"], 1) if "us" in v else "ERR") for kk, v in r["sweep"].items()}))
         del qw, sw, dw, wb
         if not smoke:
@@ -670,8 +683,7 @@ def run_fp8(copy_gbs, mm_tflops, fp8_tflops, log, rows, grows, on_shape, dense=F
                 r["torch_grouped_mm_bf16"] = f"{type(ex).__name__}: {str(ex)[:120]}"
         r["sweep"] = {}
         cands = {"default": None,
-                 "bm64_bn128_w4_st4": dict(BLOCK_M=64, BLOCK_N=128, SPLIT_K=1, GROUP_M=8, num_warps=4, num_stages=4),
-                 "bm128_bn128_w8_st3": dict(BLOCK_M=128, BLOCK_N=128, SPLIT_K=1, GROUP_M=8, num_warps=8, num_stages=3)}
+                 "race1_bm128_bn128_w8_st4": dict(BLOCK_M=128, BLOCK_N=128, SPLIT_K=1, GROUP_M=8, num_warps=8, num_stages=4)}
         for name, c in cands.items():
             try:
                 y = fp8_grouped_gemm(qa, sa, qw, sw, mi, config=c)
@@ -705,7 +717,7 @@ def run_fp8(copy_gbs, mm_tflops, fp8_tflops, log, rows, grows, on_shape, dense=F
 
 # ----------------------------------------------------------------------------- router race
 ROUTER_RACE_T = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768]
-ROUTER_RACE_CFGS = [(1, 1), (2, 1), (4, 1), (8, 1), (2, 2), (4, 4)]
+ROUTER_RACE_CFGS = ROUTER_CFGS
 
 
 def load_peer_router(log):
@@ -760,13 +772,14 @@ def run_router_race(peer, log, ts=ROUTER_RACE_T, smoke=False):
         bias = torch.rand(L["e"], device=DEV) * 0.2
         r = dict(tokens=t, cfg=list(_pick_block(t)))
         r["ours_us"] = timer([lambda x=x: grouped_topk(*router_args(L, x, bias)) for x in xs])
-        r["ours_full_us"] = timer([lambda x=x: grouped_topk(*router_args(L, x, bias), method="full") for x in xs])
+        prev = dict(block_t=1, num_warps=1) if t <= 512 else dict(block_t=4, num_warps=1)  # its own defaults
+        r["ours_full_us"] = timer([lambda x=x: grouped_topk(*router_args(L, x, bias), method="full", **prev) for x in xs])
         if peer is not None:
             r["vllm_us"] = timer([lambda x=x: peer(x, L["g"], L["tg"], L["k"], L["renorm"], L["scale"], bias, 1)
                                   for x in xs])
         r["sweep"] = {}
         if t >= 256:
-            for bt, nw in ROUTER_RACE_CFGS:
+            for bt, nw in [c for c in ROUTER_RACE_CFGS if c not in ROUTER_BAD_CFGS]:
                 fns = [lambda x=x, bt=bt, nw=nw: grouped_topk(*router_args(L, x, bias), block_t=bt, num_warps=nw)
                        for x in xs]
                 r["sweep"][f"{bt}x{nw}"] = timer(fns)
@@ -910,14 +923,15 @@ def race_table(meta, fp8, fp8g, router, w4):
     if fp8:
         L += ["FP8 block-scaled GEMM, dense (bf16 out; do_bench medians, L2 flushed). DeepGEMM = its README's H800 figure.",
               "",
-              "| M | N | K | ours us | ours TFLOP/s | of fp8 ceiling | x bf16 cuBLAS | _scaled_mm blockwise us | _scaled_mm per-tensor us | bf16 cuBLAS us | best candidate | best us | DeepGEMM H800 TFLOP/s |",
-              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
+              "| M | N | K | ours us | ours TFLOP/s | of fp8 ceiling | x bf16 cuBLAS | _scaled_mm blockwise us | _scaled_mm per-tensor us | bf16 cuBLAS us | ours without promotion us | best candidate | best us | DeepGEMM H800 TFLOP/s |",
+              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
         for r in fp8:
             best = r.get("best") or (float("nan"), "-")
             dg = r.get("deepgemm_h800")
             L.append(f"| {r['M']} | {r['N']} | {r['K']} | {r['ours_us']:.1f} | {r['tflops']:.0f} | {r['frac_fp8_ceiling']:.0%} "
                      f"| {r['x_cublas_bf16']:.2f}x | {r.get('scaled_mm_blockwise_us', float('nan')):.1f} "
-                     f"| {r.get('scaled_mm_tensorwise_us', float('nan')):.1f} | {r['cublas_bf16_us']:.1f} | {best[1]} "
+                     f"| {r.get('scaled_mm_tensorwise_us', float('nan')):.1f} | {r['cublas_bf16_us']:.1f} "
+                     f"| {r.get('no_promote_us', float('nan')):.1f} | {best[1]} "
                      f"| {best[0]:.1f} | {dg[0] if dg else '-'} |")
         L.append("")
     if fp8g:
@@ -1010,6 +1024,7 @@ def main():
     ap.add_argument("--only", choices=["router", "w4a16", "w4a16_v3", "w4a16_v3_final", "fp8", "router_race",
                                        "w4a16_race", "race"], default=None,
                     help="race = fp8 + router_race + w4a16_race in one process")
+    ap.add_argument("--parts", default="fp8,router_race,w4a16_race", help="with --only race: which races")
     ap.add_argument("--no-gemlite", action="store_true", help="W4A16 race without gemlite (it autotunes per shape)")
     ap.add_argument("--gemlite-deadline-s", type=float, default=420.0,
                     help="start no gemlite shape later than this many seconds into the run")
@@ -1053,27 +1068,43 @@ def main():
 
     ok = True
     if args.only in ("fp8", "router_race", "w4a16_race", "race"):
-        if args.only in ("fp8", "race"):
+        parts = set(args.parts.split(",")) if args.only == "race" else {args.only}
+        import traceback
+
+        def part(fn):
+            # one race's crash is logged and fails the run; the other races still run
+            try:
+                return fn()
+            except Exception:  # noqa: BLE001
+                log("RACE CRASHED:\n" + traceback.format_exc())
+                return False
+
+        def fp8_part():
             meta["fp8_tflops"], meta["fp8_ceiling_detail"] = fp8_ceiling(log)
             res["fp8"], res["fp8_grouped"] = [], []
             f_ok = run_fp8(copy_gbs, mm_tflops, meta["fp8_tflops"], log, res["fp8"], res["fp8_grouped"], dump)
             log(f"fp8 correctness: {'OK' if f_ok else 'FAILED'}")
-            ok &= f_ok
-            dump()
-        if args.only in ("router_race", "race"):
+            return f_ok
+
+        def router_part():
             r_ok = check_router(log)
             peer = load_peer_router(log)
             if peer is not None:
                 r_ok &= check_router_peer(peer, log)
-            res["router_race"] = run_router_race(peer, log)
             res["router_peer"] = "vLLM csrc/libtorch_stable/moe/grouped_topk_kernels.cu" if peer is not None else None
-            ok &= r_ok
-            dump()
-        if args.only in ("w4a16_race", "race"):
+            res["router_race"] = run_router_race(peer, log)
+            return r_ok
+
+        def w4_part():
             res["w4a16_race"] = []
             w_ok, meta["gemlite"] = run_w4a16_race(copy_gbs, log, res["w4a16_race"], dump, use_gemlite=not args.no_gemlite,
                                                      gemlite_deadline=t_start + args.gemlite_deadline_s)
-            ok &= w_ok
+            return w_ok
+
+        for name, fn in (("fp8", fp8_part), ("router_race", router_part), ("w4a16_race", w4_part)):
+            if name in parts:
+                ok &= bool(part(fn))
+                dump()
         res["correct"] = bool(ok)
         dump()
         t = race_table(meta, res.get("fp8"), res.get("fp8_grouped"), res.get("router_race"), res.get("w4a16_race"))
