@@ -132,7 +132,7 @@ def pick_config(m: int, n: int, k: int, num_sms: int) -> dict:
     """Block sizes by shape, from the two H200 races (kernels/bench/results/
     2026-11-30_h200_race1.json: six V3 shapes x M = 64..4096, six candidates each;
     race2: these defaults against race1's).
-    M >= 256: 128 x 128 tiles over 8 warps (192 registers, one CTA per SM), GROUP_M 16;
+    M >= 256: 128 x 128 tiles over 8 warps (192 registers, one CTA per SM), GROUP_M 8;
     128 x 64 tiles over 4 warps (two CTAs per SM, so one CTA's promotion FFMAs can overlap
     the other's MMAs) for narrow N (2112: 5-36% faster at M = 1024 and 4096), K = 512
     (5%) and K <= 2048 up to M = 2048 (5-8%). They lost 12-20% on K >= 7168 with N >= 4096
@@ -144,7 +144,7 @@ def pick_config(m: int, n: int, k: int, num_sms: int) -> dict:
     if m >= 256:
         if n <= 2560 or k <= 512 or (k <= 2048 and m <= 2048):
             return dict(BLOCK_M=128, BLOCK_N=64, SPLIT_K=1, GROUP_M=8, num_warps=4, num_stages=4)
-        return dict(BLOCK_M=128, BLOCK_N=128, SPLIT_K=1, GROUP_M=16, num_warps=8, num_stages=4)
+        return dict(BLOCK_M=128, BLOCK_N=128, SPLIT_K=1, GROUP_M=8, num_warps=8, num_stages=4)
     tiles = triton.cdiv(m, 64) * triton.cdiv(n, 128)
     split = 1
     if 2 * tiles < num_sms and k >= 16384:
