@@ -130,14 +130,14 @@ def per_token_group_quant_fp8(x: torch.Tensor, group: int = 128):
 def per_block_quant_fp8(w: torch.Tensor, block: int = 128):
     """w [N, K] (or [E, N, K]) -> (q e4m3, scale fp32 [ceil(N / block), K / block]); N may
     end in a partial block (e.g. DeepSeek-V3's fused q_a/kv_a projection, N = 2112)."""
-    *lead, n, k = w.shape
+    *outer, n, k = w.shape
     nb = -(-n // block)
-    wp = torch.zeros(*lead, nb * block, k, dtype=torch.float32, device=w.device)
+    wp = torch.zeros(*outer, nb * block, k, dtype=torch.float32, device=w.device)
     wp[..., :n, :] = w.float()
-    wb = wp.view(*lead, nb, block, k // block, block)
+    wb = wp.view(*outer, nb, block, k // block, block)
     scale = (wb.abs().amax(dim=(-3, -1)) / FP8_MAX).clamp(min=1e-10)
     q = (wb / scale[..., :, None, :, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-    return q.view(*lead, nb * block, k)[..., :n, :].contiguous(), scale
+    return q.view(*outer, nb * block, k)[..., :n, :].contiguous(), scale
 
 
 def fp8_block_dequant(q: torch.Tensor, scale: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
