@@ -189,3 +189,57 @@ def mla_decode_reference(
         lse[b] = torch.logsumexp(s, -1)
         out[b] = torch.softmax(s, -1) @ rows[:, :kv_lora_rank]
     return out, lse
+
+
+# ----------------------------------------------------------------------------- FP8 block scaling
+# DeepSeek-V3's FP8 format (the checkpoints' config: "quant_method": "fp8",
+# "weight_block_size": [128, 128], "activation_scheme": "dynamic"): e4m3 weights with one
+# fp32 scale per 128 x 128 block ("weight_scale_inv", the factor that dequantises), and
+# activations quantised on the fly per token and per group of 128 along K.
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+
+
+def per_token_group_quant_fp8(x: torch.Tensor, group: int = 128):
+    """x [M, K] -> (q e4m3 [M, K], scale fp32 [M, K / group]); x ~= q * scale per group."""
+    m, k = x.shape
+    xg = x.float().view(m, k // group, group)
+    scale = (xg.abs().amax(dim=-1) / FP8_MAX).clamp(min=1e-10)
+    q = (xg / scale[..., None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return q.view(m, k), scale
+
+
+def per_block_quant_fp8(w: torch.Tensor, block: int = 128):
+    """w [N, K] (or [E, N, K]) -> (q e4m3, scale fp32 [ceil(N / block), K / block]); N may
+    end in a partial block (e.g. DeepSeek-V3's fused q_a/kv_a projection, N = 2112)."""
+    *outer, n, k = w.shape
+    nb = -(-n // block)
+    wp = torch.zeros(*outer, nb * block, k, dtype=torch.float32, device=w.device)
+    wp[..., :n, :] = w.float()
+    wb = wp.view(*outer, nb, block, k // block, block)
+    scale = (wb.abs().amax(dim=(-3, -1)) / FP8_MAX).clamp(min=1e-10)
+    q = (wb / scale[..., :, None, :, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return q.view(*outer, nb * block, k)[..., :n, :].contiguous(), scale
+
+
+def fp8_block_dequant(q: torch.Tensor, scale: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """fp32 q * scale, the scale broadcast over blocks of rows x cols (the last two axes)."""
+    s = scale.repeat_interleave(rows, dim=-2)[..., : q.shape[-2], :]
+    s = s.repeat_interleave(cols, dim=-1)[..., : q.shape[-1]]
+    return q.float() * s
+
+
+def fp8_gemm_reference(a, a_scale, b, b_scale, block: int = 128) -> torch.Tensor:
+    """fp64 (A * sa) @ (B * sb)^T for the dense layout; returned as fp32."""
+    da = fp8_block_dequant(a, a_scale, 1, block).double()
+    db = fp8_block_dequant(b, b_scale, block, block).double()
+    return (da @ db.T).float()
+
+
+def fp8_grouped_gemm_reference(a, a_scale, b, b_scale, m_indices, block: int = 128) -> torch.Tensor:
+    """Row m times expert m_indices[m]; rows with index -1 are NaN (no defined output)."""
+    out = torch.full((a.shape[0], b.shape[1]), float("nan"), dtype=torch.float32, device=a.device)
+    for e in range(b.shape[0]):
+        rows = (m_indices == e).nonzero()[:, 0]
+        if len(rows):
+            out[rows] = fp8_gemm_reference(a[rows], a_scale[rows], b[e], b_scale[e], block)
+    return out

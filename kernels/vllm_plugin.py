@@ -6,8 +6,20 @@
 - on CUDA, points vLLM 0.32's ``GroupedTopKRouter`` (which calls the module function
   ``grouped_topk`` rather than the ``GroupedTopk`` op) at the same kernel;
 - registers the quantization config ``dsvolc_awq`` (``--quantization dsvolc_awq``) that
-  runs AutoAWQ checkpoints' linear layers through ``kernels.w4a16_gemm`` on CUDA.
+  runs AutoAWQ checkpoints' linear layers through ``kernels.w4a16_gemm`` on CUDA;
+- with ``DSVOLC_FP8_GEMM=1`` (off by default: it lost the FP8 race), puts
+  ``kernels.fp8_gemm`` first among vLLM's block-FP8 linear kernels (DeepSeek-V3/R1 FP8
+  checkpoints' dense layers; the MoE experts keep vLLM's fused-MoE path).
 On any other platform every replacement defers to vLLM's own native path.
+
+The router replacement runs only where it beat vLLM's own path (``use_triton_router``).
+vLLM routes layouts with a correction bias (V3/R1) through its fused CUDA kernel; calls
+with fewer than ROUTER_MIN_TOKENS tokens keep that kernel. The H200 race
+(kernels/bench/results/2026-11-30_h200_race3*, DeepSeek-V3 layout, CUDA graphs) found the
+Triton kernel faster at every size from 1 to 32768 tokens (2.24 vs 2.94 us at 1 token,
+8.93 vs 24.02 at 8192), so the threshold is 0; ``DSVOLC_ROUTER_MIN_TOKENS`` moves it.
+Layouts without a bias (V2) take vLLM's PyTorch path, which the Triton kernel beats at
+every size.
 
 ``DSVOLC_KERNELS=0`` (also ``false``/``off``/``no``) makes ``register()`` do nothing.
 
@@ -36,8 +48,52 @@ QUANT_NAME = "dsvolc_awq"
 KERNEL_DEVICES = {"cuda"}
 
 
+ENV_FP8 = "DSVOLC_FP8_GEMM"
+ENV_ROUTER_MIN_TOKENS = "DSVOLC_ROUTER_MIN_TOKENS"
+# Smallest token count per call at which the Triton router replaces vLLM's fused CUDA
+# kernel (layouts with a correction bias): the smallest count from which the Triton kernel
+# won every size of the H200 race (kernels/bench/results/2026-11-30_h200_race3.json; it
+# won all of 1..32768, so 0). tests/kernels/test_plugin_dispatch.py ties the two together.
+ROUTER_MIN_TOKENS = 0
+_OFF = ("0", "false", "off", "no")
+_ON = ("1", "true", "on", "yes")
+
+
 def enabled() -> bool:
-    return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "false", "off", "no")
+    return os.environ.get(ENV_SWITCH, "1").strip().lower() not in _OFF
+
+
+def fp8_gemm_enabled() -> bool:
+    """Opt-in: in the H200 race (2026-11-30_h200_race2) the Triton GEMM was slower than
+    cuBLASLt's block-scaled FP8 GEMM at every shape with M >= 1024 (1.2-1.8x its time), and vLLM's
+    own Hopper paths (DeepGEMM, CUTLASS) are at least that fast."""
+    v = os.environ.get(ENV_FP8, "0").strip().lower()
+    if v not in _OFF + _ON:
+        raise ValueError(f"{ENV_FP8}={v!r}: expected one of {', '.join(_ON + _OFF)}")
+    return v in _ON
+
+
+def router_min_tokens() -> int:
+    v = os.environ.get(ENV_ROUTER_MIN_TOKENS)
+    if v is None or not v.strip():
+        return ROUTER_MIN_TOKENS
+    try:
+        n = int(v)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise ValueError(f"{ENV_ROUTER_MIN_TOKENS}={v!r}: expected a token count >= 0 (0: always the Triton router)")
+    return n
+
+
+def use_triton_router(num_tokens: int, has_bias: bool, vllm_fused: bool) -> bool:
+    """Whether one call runs the Triton router or vLLM's own path. vLLM's own path is its
+    fused CUDA kernel when the layout has a correction bias and vLLM's fused kernel is on
+    (``vllm_fused``); otherwise it is a PyTorch graph that the Triton kernel beats at every
+    size. Against the CUDA kernel, the Triton one runs from ``router_min_tokens()`` up."""
+    if not (has_bias and vllm_fused):
+        return True
+    return num_tokens >= router_min_tokens()
 
 
 def mla_enabled() -> bool:
@@ -85,7 +141,9 @@ def _triton_grouped_topk(
 
     n_group = max(1, num_expert_group)
     tg = max(1, topk_group) if num_expert_group else 1
-    if not _router_ok(gating_output, n_group, tg, topk, scoring_func):
+    if not _router_ok(gating_output, n_group, tg, topk, scoring_func) or not use_triton_router(
+        gating_output.shape[0], e_score_correction_bias is not None, _vllm_fused_router(num_expert_group, topk)
+    ):
         return _NATIVE_GROUPED_TOPK(
             hidden_states, gating_output, topk, renormalize, num_expert_group, topk_group,
             scoring_func, routed_scaling_factor, e_score_correction_bias,
@@ -98,6 +156,14 @@ def _triton_grouped_topk(
 
 
 _NATIVE_GROUPED_TOPK = None
+
+
+def _vllm_fused_router(num_expert_group: int, topk: int) -> bool:
+    """vLLM 0.32's condition for its fused CUDA grouped_topk (grouped_topk_router.py),
+    less the bias, which the caller checks."""
+    import vllm.envs as envs
+
+    return bool(envs.VLLM_USE_FUSED_MOE_GROUPED_TOPK) and num_expert_group <= 32 and topk <= 32
 
 
 def _make_grouped_topk_cls():
@@ -168,6 +234,59 @@ def _make_quant_classes():
     return DsvolcAWQConfig, DsvolcAWQLinearMethod
 
 
+def _make_fp8_kernel_cls():
+    from vllm.model_executor.kernels.linear.scaled_mm.BlockScaledMMLinearKernel import (
+        Fp8BlockScaledMMLinearKernel,
+    )
+    from vllm.model_executor.layers.quantization.utils.quant_utils import GroupShape
+    from vllm.platforms import current_platform
+
+    class DsvolcFp8BlockScaledMMKernel(Fp8BlockScaledMMLinearKernel):
+        """DeepSeek-V3/R1 block-FP8 linear layers (128 x 128 weight blocks, activations
+        quantised per token and group of 128 by vLLM's QuantFP8) through kernels.fp8_gemm."""
+
+        @classmethod
+        def is_supported(cls, compute_capability=None):
+            if not current_platform.is_cuda():
+                return False, "the Triton FP8 GEMM runs on CUDA only"
+            cc = compute_capability
+            if cc is None:
+                cap = current_platform.get_device_capability()
+                cc = None if cap is None else cap.to_int()
+            if cc is not None and cc < 89:
+                return False, f"fp8 tensor cores need compute capability >= 8.9, got {cc}"
+            return True, None
+
+        @classmethod
+        def can_implement(cls, config):
+            ok, reason = super().can_implement(config)
+            if not ok:
+                return ok, reason
+            if config.activation_quant_key.scale.group_shape != GroupShape(1, 128):
+                return False, "needs activations quantised per token and group of 128"
+            if config.weight_quant_key.scale.group_shape != GroupShape(128, 128):
+                return False, "needs 128 x 128 weight blocks"
+            return True, None
+
+        def apply_block_scaled_mm(self, A, B, As, Bs):
+            from kernels.fp8_gemm import fp8_gemm
+
+            return fp8_gemm(A, As, B, Bs if Bs.dtype == torch.float32 else Bs.float(), out_dtype=self.config.out_dtype)
+
+    return DsvolcFp8BlockScaledMMKernel
+
+
+def _register_fp8_gemm() -> bool:
+    from vllm.model_executor.kernels.linear import _POSSIBLE_FP8_BLOCK_KERNELS
+    from vllm.platforms import PlatformEnum
+
+    kernels = _POSSIBLE_FP8_BLOCK_KERNELS[PlatformEnum.CUDA]
+    if any(k.__name__ == "DsvolcFp8BlockScaledMMKernel" for k in kernels):
+        return False
+    kernels.insert(0, _make_fp8_kernel_cls())  # first choice wherever it can implement the layer
+    return True
+
+
 def register() -> None:
     """Entry point. Idempotent: vLLM may load general plugins more than once a process."""
     global _NATIVE_GROUPED_TOPK
@@ -201,5 +320,12 @@ def register() -> None:
     mla = mla_enabled()
     if mla:
         _register_mla()
-    logger.info("deepseek-volc kernels registered in pid %d (GroupedTopk, %s%s)", os.getpid(), QUANT_NAME,
-                ", MLA attention backends in the CUSTOM slots" if mla else "")
+    fp8 = fp8_gemm_enabled()
+    if fp8:
+        _register_fp8_gemm()
+
+    logger.info(
+        "deepseek-volc kernels registered in pid %d (GroupedTopk from %d tokens with a bias, %s%s%s)",
+        os.getpid(), router_min_tokens(), QUANT_NAME, ", FP8 block GEMM" if fp8 else "",
+        ", MLA attention backends in the CUSTOM slots" if mla else "",
+    )

@@ -419,6 +419,22 @@ class EngineSettings(_Model):
     kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = Field("auto", description="KV cache dtype")
     extra_args: list[str] = Field(default_factory=list, description="extra vLLM arguments passed through verbatim")
     kernels: bool = Field(True, description="install the deepseek-volc Triton kernels plugin in vLLM")
+    awq_kernel: Literal["vllm", "dsvolc"] = Field(
+        "vllm",
+        description="linear layers of an AWQ checkpoint: vLLM's own kernels, or the plugin's Triton W4A16 "
+        "(--quantization dsvolc_awq; needs quantization awq and kernels on)",
+    )
+
+    @model_validator(mode="after")
+    def _awq_kernel(self):
+        if self.awq_kernel == "dsvolc":
+            if self.quantization != "awq":
+                raise ValueError(
+                    f"awq_kernel: 'dsvolc' runs AWQ checkpoints; expected quantization: awq, got {self.quantization!r}"
+                )
+            if not self.kernels:
+                raise ValueError("awq_kernel: 'dsvolc' needs kernels: true (the plugin registers dsvolc_awq)")
+        return self
 
 
 class ImageSettings(_Model):

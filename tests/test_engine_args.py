@@ -57,6 +57,14 @@ def test_quantization_and_kv_cache_dtype():
     assert flag(args, "--quantization") == "awq"
 
 
+def test_awq_checkpoint_on_the_plugins_kernel():
+    raw = copy.deepcopy(read_raw("staging"))
+    raw["serving"]["engine"].update(quantization="awq", awq_kernel="dsvolc")
+    args = engine_args.render(engine_args.from_context(ctx_for("staging", raw), "/models"))
+    assert flag(args, "--quantization") == "dsvolc_awq"
+    assert args.count("--quantization") == 1
+
+
 def test_load_format_follows_the_weights_mode():
     staging = ctx_for("staging")  # stream
     dev = ctx_for("dev")  # sync

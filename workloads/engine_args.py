@@ -121,7 +121,8 @@ def from_context(ctx: ServingContext, model_path: str) -> EngineArgs:
         enable_prefix_caching=e.enable_prefix_caching,
         enable_chunked_prefill=e.enable_chunked_prefill,
         dtype=e.dtype,
-        quantization=e.quantization,
+        # the plugin's W4A16 kernel serves an AWQ checkpoint under its own method name
+        quantization="dsvolc_awq" if e.quantization == "awq" and e.awq_kernel == "dsvolc" else e.quantization,
         kv_cache_dtype=e.kv_cache_dtype,
         # runai_streamer reads safetensors straight from TOS's S3 endpoint into GPU memory
         load_format="runai_streamer" if stream else "safetensors",

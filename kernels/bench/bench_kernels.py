@@ -114,7 +114,7 @@ ROUTER_LAYOUTS = {
     "v2_lite": dict(e=64, g=1, tg=1, k=6, scoring="softmax", bias=False, renorm=False, scale=1.0),
 }
 ROUTER_T = [1, 16, 256, 4096, 8192, 32768]
-ROUTER_CFGS = [(1, 1), (2, 1), (2, 2), (4, 1), (4, 2), (4, 4), (8, 2), (8, 4), (16, 4)]
+ROUTER_CFGS = [(1, 1), (8, 1), (4, 4), (8, 2), (16, 4)]  # BLOCK_T = 2, and 4 on one warp, are refused on CUDA
 
 
 def tie_free(t, e, dtype):
@@ -126,19 +126,30 @@ def router_args(L, logits, bias):
     return (logits, L["k"], L["g"], L["tg"], L["scoring"], bias, L["renorm"], L["scale"])
 
 
-def check_router(log):
+ROUTER_BAD_CFGS: set = set()  # (BLOCK_T, num_warps) that failed check_router: never timed
+
+
+def check_router(log, ts=(1, 16, 257, 8192), cfg_ts=(257, 8192)):
     bad = 0
     bad_cfgs = []
     for name, L in ROUTER_LAYOUTS.items():
-        for t in [1, 16, 257, 8192]:
+        for t in ts:
             for dtype in (torch.bfloat16, torch.float32):
                 logits = tie_free(t, L["e"], dtype)
                 bias = torch.rand(L["e"], device=DEV) * 0.2 if L["bias"] else None
-                cfgs = [(None, None)] + (ROUTER_CFGS if t in (257, 8192) else [])
+                # every config on bf16 (the serving dtype), the default on fp32 too
+                cfgs = [(None, None, "two_pass"), (None, None, "full")] + (
+                    [(bt, nw, "two_pass") for bt, nw in ROUTER_CFGS] + [(4, 1, "full")]
+                    if t in cfg_ts and dtype == torch.bfloat16 else [])
                 rids, rw = grouped_topk_reference(*router_args(L, logits, bias))
                 si, ro = rids.long().sort(1)
-                for bt, nw in cfgs:
-                    ids, w = grouped_topk(*router_args(L, logits, bias), block_t=bt, num_warps=nw)
+                for bt, nw, method in cfgs:
+                    ids, w = grouped_topk(*router_args(L, logits, bias), block_t=bt, num_warps=nw, method=method)
+                    if not bool(((ids >= 0) & (ids < L["e"])).all()):
+                        bad += 1
+                        bad_cfgs.append((bt, nw))
+                        log(f"ROUTER MISMATCH {name} t={t} {dtype} cfg={bt, nw} {method}: expert ids out of range")
+                        continue
                     oi, oo = ids.long().sort(1)
                     diff = (oi != si).any(1)
                     wclose = torch.isclose(w.gather(1, oo), rw.gather(1, ro), rtol=1e-5, atol=1e-7).all(1)
@@ -150,7 +161,7 @@ def check_router(log):
                         b = s + bias if bias is not None else s
                         tok = diff.nonzero()[:, 0]
                         gap = (b[tok].gather(1, oi[tok]).sum(1) - b[tok].gather(1, si[tok]).sum(1)).abs()
-                        log(f"router {name} t={t} {dtype} cfg={bt, nw}: {len(tok)} tokens differ, "
+                        log(f"router {name} t={t} {dtype} cfg={bt, nw} {method}: {len(tok)} tokens differ, "
                             f"biased-score sum gap max {gap.max().item():.2e}")
                         # group-level near tie: topk_group-th vs next group score
                         if L["g"] > 1:
@@ -166,12 +177,13 @@ def check_router(log):
                     ok = near_tie and bool(wclose[~diff].all())
                     if not ok:
                         bad += 1
-                        log(f"ROUTER MISMATCH {name} t={t} {dtype} cfg={bt, nw}")
+                        log(f"ROUTER MISMATCH {name} t={t} {dtype} cfg={bt, nw} {method}")
                         bad_cfgs.append((bt, nw))
+    ROUTER_BAD_CFGS.update(bad_cfgs)
     log(f"router correctness: {'OK' if not bad else f'{bad} FAILED'}")
     if bad:
         failed = [ln for ln in bad_cfgs]
-        log(f"router configs that failed a check: {sorted(set(failed))}")
+        log(f"router configs that failed a check: {sorted(set(failed), key=str)}")
     return bad == 0
 
 
@@ -505,6 +517,477 @@ def v3_table(meta, w4):
             f"| {aw if aw is None else round(aw, 1)} | {best[1]} | {best[0]:.1f} |"
         )
     return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- FP8 block-scaled GEMM
+# DeepSeek-V3/R1 inference shapes, from DeepGEMM's README as of deepseek-ai/DeepGEMM@55ab91f
+# (2025-03-25), with its H800 SXM5 figures (TFLOP/s, speedup over DeepGEMM's CUTLASS 3.6
+# implementation) for comparison: dense (N, K) at M = 64, 128, 4096; grouped contiguous
+# (groups, M per group, N, K).
+FP8_DENSE = [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048)]
+FP8_MS = [64, 128, 1024, 4096]
+FP8_GROUPED = [(4, 8192, 4096, 7168), (4, 8192, 7168, 2048), (8, 4096, 4096, 7168), (8, 4096, 7168, 2048)]
+DEEPGEMM_H800 = {  # (M, N, K) or (groups, m, N, K) -> (TFLOP/s, x CUTLASS 3.6)
+    (64, 2112, 7168): (206, 2.7), (64, 24576, 1536): (289, 1.7), (64, 32768, 512): (219, 1.8),
+    (64, 7168, 16384): (336, 1.4), (64, 4096, 7168): (287, 1.4), (64, 7168, 2048): (295, 1.7),
+    (128, 2112, 7168): (352, 2.4), (128, 24576, 1536): (535, 1.6), (128, 32768, 512): (358, 1.5),
+    (128, 7168, 16384): (645, 1.4), (128, 4096, 7168): (533, 2.0), (128, 7168, 2048): (510, 1.7),
+    (4096, 2112, 7168): (1009, 1.1), (4096, 24576, 1536): (1125, 1.1), (4096, 32768, 512): (751, 1.1),
+    (4096, 7168, 16384): (1426, 1.3), (4096, 4096, 7168): (1265, 1.2), (4096, 7168, 2048): (1168, 1.2),
+    (4, 8192, 4096, 7168): (1346, 1.3), (4, 8192, 7168, 2048): (1214, 1.3),
+    (8, 4096, 4096, 7168): (1346, 1.3), (8, 4096, 7168, 2048): (1214, 1.2),
+}
+
+
+def fp8_candidates(m, n, k, sms):
+    """The shipped default first, then the first race's default (race1 timed five more
+    candidates per shape; pick_config's docstring says what they showed)."""
+    from kernels.fp8_gemm import pick_config as fp8_pick
+
+    c = {"default": fp8_pick(m, n, k, sms)}
+    if m >= 256:
+        c["race1_bm128_bn128_w8_st4"] = dict(BLOCK_M=128, BLOCK_N=128, SPLIT_K=1, GROUP_M=8, num_warps=8, num_stages=4)
+    else:
+        tiles = triton.cdiv(m, 64) * triton.cdiv(n, 128)
+        split = max(1, min(k // 128 // 4, triton.cdiv(sms, tiles)))
+        c["race1_bm64_split"] = dict(BLOCK_M=64, BLOCK_N=128, SPLIT_K=split, GROUP_M=8, num_warps=4, num_stages=4)
+    return _dedupe(c)
+
+
+def fp8_scaled_mm_blockwise(qa, sa, qw, sw):
+    """torch._scaled_mm with DeepSeek's block scaling (BlockWise1x128 activations,
+    BlockWise128x128 weights; cuBLASLt on CUDA 12.9+). Returns (callable, layout) for the
+    first scale layout the build accepts, or (None, reason)."""
+    errs = []
+    for sa_name, sa_v in (("sa_colmajor", sa.t().contiguous().t()), ("sa_rowmajor", sa.contiguous())):
+        for sb_name, sb_v in (("sb_t_rowmajor", sw.t().contiguous()), ("sb_t_colmajor", sw.t())):
+            try:
+                fn = lambda sa_v=sa_v, sb_v=sb_v: torch._scaled_mm(qa, qw.t(), scale_a=sa_v, scale_b=sb_v, out_dtype=torch.bfloat16)  # noqa: E731
+                fn()
+                return fn, f"{sa_name}/{sb_name}"
+            except Exception as ex:  # noqa: BLE001 - a layout this build refuses is a result
+                errs.append(f"{sa_name}/{sb_name}: {type(ex).__name__}: {str(ex)[:120]}")
+    return None, " | ".join(errs)
+
+
+def fp8_ceiling(log):
+    """FP8 tensor-core ceiling: torch._scaled_mm (cuBLASLt) on 8192^3 random e4m3 with
+    per-tensor scales, with and without fast accumulation; the larger is the ceiling."""
+    n = 8192
+    a = (torch.randn(n, n, device=DEV) * 0.5).to(torch.float8_e4m3fn)
+    b = (torch.randn(n, n, device=DEV) * 0.5).to(torch.float8_e4m3fn)
+    one = torch.ones((), device=DEV)
+    res = {}
+    for fast in (False, True):
+        t = bench_us(lambda: torch._scaled_mm(a, b.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16,
+                                              use_fast_accum=fast))
+        res["fast_accum" if fast else "plain"] = 2 * n**3 / t / 1e6
+    log(f"fp8 ceiling (_scaled_mm 8192^3 per-tensor): {json.dumps({k: round(v) for k, v in res.items()})} TFLOP/s")
+    return max(res.values()), res
+
+
+def _fp8_ok(y, ref):
+    err = (y.float() - ref).abs()
+    rel = ((y.float() - ref).norm() / ref.norm()).item()
+    elem = bool((err <= 2.0**-7 * ref.abs() + 2e-3 * ref.abs().max()).all()) and bool(torch.isfinite(y).all())
+    return rel, elem and rel < 1e-2
+
+
+def run_fp8(copy_gbs, mm_tflops, fp8_tflops, log, rows, grows, on_shape, dense=FP8_DENSE, ms=FP8_MS,
+            grouped=FP8_GROUPED, smoke=False):
+    """Dense then grouped; every candidate is checked against the fp32 reference of the
+    dequantised operands (TF32 off) before it is timed."""
+    from kernels.fp8_gemm import GROUPED_M_ALIGN, fp8_gemm, fp8_grouped_gemm
+    from kernels.reference import fp8_block_dequant, per_block_quant_fp8, per_token_group_quant_fp8
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    sms = 132 if smoke else torch.cuda.get_device_properties(0).multi_processor_count
+    timer = TIMER["bench"]
+    all_ok = True
+    for n, k in dense:
+        w = torch.randn(n, k, device=DEV) * 0.02
+        qw, sw = per_block_quant_fp8(w)
+        dw = fp8_block_dequant(qw, sw, 128, 128)
+        wb = dw.to(torch.bfloat16)
+        del w
+        for m in ms:
+            a = torch.randn(m, k, device=DEV)
+            qa, sa = per_token_group_quant_fp8(a)
+            ab = fp8_block_dequant(qa, sa, 1, 128)
+            ref = ab @ dw.t()
+            ab = ab.to(torch.bfloat16)
+            flop = 2 * m * n * k
+            r = dict(M=m, N=n, K=k, deepgemm_h800=DEEPGEMM_H800.get((m, n, k)))
+            r["cublas_bf16_us"] = timer([lambda: F.linear(ab, wb)])
+            if not smoke:
+                one = torch.ones((), device=DEV)
+                r["scaled_mm_tensorwise_us"] = timer([lambda: torch._scaled_mm(qa, qw.t(), scale_a=one, scale_b=one,
+                                                                               out_dtype=torch.bfloat16)])
+                fn, layout = fp8_scaled_mm_blockwise(qa, sa, qw, sw)
+                r["scaled_mm_blockwise_layout"] = layout
+                if fn is not None:
+                    rel, ok = _fp8_ok(fn(), ref)
+                    r["scaled_mm_blockwise_rel_err"] = rel
+                    if ok:
+                        r["scaled_mm_blockwise_us"] = timer([fn])
+            r["sweep"] = {}
+            for name, c in fp8_candidates(m, n, k, sms).items():
+                try:
+                    y = fp8_gemm(qa, sa, qw, sw, config=c)
+                    rel, ok = _fp8_ok(y, ref)
+                    if not ok:
+                        all_ok = False
+                        log(f"FP8 MISMATCH M={m} N={n} K={k} {name}: rel {rel:.2e}")
+                        r["sweep"][name] = dict(error=f"mismatch rel {rel:.2e}", cfg=c)
+                        continue
+                    t = timer([lambda c=c: fp8_gemm(qa, sa, qw, sw, config=c)])
+                    r["sweep"][name] = dict(us=t, rel_err=rel, tflops=flop / t / 1e6, cfg=c)
+                except Exception as ex:  # noqa: BLE001 - a config that fails to build is a result
+                    r["sweep"][name] = dict(error=f"{type(ex).__name__}: {str(ex)[:160]}", cfg=c)
+                    log(f"FP8 ERROR M={m} N={n} K={k} {name}: {r['sweep'][name]['error']}")
+            if m >= 4096 and not smoke:
+                # diagnostic: the same tiles with no scales and no promotion (one fp8
+                # accumulation over K; wrong numerics, timed only): what the promotion costs
+                c = dict(fp8_candidates(m, n, k, sms)["default"], PROMOTE=False)
+                r["no_promote_us"] = timer([lambda c=c: fp8_gemm(qa, sa, qw, sw, config=c)])
+            d = r["sweep"].get("default", {})
+            r["ours_us"] = d.get("us", float("nan"))
+            r["rel_err"] = d.get("rel_err", float("nan"))
+            ok_items = [(v["us"], kk) for kk, v in r["sweep"].items() if "us" in v]
+            r["best"] = min(ok_items) if ok_items else None
+            r["tflops"] = flop / r["ours_us"] / 1e6
+            r["x_cublas_bf16"] = r["cublas_bf16_us"] / r["ours_us"]
+            r["frac_fp8_ceiling"] = r["tflops"] / fp8_tflops
+            for key in ("scaled_mm_blockwise_us", "scaled_mm_tensorwise_us"):
+                if key in r:
+                    r[key.replace("_us", "_tflops")] = flop / r[key] / 1e6
+            rows.append(r)
+            log(f"fp8 M={m} N={n} K={k}: ours {r['ours_us']:.1f} us {r['tflops']:.0f} TF/s "
+                f"({r['frac_fp8_ceiling']:.0%} of fp8 ceiling, {r['x_cublas_bf16']:.2f}x bf16) bf16 {r['cublas_bf16_us']:.1f} "
+                f"blockwise _scaled_mm {r.get('scaled_mm_blockwise_us', float('nan')):.1f} "
+                f"tensorwise {r.get('scaled_mm_tensorwise_us', float('nan')):.1f} no-promote {r.get('no_promote_us', float('nan')):.1f} best {r['best']}; "
+                + json.dumps({kk: (round(v["us"], 1) if "us" in v else "ERR") for kk, v in r["sweep"].items()}))
+        del qw, sw, dw, wb
+        if not smoke:
+            torch.cuda.empty_cache()
+        on_shape()
+    for e, mper, n, k in grouped:
+        w = torch.randn(e, n, k, device=DEV) * 0.02
+        qw, sw = per_block_quant_fp8(w)
+        del w
+        mt = e * mper
+        assert mper % GROUPED_M_ALIGN == 0
+        mi = torch.arange(e, device=DEV, dtype=torch.int32).repeat_interleave(mper)
+        a = torch.randn(mt, k, device=DEV)
+        qa, sa = per_token_group_quant_fp8(a)
+        flop = 2 * mt * n * k
+        r = dict(groups=e, m_per_group=mper, N=n, K=k, deepgemm_h800=DEEPGEMM_H800.get((e, mper, n, k)))
+        ref = torch.empty(mt, n, device=DEV)
+        for x in range(e):
+            rs = slice(x * mper, (x + 1) * mper)
+            ref[rs] = fp8_block_dequant(qa[rs], sa[rs], 1, 128) @ fp8_block_dequant(qw[x], sw[x], 128, 128).t()
+        ab = fp8_block_dequant(qa, sa, 1, 128).to(torch.bfloat16)
+        wb = fp8_block_dequant(qw[0], sw[0], 128, 128).to(torch.bfloat16)
+        r["cublas_bf16_dense_equiv_us"] = timer([lambda: F.linear(ab, wb)])  # same FLOPs, one weight
+        if not smoke and hasattr(torch, "_grouped_mm"):
+            try:
+                wball = torch.stack([fp8_block_dequant(qw[x], sw[x], 128, 128) for x in range(e)]).to(torch.bfloat16)
+                offs = torch.arange(1, e + 1, device=DEV, dtype=torch.int32) * mper
+                gm = lambda: torch._grouped_mm(ab, wball.transpose(-2, -1), offs=offs, out_dtype=torch.bfloat16)  # noqa: E731
+                rel, ok = _fp8_ok(gm(), ref)
+                r["torch_grouped_mm_bf16_rel_err"] = rel
+                r["torch_grouped_mm_bf16_us"] = timer([gm])
+                del wball
+            except Exception as ex:  # noqa: BLE001
+                r["torch_grouped_mm_bf16"] = f"{type(ex).__name__}: {str(ex)[:120]}"
+        r["sweep"] = {}
+        cands = {"default": None,
+                 "race1_bm128_bn128_w8_st4": dict(BLOCK_M=128, BLOCK_N=128, SPLIT_K=1, GROUP_M=8, num_warps=8, num_stages=4)}
+        for name, c in cands.items():
+            try:
+                y = fp8_grouped_gemm(qa, sa, qw, sw, mi, config=c)
+                rel, ok = _fp8_ok(y, ref)
+                if not ok:
+                    all_ok = False
+                    log(f"FP8 GROUPED MISMATCH {e}x{mper} N={n} K={k} {name}: rel {rel:.2e}")
+                    r["sweep"][name] = dict(error=f"mismatch rel {rel:.2e}")
+                    continue
+                t = timer([lambda c=c: fp8_grouped_gemm(qa, sa, qw, sw, mi, config=c)])
+                r["sweep"][name] = dict(us=t, rel_err=rel, tflops=flop / t / 1e6, cfg=c)
+            except Exception as ex:  # noqa: BLE001
+                r["sweep"][name] = dict(error=f"{type(ex).__name__}: {str(ex)[:160]}")
+                log(f"FP8 GROUPED ERROR {e}x{mper} {name}: {r['sweep'][name]['error']}")
+        d = r["sweep"].get("default", {})
+        r["ours_us"] = d.get("us", float("nan"))
+        r["tflops"] = flop / r["ours_us"] / 1e6
+        r["x_cublas_bf16"] = r["cublas_bf16_dense_equiv_us"] / r["ours_us"]
+        r["frac_fp8_ceiling"] = r["tflops"] / fp8_tflops
+        grows.append(r)
+        log(f"fp8 grouped {e}x{mper} N={n} K={k}: ours {r['ours_us']:.0f} us {r['tflops']:.0f} TF/s "
+            f"({r['frac_fp8_ceiling']:.0%} of ceiling, {r['x_cublas_bf16']:.2f}x bf16 dense-equiv) "
+            f"torch._grouped_mm bf16 {r.get('torch_grouped_mm_bf16_us', float('nan')):.0f} us; "
+            + json.dumps({kk: (round(v["us"], 1) if "us" in v else "ERR") for kk, v in r["sweep"].items()}))
+        del qw, sw, qa, sa, ref, ab, wb
+        if not smoke:
+            torch.cuda.empty_cache()
+        on_shape()
+    return all_ok
+
+
+# ----------------------------------------------------------------------------- router race
+ROUTER_RACE_T = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768]
+ROUTER_RACE_CFGS = ROUTER_CFGS
+
+
+def load_peer_router(log):
+    """vLLM's CUDA grouped_topk, built on the benchmark machine from vLLM's source (never
+    committed) into a library named by $DSVOLC_PEER_TOPK_SO, registering
+    torch.ops.dsvolc_peer.grouped_topk with vLLM's schema (scores, n_group, topk_group,
+    topk, renormalize, routed_scaling_factor, bias, scoring_func) -> (weights, ids)."""
+    so = os.environ.get("DSVOLC_PEER_TOPK_SO")
+    if not so:
+        log("vLLM grouped_topk peer: DSVOLC_PEER_TOPK_SO not set, raced without it")
+        return None
+    done = os.path.join(os.path.dirname(so), "DONE")
+    import time as _time
+    t0 = _time.time()
+    while not os.path.exists(done) and _time.time() - t0 < 240:  # built in the background
+        _time.sleep(2)
+    if not os.path.exists(so):
+        log(f"vLLM grouped_topk peer: {so} was not built")
+        return None
+    torch.ops.load_library(so)
+    return torch.ops.dsvolc_peer.grouped_topk
+
+
+def check_router_peer(peer, log):
+    """vLLM's kernel against the same fp32 reference, V3 layout (the layout it serves)."""
+    L = ROUTER_LAYOUTS["v3"]
+    ok = True
+    for t in (1, 16, 257, 8192):
+        logits = tie_free(t, L["e"], torch.bfloat16)
+        bias = torch.rand(L["e"], device=DEV) * 0.2
+        rids, rw = grouped_topk_reference(*router_args(L, logits, bias))
+        w, ids = peer(logits, L["g"], L["tg"], L["k"], L["renorm"], L["scale"], bias, 1)
+        oi, oo = ids.long().sort(1)
+        si, ro = rids.long().sort(1)
+        same = bool((oi == si).all())
+        werr = (w.gather(1, oo) - rw.gather(1, ro)).abs().max().item()
+        mine, _ = grouped_topk(*router_args(L, logits, bias))
+        agree = bool((mine.long().sort(1)[0] == oi).all())
+        log(f"vLLM grouped_topk t={t}: ids {'match' if same else 'DIFFER'} the reference, max weight err {werr:.1e}; "
+            f"ours and vLLM's ids {'agree' if agree else 'DIFFER'}")
+        ok &= same and werr < 1e-4
+    return ok
+
+
+def run_router_race(peer, log, ts=ROUTER_RACE_T, smoke=False):
+    L = ROUTER_LAYOUTS["v3"]
+    rows = []
+    timer = TIMER["graph"]
+    for t in ts:
+        n = 1 if smoke else copies_for(t * L["e"] * 2)
+        xs = [tie_free(t, L["e"], torch.bfloat16) for _ in range(n)]
+        bias = torch.rand(L["e"], device=DEV) * 0.2
+        r = dict(tokens=t, cfg=list(_pick_block(t)))
+        r["ours_us"] = timer([lambda x=x: grouped_topk(*router_args(L, x, bias)) for x in xs])
+        prev = dict(block_t=1, num_warps=1) if t <= 512 else dict(block_t=4, num_warps=1)  # its own defaults
+        r["ours_full_us"] = timer([lambda x=x: grouped_topk(*router_args(L, x, bias), method="full", **prev) for x in xs])
+        if peer is not None:
+            r["vllm_us"] = timer([lambda x=x: peer(x, L["g"], L["tg"], L["k"], L["renorm"], L["scale"], bias, 1)
+                                  for x in xs])
+        r["sweep"] = {}
+        if t >= 256:
+            for bt, nw in [c for c in ROUTER_RACE_CFGS if c not in ROUTER_BAD_CFGS]:
+                fns = [lambda x=x, bt=bt, nw=nw: grouped_topk(*router_args(L, x, bias), block_t=bt, num_warps=nw)
+                       for x in xs]
+                r["sweep"][f"{bt}x{nw}"] = timer(fns)
+        rows.append(r)
+        log(f"router race t={t}: ours {r['ours_us']:.2f} us (previous kernel {r['ours_full_us']:.2f}) "
+            f"vLLM {r.get('vllm_us', float('nan')):.2f}"
+            + (f"; sweep {json.dumps({k: round(v, 2) for k, v in r['sweep'].items()})}" if r["sweep"] else ""))
+    return rows
+
+
+# ----------------------------------------------------------------------------- W4A16 race
+W4_RACE_MS = [1, 2, 4, 8, 16, 32, 64, 256]
+GEMLITE_SHAPES = [(8192, 28672), (7168, 18432)]  # (K, N); gemlite autotunes per shape (N, K are its constexprs)
+
+
+def awq_to_tinygemm(qweight, qzeros, scales):
+    """AutoAWQ tensors -> torch's int4 tinygemm operands. tinygemm dequantises
+    (q - 8) * scale + zero per group, so zero = (8 - z) * s reproduces (q - z) * s
+    (scale and zero are stored in bf16)."""
+    from kernels.reference import awq_unpack
+
+    q = awq_unpack(qweight).t().contiguous()  # [N, K]
+    packed = torch._convert_weight_to_int4pack((q[:, ::2] << 4 | q[:, 1::2]).to(torch.uint8), 8)
+    s = scales.float()
+    z = awq_unpack(qzeros).float()
+    sz = torch.stack([s, (8 - z) * s], dim=-1).to(torch.bfloat16).contiguous()  # [K/G, N, 2]
+    return packed, sz
+
+
+def gemlite_layer(qweight, qzeros, scales):
+    """gemlite's A16W4 layer (group 128, bf16) holding the same weights: gemlite
+    dequantises (W_q - zeros) * scales, AutoAWQ's formula."""
+    from gemlite import DType, GemLiteLinearTriton
+
+    from kernels.reference import awq_unpack
+
+    q = awq_unpack(qweight).t().contiguous()  # [N, K]
+    n, k = q.shape
+    layer = GemLiteLinearTriton(W_nbits=4, group_size=128, in_features=k, out_features=n,
+                                input_dtype=DType.BF16, output_dtype=DType.BF16)
+    z = awq_unpack(qzeros).float().t().contiguous()  # [N, K/G]
+    layer.pack(q.to(torch.uint8), scales.t().contiguous().to(torch.bfloat16), z.to(torch.bfloat16), bias=None)
+    return layer
+
+
+def run_w4a16_race(copy_gbs, log, rows, on_shape, shapes=SHAPES, ms=W4_RACE_MS, smoke=False, use_gemlite=True,
+                   gemlite_deadline=float("inf")):
+    """gemlite autotunes every new shape (its N and K are compile-time constants), which
+    takes about a minute a shape here: it is raced on GEMLITE_SHAPES, and a shape is not
+    started after `gemlite_deadline` (time.time()) so the run ends inside the lease."""
+    import time as _time
+
+    sms = 132 if smoke else torch.cuda.get_device_properties(0).multi_processor_count
+    all_ok = True
+    try:
+        import gemlite  # noqa: F401
+        gl_version = gemlite.__version__
+    except Exception as ex:  # noqa: BLE001
+        gl_version = None
+        log(f"gemlite not importable ({type(ex).__name__}: {ex}): raced without it")
+    for k, n in shapes:
+        wbytes = k * n // 2 + (k // 128) * n * 2 + (k // 128) * n // 2
+        nw = 1 if smoke else copies_for(wbytes)
+        ws = [make_weights(k, n, 17 + i) for i in range(nw)]
+        deq0 = awq_dequantize(*ws[0])
+        dense = [awq_dequantize(*w).to(torch.bfloat16).t().contiguous() for w in ws[: 1 if smoke else copies_for(2 * k * n)]]
+        tg, tg_err = None, None
+        try:
+            tg = [awq_to_tinygemm(*w) for w in ws]
+        except Exception as ex:  # noqa: BLE001
+            tg_err = f"{type(ex).__name__}: {str(ex)[:160]}"
+            log(f"tinygemm pack failed on {k}x{n}: {tg_err}")
+        gl, gl_err = None, None
+        if gl_version and use_gemlite and _time.time() > gemlite_deadline:
+            log(f"gemlite skipped on {k}x{n}: past the run's deadline")
+        elif gl_version and use_gemlite and (k, n) in GEMLITE_SHAPES + [(k, n)] * smoke:
+            try:
+                gl = [gemlite_layer(*w) for w in ws]
+            except Exception as ex:  # noqa: BLE001
+                gl_err = f"{type(ex).__name__}: {str(ex)[:160]}"
+                log(f"gemlite pack failed on {k}x{n}: {gl_err}")
+        for m in ms:
+            x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16)
+            ref = x.float() @ deq0
+            graph = m <= 16
+            timer = TIMER["graph"] if graph else TIMER["bench"]
+            r = dict(K=k, N=n, M=m, timing="graph" if graph else "do_bench", cfg=pick_config(m, n, k, sms))
+            r["roofline_us"] = wbytes / copy_gbs / 1e3
+
+            def race(name, fn, calls):
+                nonlocal all_ok
+                try:
+                    y = fn()
+                    e = ((y.float() - ref).norm() / ref.norm()).item()
+                    r[name + "_rel_err"] = e
+                    if not e < 1e-2:
+                        log(f"W4A16 race MISMATCH {k}x{n} m={m} {name}: rel err {e:.2e}")
+                        if name == "ours":
+                            all_ok = False
+                        return
+                    r[name + "_us"] = timer(calls)
+                except Exception as ex:  # noqa: BLE001
+                    r[name + "_error"] = f"{type(ex).__name__}: {str(ex)[:160]}"
+                    log(f"W4A16 race ERROR {k}x{n} m={m} {name}: {r[name + '_error']}")
+
+            race("ours", lambda: w4a16_gemm(x, *ws[0]), [lambda w=w: w4a16_gemm(x, *w) for w in ws])
+            r["cublas_bf16_us"] = timer([lambda d=d: F.linear(x, d) for d in dense])
+            if tg is not None:
+                race("tinygemm", lambda: torch._weight_int4pack_mm(x, tg[0][0], 128, tg[0][1]),
+                     [lambda p=p: torch._weight_int4pack_mm(x, p[0], 128, p[1]) for p in tg])
+            elif tg_err:
+                r["tinygemm_error"] = tg_err
+            if gl is not None:
+                race("gemlite", lambda: gl[0](x), [lambda g=g: g(x) for g in gl])
+            elif gl_err:
+                r["gemlite_error"] = gl_err
+            for name in ("ours", "tinygemm", "gemlite"):
+                if name + "_us" in r:
+                    r[name + "_frac_roofline"] = r["roofline_us"] / r[name + "_us"]
+                    r[name + "_x_cublas"] = r["cublas_bf16_us"] / r[name + "_us"]
+            rows.append(r)
+            log(f"w4a16 race K={k} N={n} M={m}: ours {r.get('ours_us', float('nan')):.1f} us "
+                f"({r.get('ours_frac_roofline', float('nan')):.0%} of roofline) cuBLAS {r['cublas_bf16_us']:.1f} "
+                f"tinygemm {r.get('tinygemm_us', float('nan')):.1f} gemlite {r.get('gemlite_us', float('nan')):.1f}")
+        del ws, dense, deq0, tg, gl
+        if not smoke:
+            torch.cuda.empty_cache()
+        on_shape()
+    return all_ok, gl_version
+
+
+def race_table(meta, fp8, fp8g, router, w4):
+    c = meta["copy_gbs"]
+    f8 = meta.get("fp8_tflops", float("nan"))
+    L = [
+        f"GPU {meta['gpu']}, torch {meta['torch']}, triton {meta['triton']}, {meta['date']}; measured ceilings: "
+        f"copy {c:.0f} GB/s, bf16 matmul {meta['mm_tflops']:.0f} TFLOP/s, fp8 matmul {f8:.0f} TFLOP/s "
+        f"(torch._scaled_mm per-tensor, 8192^3).",
+        "",
+    ]
+    if fp8:
+        L += ["FP8 block-scaled GEMM, dense (bf16 out; do_bench medians, L2 flushed). DeepGEMM = its README's H800 figure.",
+              "",
+              "| M | N | K | ours us | ours TFLOP/s | of fp8 ceiling | x bf16 cuBLAS | _scaled_mm blockwise us | _scaled_mm per-tensor us | bf16 cuBLAS us | ours without promotion us | best candidate | best us | DeepGEMM H800 TFLOP/s |",
+              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
+        for r in fp8:
+            best = r.get("best") or (float("nan"), "-")
+            dg = r.get("deepgemm_h800")
+            L.append(f"| {r['M']} | {r['N']} | {r['K']} | {r['ours_us']:.1f} | {r['tflops']:.0f} | {r['frac_fp8_ceiling']:.0%} "
+                     f"| {r['x_cublas_bf16']:.2f}x | {r.get('scaled_mm_blockwise_us', float('nan')):.1f} "
+                     f"| {r.get('scaled_mm_tensorwise_us', float('nan')):.1f} | {r['cublas_bf16_us']:.1f} "
+                     f"| {r.get('no_promote_us', float('nan')):.1f} | {best[1]} "
+                     f"| {best[0]:.1f} | {dg[0] if dg else '-'} |")
+        L.append("")
+    if fp8g:
+        L += ["FP8 grouped (MoE contiguous layout). bf16 baseline: one cuBLAS GEMM of the same total M (same FLOPs).",
+              "",
+              "| groups x M | N | K | ours us | ours TFLOP/s | of fp8 ceiling | x bf16 | torch._grouped_mm bf16 us | DeepGEMM H800 TFLOP/s |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in fp8g:
+            dg = r.get("deepgemm_h800")
+            L.append(f"| {r['groups']} x {r['m_per_group']} | {r['N']} | {r['K']} | {r['ours_us']:.0f} | {r['tflops']:.0f} "
+                     f"| {r['frac_fp8_ceiling']:.0%} | {r['x_cublas_bf16']:.2f}x | {r.get('torch_grouped_mm_bf16_us', float('nan')):.0f} "
+                     f"| {dg[0] if dg else '-'} |")
+        L.append("")
+    if router:
+        L += ["Router race, DeepSeek-V3 layout, bf16 logits, CUDA-graph replay (us per call).",
+              "",
+              "| tokens | ours us | previous kernel us | vLLM CUDA us | faster | best (BLOCK_T x warps) |",
+              "|---:|---:|---:|---:|---|---|"]
+        for r in router:
+            v = r.get("vllm_us")
+            best = min(r["sweep"].items(), key=lambda kv: kv[1]) if r["sweep"] else None
+            L.append(f"| {r['tokens']} | {r['ours_us']:.2f} | {r['ours_full_us']:.2f} | {v if v is None else round(v, 2)} "
+                     f"| {'-' if v is None else ('ours' if r['ours_us'] < v else 'vLLM')} "
+                     f"| {'-' if best is None else f'{best[0]} {best[1]:.2f}'} |")
+        L.append("")
+    if w4:
+        L += ["W4A16 race (AWQ group 128, bf16 x; M <= 16 graph replay, else do_bench; us). roofline = 4-bit bytes / copy rate.",
+              "",
+              "| K x N | M | ours us | of roofline | x cuBLAS | tinygemm us | x cuBLAS | gemlite us | of roofline | x cuBLAS | cuBLAS bf16 us |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        g = lambda r, k, f: f.format(r[k]) if k in r else "-"  # noqa: E731
+        for r in w4:
+            L.append(f"| {r['K']} x {r['N']} | {r['M']} | {g(r, 'ours_us', '{:.1f}')} | {g(r, 'ours_frac_roofline', '{:.0%}')} "
+                     f"| {g(r, 'ours_x_cublas', '{:.2f}x')} | {g(r, 'tinygemm_us', '{:.1f}')} | {g(r, 'tinygemm_x_cublas', '{:.2f}x')} "
+                     f"| {g(r, 'gemlite_us', '{:.1f}')} | {g(r, 'gemlite_frac_roofline', '{:.0%}')} | {g(r, 'gemlite_x_cublas', '{:.2f}x')} "
+                     f"| {r['cublas_bf16_us']:.1f} |")
+    return "\n".join(L)
 
 
 def _smoke_timer(calls):
@@ -1090,14 +1573,19 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--sweep", action="store_true", help="also time candidate block configs")
-    ap.add_argument("--only", choices=["router", "w4a16", "w4a16_v3", "w4a16_v3_final", "attn", "mla", "attn_mla"],
-                    default=None)
+    ap.add_argument("--only", choices=["router", "w4a16", "w4a16_v3", "w4a16_v3_final", "attn", "mla", "attn_mla",
+                                       "fp8", "router_race", "w4a16_race", "race"], default=None,
+                    help="race = fp8 + router_race + w4a16_race in one process")
     ap.add_argument("--cases", default=None,
                     help="attn/mla: comma-separated case names to run (default: all)")
     ap.add_argument("--mla-sweep", choices=["tiles", "splits"], default="tiles",
                     help="mla --sweep: tile/kernel variants, or split rules on the default tile")
     ap.add_argument("--budget-s", type=float, default=float("inf"),
                     help="attn/mla: stop timing sweep variants after this many seconds (defaults still run)")
+    ap.add_argument("--parts", default="fp8,router_race,w4a16_race", help="with --only race: which races")
+    ap.add_argument("--no-gemlite", action="store_true", help="W4A16 race without gemlite (it autotunes per shape)")
+    ap.add_argument("--gemlite-deadline-s", type=float, default=420.0,
+                    help="start no gemlite shape later than this many seconds into the run")
     ap.add_argument("--profile-gemv", action="store_true",
                     help="run the M = 1 GEMV configs a few times on 5120 x 27648 (for ncu) and exit")
     ap.add_argument("--sm90-report", action="store_true",
@@ -1119,6 +1607,9 @@ def main():
         logf.write(s + "\n")
         logf.flush()
 
+    import time as _time
+
+    t_start = _time.time()
     torch.manual_seed(0)
     copy_gbs, mm_tflops = ceilings()
     meta = dict(
@@ -1160,6 +1651,51 @@ def main():
         res["correct"] = bool(ok)
         dump()
         t = attn_table(meta, res.get("attn", [])) + "\n" + mla_table(meta, res.get("mla", []))
+        with open(os.path.join(args.out, "table.md"), "w") as f:
+            f.write(t + "\n")
+        print(t)
+        return 0 if ok else 1
+    if args.only in ("fp8", "router_race", "w4a16_race", "race"):
+        parts = set(args.parts.split(",")) if args.only == "race" else {args.only}
+        import traceback
+
+        def part(fn):
+            # one race's crash is logged and fails the run; the other races still run
+            try:
+                return fn()
+            except Exception:  # noqa: BLE001
+                log("RACE CRASHED:\n" + traceback.format_exc())
+                return False
+
+        def fp8_part():
+            meta["fp8_tflops"], meta["fp8_ceiling_detail"] = fp8_ceiling(log)
+            res["fp8"], res["fp8_grouped"] = [], []
+            f_ok = run_fp8(copy_gbs, mm_tflops, meta["fp8_tflops"], log, res["fp8"], res["fp8_grouped"], dump)
+            log(f"fp8 correctness: {'OK' if f_ok else 'FAILED'}")
+            return f_ok
+
+        def router_part():
+            r_ok = check_router(log)
+            peer = load_peer_router(log)
+            if peer is not None:
+                r_ok &= check_router_peer(peer, log)
+            res["router_peer"] = "vLLM csrc/libtorch_stable/moe/grouped_topk_kernels.cu" if peer is not None else None
+            res["router_race"] = run_router_race(peer, log)
+            return r_ok
+
+        def w4_part():
+            res["w4a16_race"] = []
+            w_ok, meta["gemlite"] = run_w4a16_race(copy_gbs, log, res["w4a16_race"], dump, use_gemlite=not args.no_gemlite,
+                                                     gemlite_deadline=t_start + args.gemlite_deadline_s)
+            return w_ok
+
+        for name, fn in (("fp8", fp8_part), ("router_race", router_part), ("w4a16_race", w4_part)):
+            if name in parts:
+                ok &= bool(part(fn))
+                dump()
+        res["correct"] = bool(ok)
+        dump()
+        t = race_table(meta, res.get("fp8"), res.get("fp8_grouped"), res.get("router_race"), res.get("w4a16_race"))
         with open(os.path.join(args.out, "table.md"), "w") as f:
             f.write(t + "\n")
         print(t)
@@ -1232,8 +1768,20 @@ def smoke(args):
     rows = []
     ok = run_w4a16_v3(4000.0, 700.0, print, rows, lambda: None, [(256, 128)], [1, 3, 16, 64], smoke=True)
     ok &= run_w4a16_v3(4000.0, 700.0, print, rows, lambda: None, [(256, 128)], [1, 2, 64], smoke=True, final=True)
-    meta = dict(gpu="cpu", torch=torch.__version__, triton=triton.__version__, date="smoke", copy_gbs=4000.0, mm_tflops=700.0)
+    meta = dict(gpu="cpu", torch=torch.__version__, triton=triton.__version__, date="smoke", copy_gbs=4000.0,
+                mm_tflops=700.0, fp8_tflops=1400.0)
     print(v3_table(meta, rows))
+    # the race's code paths: FP8 (dense with both candidate families, grouped), the router
+    # race without the vLLM peer, the W4A16 race (tinygemm and gemlite need CUDA: their
+    # failures are logged and the race goes on)
+    fp8, fp8g = [], []
+    ok &= run_fp8(4000.0, 700.0, 1400.0, print, fp8, fp8g, lambda: None, dense=[(200, 256)], ms=[3, 300],
+                  grouped=[(2, 128, 136, 256)], smoke=True)
+    router = run_router_race(None, print, ts=[1, 300], smoke=True)
+    w4 = []
+    w_ok, _ = run_w4a16_race(4000.0, print, w4, lambda: None, shapes=[(256, 128)], ms=[1, 2, 64], smoke=True)
+    ok &= w_ok
+    print(race_table(meta, fp8, fp8g, router, w4))
     print("smoke correctness:", ok)
     return 0 if ok else 1
 

@@ -75,3 +75,15 @@ def test_router_sigmoid_scale_and_renorm():
     bias = (torch.rand(e, generator=gen) * 0.2).to(DEVICE)
     _, w = grouped_topk(logits, k, g, tg, "sigmoid", bias, True, 2.5)
     torch.testing.assert_close(w.sum(1), torch.full((5,), 2.5, device=DEVICE), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("block_t,num_warps", [(1, 1), (4, 1)])
+@pytest.mark.parametrize("layout", ["v3", "v2", "g12x10_bias"])
+def test_router_previous_kernel(layout, block_t, num_warps):
+    # the previous one-pass kernel, kept for the benchmark's before/after column
+    check(layout, 9, torch.bfloat16, seed=3, block_t=block_t, num_warps=num_warps, method="full")
+
+
+def test_router_rejects_unknown_method():
+    with pytest.raises(ValueError, match="method"):
+        grouped_topk(torch.zeros(2, 64, device=DEVICE), 6, method="sorted")

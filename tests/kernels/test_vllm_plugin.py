@@ -115,6 +115,94 @@ def test_grouped_topk_replacement_paths(layout, monkeypatch):
     assert calls, "forward_cuda did not reach the Triton kernel"
 
 
+def test_router_threshold_keeps_vllms_kernel_below_it(monkeypatch):
+    """Below DSVOLC_ROUTER_MIN_TOKENS a layout with a correction bias goes to vLLM's own
+    function (its fused CUDA kernel on a GPU); a layout without one always runs ours."""
+    from kernels import vllm_plugin
+
+    vllm_plugin.register()
+    monkeypatch.setattr(vllm_plugin, "KERNEL_DEVICES", {"cuda", "cpu"})
+    monkeypatch.setenv(vllm_plugin.ENV_ROUTER_MIN_TOKENS, "12")
+    native = []
+    monkeypatch.setattr(vllm_plugin, "_NATIVE_GROUPED_TOPK",
+                        lambda *a: native.append(a[1].shape[0]) or grouped_topk_reference(a[1], a[2], a[4], a[5], a[6], a[8], a[3], a[7])[::-1])
+    gen = torch.Generator().manual_seed(2)
+
+    def call(t, bias):
+        logits = ((torch.stack([torch.randperm(256, generator=gen) for _ in range(t)]).float() - 128) / 16).bfloat16()
+        b = torch.rand(256, generator=gen) * 0.2 if bias else None
+        w, ids = vllm_plugin._triton_grouped_topk(torch.zeros(t, 8), logits, 8, True, 8, 4, "sigmoid", 2.5, b)
+        rids, rw = grouped_topk_reference(logits, 8, 8, 4, "sigmoid", b, True, 2.5)
+        assert torch.equal(ids.long().sort(1)[0], rids.long().sort(1)[0])
+
+    call(11, bias=True)
+    assert native == [11]
+    call(12, bias=True)  # at the threshold: ours
+    call(3, bias=False)  # no bias: vLLM's path would be PyTorch, ours at any size
+    assert native == [11]
+
+
+FP8_CHECK = """
+from vllm.plugins import load_general_plugins
+load_general_plugins()
+from vllm.model_executor.kernels.linear import _POSSIBLE_FP8_BLOCK_KERNELS
+from vllm.platforms import PlatformEnum
+print("first", _POSSIBLE_FP8_BLOCK_KERNELS[PlatformEnum.CUDA][0].__name__)
+print("count", sum(k.__name__ == "DsvolcFp8BlockScaledMMKernel" for k in _POSSIBLE_FP8_BLOCK_KERNELS[PlatformEnum.CUDA]))
+"""
+
+
+@pytest.mark.parametrize("value,first", [(None, None), ("1", "DsvolcFp8BlockScaledMMKernel")])
+def test_fp8_gemm_is_opt_in(value, first):
+    env = {} if value is None else {"DSVOLC_FP8_GEMM": value}
+    if value is None:
+        env["DSVOLC_FP8_GEMM"] = "0"
+    out = _run(FP8_CHECK, **env)
+    if first:
+        assert f"first {first}" in out and "count 1" in out
+    else:
+        assert "count 0" in out and "first Dsvolc" not in out
+
+
+def test_fp8_kernel_runs_a_block_fp8_layer():
+    """vLLM's block-FP8 layer plumbing (its activation quantiser, weight_scale_inv) around
+    kernels.fp8_gemm, on this machine through the Triton interpreter."""
+    from vllm.model_executor.kernels.linear.scaled_mm.ScaledMMLinearKernel import FP8ScaledMMLinearLayerConfig
+    from vllm.model_executor.layers.quantization.utils.quant_utils import (
+        kFp8Dynamic128Sym,
+        kFp8DynamicTokenSym,
+        kFp8Static128BlockSym,
+    )
+
+    from kernels import vllm_plugin
+    from kernels.reference import fp8_gemm_reference, per_block_quant_fp8, per_token_group_quant_fp8
+
+    cls = vllm_plugin._make_fp8_kernel_cls()
+    cfg = FP8ScaledMMLinearLayerConfig(weight_quant_key=kFp8Static128BlockSym, activation_quant_key=kFp8Dynamic128Sym,
+                                       weight_shape=(200, 256), input_dtype=torch.bfloat16, out_dtype=torch.bfloat16)
+    assert cls.can_implement(cfg) == (True, None)
+    per_token = FP8ScaledMMLinearLayerConfig(weight_quant_key=kFp8Static128BlockSym,
+                                             activation_quant_key=kFp8DynamicTokenSym, weight_shape=(200, 256),
+                                             input_dtype=torch.bfloat16, out_dtype=torch.bfloat16)
+    assert cls.can_implement(per_token)[0] is False
+    assert cls.is_supported()[0] is torch.cuda.is_available()
+    gen = torch.Generator().manual_seed(0)
+    qw, sw = per_block_quant_fp8(torch.randn(200, 256, generator=gen) * 0.05)
+    layer = torch.nn.Module()
+    layer.weight = torch.nn.Parameter(qw, requires_grad=False)
+    layer.weight_scale_inv = torch.nn.Parameter(sw, requires_grad=False)
+    layer.input_scale = None
+    x = torch.randn(2, 3, 256, generator=gen).bfloat16()
+    from vllm.config import VllmConfig, set_current_vllm_config
+
+    with set_current_vllm_config(VllmConfig()):  # vLLM's QuantFP8 is a CustomOp
+        y = cls(cfg).apply_weights(layer, x)
+    assert y.shape == (2, 3, 200) and y.dtype == torch.bfloat16
+    qa, sa = per_token_group_quant_fp8(x.reshape(6, 256).float())
+    ref = fp8_gemm_reference(qa, sa, qw, sw).view(2, 3, 200)
+    assert ((y.float() - ref).norm() / ref.norm()).item() < 1e-2
+
+
 def test_tiny_deepseek_v2_serves_with_plugin(vllm_server, tiny_deepseek_v2):
     srv = vllm_server(tiny_deepseek_v2)
     status, body = srv.post_json(
