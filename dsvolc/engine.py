@@ -125,6 +125,11 @@ class PreviewMocks(pulumi_mocks.Mocks):
                 "totalCount": len(ids),
                 "ids": ids,
             }
+        if args.token == "volcengine:tls/getTraceInstances:getTraceInstances":
+            # A trace instance owns a trace topic (infra/logging.py reads its id back).
+            iid = args.args.get("traceInstanceId") or "trace-instance"
+            return {"traceInstances": [{"traceInstanceId": iid, "traceTopicId": f"{iid}-trace-topic"}],
+                    "totalCount": 1}
         return {}
 
 

@@ -49,6 +49,9 @@ class EdgeArgs:
     timeout_seconds: int
     project_name: str
     tags: dict[str, str]
+    # TLS project and topic of the edge's access logs (infra/logging.py); none when None
+    log_project_id: pulumi.Input[str] | None = None
+    log_topic_id: pulumi.Input[str] | None = None
 
 
 def upstream_weights(upstreams: list[EdgeUpstream]) -> list[int]:
@@ -85,6 +88,11 @@ class EdgeGateway(pulumi.ComponentResource):
             **(
                 {"backend_spec": {"is_vke_with_flannel_cni_supported": True, "vke_pod_cidr": args.flannel_pod_cidr}}
                 if args.flannel_pod_cidr
+                else {}
+            ),
+            **(
+                {"log_spec": {"enable": True, "project_id": args.log_project_id, "topic_id": args.log_topic_id}}
+                if args.log_project_id is not None
                 else {}
             ),
             project_name=args.project_name,

@@ -72,6 +72,7 @@ def test_optional_controllers_follow_settings():
     s = _with(s, "autoscaling", enabled=False)
     s = _with(s, "rollout", enabled=False)
     s = _with(s, "monitoring", enabled=False)
+    s = _with(s, "observability.tracing", enabled=False)
     assert platform.releases(s) == []
 
 

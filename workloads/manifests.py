@@ -11,7 +11,7 @@ from __future__ import annotations
 import shlex
 
 from stacks.regions import tos_internal_endpoint, tos_internal_s3_host
-from workloads import engine_args
+from workloads import engine_args, telemetry
 from stacks.constants import (
     GPU_RESOURCE,
     HTTP_PORT,
@@ -207,7 +207,7 @@ def engine_env(ctx: ServingContext) -> list[dict]:
     ]
     if ctx.multi_node:
         env.append({"name": "NCCL_SOCKET_IFNAME", "value": "eth0"})
-    return env
+    return env + telemetry.engine_env(ctx)
 
 
 def engine_command(ctx: ServingContext, args: list[str], *, headless: bool = False) -> dict:

@@ -30,6 +30,7 @@ class ServingArgs:
     static_secret_access_key: pulumi.Input[str] | None
     volcengine_provider: pulumi.ProviderResource
     vmp_workspace_id: pulumi.Input[str] | None
+    trace_topic_id: pulumi.Input[str] | None = None  # TLS trace topic the collector writes to
 
 
 def renderers(ctx: ServingContext) -> list[Renderer]:
@@ -68,7 +69,7 @@ class Serving(pulumi.ComponentResource):
         base = pulumi.ResourceOptions(parent=self, provider=provider)
 
         releases = []
-        for rel in platform.releases(ctx.settings):
+        for rel in platform.releases(ctx.settings, args.trace_topic_id):
             releases.append(
                 k8s.helm.v3.Release(
                     f"{name}-helm-{rel['name']}",
@@ -156,6 +157,7 @@ def build_serving(settings, infra) -> Serving:
             static_secret_access_key=infra.weights.secret_access_key,
             volcengine_provider=infra.provider,
             vmp_workspace_id=infra.observability.workspace_id if infra.observability else None,
+            trace_topic_id=infra.logs.trace_topic_id if infra.logs else None,
         ),
         opts=pulumi.ResourceOptions(depends_on=[infra.cluster]),
     )
