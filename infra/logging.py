@@ -30,7 +30,14 @@ import pulumi
 import pulumi_volcengine as volc
 
 from infra.common import child, tag_list
-from stacks.logschema import ACCESS_LOG_ANALYSED, ACCESS_LOG_KEYS, SERVING_LOG_KEYS, TEXT_DELIMITERS
+from stacks.logschema import (
+    ACCESS_LOG_ANALYSED,
+    ACCESS_LOG_KEYS,
+    FREE_TEXT_KEYS,
+    MESSAGE_DELIMITERS,
+    SERVING_LOG_KEYS,
+    TEXT_DELIMITERS,
+)
 
 TOPICS = ("serving", "gateway", "platform", "edge")
 # Topics whose lines are JSON objects with the keys of stacks/logschema.py.
@@ -55,14 +62,15 @@ UNPARSED_KEY = "raw"
 def topic_index(topic: str) -> dict:
     """The index of a topic: full text always (so any token, e.g. a request id inside a
     message, is searchable), plus typed keys where the lines are JSON objects."""
-    spec: dict = {"full_text": {"case_sensitive": False, "delimiter": TEXT_DELIMITERS, "include_chinese": False}}
+    spec: dict = {"full_text": {"case_sensitive": False, "delimiter": MESSAGE_DELIMITERS, "include_chinese": False}}
     keys = KEYED_TOPICS.get(topic)
     if keys:
         kv = []
         for key, value_type in keys.items():
             entry: dict = {"key": key, "value_type": value_type}
             if value_type == "text":
-                entry.update(case_sensitive=False, delimiter=TEXT_DELIMITERS, include_chinese=False)
+                delimiter = MESSAGE_DELIMITERS if key in FREE_TEXT_KEYS else TEXT_DELIMITERS
+                entry.update(case_sensitive=False, delimiter=delimiter, include_chinese=False)
             if key in ANALYSED.get(topic, ()):
                 entry["sql_flag"] = True  # aggregations (p99, error ratio) in TLS SQL
             kv.append(entry)

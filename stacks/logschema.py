@@ -48,6 +48,13 @@ SERVING_LOG_KEYS: dict[str, str] = {
     "message": "text",  # "Received request <id>: params: ..." when request logging is on
 }
 
-# Characters that split text into search tokens. '-' and '_' are not among them, so a
-# request id (a UUID, or cmpl-<id>) and a pod name stay one token and match exactly.
+# Characters that split text into search tokens (TLS's default set). '-' is not among them,
+# so an id-valued key (request_id, trace_id, a pod name) is one token: `request_id:"<id>"`
+# matches it exactly.
 TEXT_DELIMITERS = ", '\";=()[]{}?@&<>/:\n\t\r"
+# Free text (vLLM's message, the full-text index) also splits on '-': vLLM names a request
+# cmpl-<X-Request-Id>-<n> or chatcmpl-<X-Request-Id>, so the caller's id is a run of tokens
+# inside a longer word, which the phrase query `message:#"<id>"` finds (TLS docs 6470/1206697).
+MESSAGE_DELIMITERS = TEXT_DELIMITERS + "-"
+# Keys holding free text rather than a value.
+FREE_TEXT_KEYS = ("message",)

@@ -105,6 +105,16 @@ BAD = [
     ({"serving__replicas": 3}, "cluster.gpu_pools.a10.max_nodes", "need 3 nodes"),
     ({"serving__rate_limits__requests": "many"}, "serving.rate_limits.requests", "valid integer"),
     ({"cluster": _DELETE}, "cluster", "required value is missing"),
+    ({"observability__tracing__sampling_percent": 150}, "observability.tracing.sampling_percent",
+     "less than or equal to 100"),
+    ({"observability__tracing__backend": "jaeger"}, "observability.tracing.backend", "'tls' or 'apmplus'"),
+    ({"observability__tracing__detailed": "everything"}, "observability.tracing.detailed", "'worker' or 'all'"),
+    ({"observability__tracing__endpoint": "http://collector:4318"}, "observability.tracing.endpoint", "pattern"),
+    ({"observability__tracing__enabled": False, "observability__tracing__detailed": "all"}, "observability",
+     "tracing.detailed: needs tracing.enabled"),
+    ({"observability__logs__retention_days": 0}, "observability.logs.retention_days", "greater than or equal to 1"),
+    ({"observability__logs__shard_count": 20}, "observability.logs.shard_count", "less than or equal to 10"),
+    ({"observability__logs__request_log__promtps": True}, "observability.logs.request_log.promtps", "expected one of"),
 ]
 
 

@@ -102,7 +102,7 @@ QUIET_PATHS = ("/health", "/metrics")
 
 def observability_args(a: EngineArgs) -> list[str]:
     """Tracing and logging flags of vLLM 0.32 (checked against its real parser,
-    vllm.entrypoints.launchers.cli_args.make_arg_parser, by tests/test_engine_args.py)."""
+    vllm.entrypoints.launchers.cli_args.make_arg_parser, by tests/test_telemetry.py)."""
     args: list[str] = []
     if a.otlp_traces_endpoint:
         args += ["--otlp-traces-endpoint", a.otlp_traces_endpoint]

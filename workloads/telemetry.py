@@ -253,9 +253,9 @@ def request_panel_markdown(settings: StackSettings) -> str:
              f"([TLS console]({tls_console(settings.region)})):", ""]
     if settings.observability.logs.enabled:
         lines += [
-            f"* edge (APIG): topic `edge`, search `{rid}`",
+            f'* edge (APIG): topic `edge`, search `#"{rid}"`',
             f'* gateway: topic `gateway`, search `request_id:"{rid}"` (status, consumer, upstream time, trace_id)',
-            f"* vLLM: topic `serving`, search `message:\"{rid}\"`",
+            f'* vLLM: topic `serving`, search `message:#"{rid}"`',
         ]
     t = settings.observability.tracing
     if t.enabled:
