@@ -123,6 +123,10 @@ def test_serving_pods_name_themselves_in_spans():
     assert env["OTEL_SERVICE_NAME"]["value"] == "deepseek-vllm"
     assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
     assert "k8s.pod.name=$(POD_NAME)" in env["OTEL_RESOURCE_ATTRIBUTES"]["value"]
+    assert env["OTEL_TRACES_SAMPLER"]["value"] == "parentbased_traceidratio"
+    assert env["OTEL_TRACES_SAMPLER_ARG"]["value"] == "0.01"  # prod: 1 %
+    env = {e["name"]: e for e in manifests.engine_env(ctx_of(stack("dev")))}
+    assert env["OTEL_TRACES_SAMPLER_ARG"]["value"] == "1"
     assert not telemetry.engine_env(ctx_of(stack("prod", observability__tracing__enabled=False)))
 
 

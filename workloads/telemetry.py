@@ -134,10 +134,16 @@ def envoy_telemetry(ctx: ServingContext) -> dict[str, Any]:
 
 def engine_env(ctx: ServingContext) -> list[dict]:
     """Resource attributes of vLLM's spans: OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES
-    are read by the OpenTelemetry SDK's Resource.create, which vLLM's tracer uses."""
+    are read by the OpenTelemetry SDK's Resource.create, which vLLM's tracer uses. The
+    sampler (read from OTEL_TRACES_SAMPLER by the SDK's TracerProvider, which vLLM creates
+    without one) follows the caller's decision and samples requests that arrive without
+    one at the gateway's rate, so vLLM alone (no in-cluster gateway) does not trace all."""
     if not tracing_on(ctx.settings):
         return []
+    ratio = ctx.settings.observability.tracing.sampling_percent / 100
     return [
+        {"name": "OTEL_TRACES_SAMPLER", "value": "parentbased_traceidratio"},
+        {"name": "OTEL_TRACES_SAMPLER_ARG", "value": f"{ratio:g}"},
         {"name": "OTEL_SERVICE_NAME", "value": f"{ctx.release}-vllm"},
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
