@@ -169,6 +169,11 @@ class ExistingStackMocks(pulumi_mocks.Mocks):
             }
         if args.token == "volcengine:vke/getClusters:getClusters":
             return _clusters_answer(args.args.get("name"), existing=True)
+        if args.token == "volcengine:tls/getTraceInstances:getTraceInstances":
+            # A trace instance owns a trace topic (infra/logging.py reads its id back).
+            iid = args.args.get("traceInstanceId") or "trace-instance"
+            return {"traceInstances": [{"traceInstanceId": iid, "traceTopicId": f"{iid}-trace-topic"}],
+                    "totalCount": 1}
         return {}
 
 

@@ -15,10 +15,12 @@ import pulumi_volcengine as volc
 from infra.cluster import AddonArgs, Cluster, ClusterArgs, GpuPoolArgs
 from infra.gateway import EdgeArgs, EdgeGateway, EdgeRetry, EdgeTls, EdgeUpstream
 from infra.identity import DeployPhase, decide, lookup_cluster
+from infra.logging import LogCollection, LogCollectionArgs, LogStore, LogStoreArgs, collection_rules
 from infra.network import Network, NetworkArgs
 from infra.observability import Observability, ObservabilityArgs
 from infra.registry import Registry, RegistryArgs
 from infra.weights import WeightStore, WeightStoreArgs
+from stacks.constants import ENTRY_NAMESPACE, KEDA_NAMESPACE, LWS_NAMESPACE, ROLLOUTS_NAMESPACE
 from stacks.settings import StackSettings
 
 BOOTSTRAP_ENV = "DSVOLC_BOOTSTRAP"
@@ -35,6 +37,7 @@ class Infra:
     registry: Registry
     observability: Observability | None
     phase: DeployPhase
+    logs: LogStore | None = None
 
 
 def build_infra(s: StackSettings) -> Infra:
@@ -68,6 +71,8 @@ def build_infra(s: StackSettings) -> Infra:
         ),
         opts=opts,
     )
+
+    logs = build_log_store(s, opts) if s.observability.logs.enabled else None
 
     gpu_pools = {}
     for pool_name, pool in s.cluster.gpu_pools.items():
@@ -104,6 +109,8 @@ def build_infra(s: StackSettings) -> Infra:
             pod_network_mode=c.pod_network_mode,
             delete_protection=c.delete_protection,
             control_plane_logging=c.control_plane_logging,
+            log_project_id=logs.project_id if logs else None,
+            log_ttl_days=s.observability.logs.retention_days,
             # VKE takes irsa_enabled on an existing cluster only: switched on in phase 2
             irsa=c.irsa and phase.number >= 2,
             vpc_id=network.vpc_id,
@@ -125,6 +132,9 @@ def build_infra(s: StackSettings) -> Infra:
         ),
         opts=opts,
     )
+
+    if logs is not None:
+        build_log_collection(s, cluster, logs, opts)
 
     weights = WeightStore(
         name,
@@ -206,6 +216,8 @@ def build_infra(s: StackSettings) -> Infra:
                 tls=EdgeTls(domain=g.tls.domain, certificate_id=g.tls.certificate_id, plain_http=g.tls.plain_http),
                 vmp_workspace_id=observability.workspace_id if observability is not None else None,
                 routes=phase.workloads,
+                log_project_id=logs.project_id if logs else None,
+                log_topic_id=logs.topic_ids["edge"] if logs else None,
                 project_name=s.project_name,
                 tags=tags,
             ),
@@ -220,6 +232,56 @@ def build_infra(s: StackSettings) -> Infra:
         registry=registry,
         observability=observability,
         phase=phase,
+        logs=logs,
+    )
+
+
+def build_log_store(s: StackSettings, opts: pulumi.ResourceOptions) -> LogStore:
+    """The TLS project, topics, indexes and (for the tls backend) the trace instance."""
+    t, lg = s.observability.tracing, s.observability.logs
+    return LogStore(
+        s.resource_prefix,
+        LogStoreArgs(
+            project_name=s.log_project_name,
+            region=s.region,
+            retention_days=lg.retention_days,
+            shard_count=lg.shard_count,
+            trace_instance_name=s.trace_instance_name if t.enabled and t.backend == "tls" else None,
+            trace_retention_days=t.retention_days,
+            iam_project_name=s.project_name,
+            tags=s.resource_tags(),
+        ),
+        opts=opts,
+    )
+
+
+def build_log_collection(s: StackSettings, cluster: Cluster, logs: LogStore, opts: pulumi.ResourceOptions) -> None:
+    """Container stdout of the serving pods, the gateway's proxies and the platform into
+    their topics. The selections follow the workloads' labels: the serving pods carry
+    app.kubernetes.io/instance=<serving.name>; Envoy Gateway labels our Gateway's proxies
+    (workloads/gateway.py proxy_selector)."""
+    platform_namespaces = [ENTRY_NAMESPACE, KEDA_NAMESPACE, ROLLOUTS_NAMESPACE, LWS_NAMESPACE,
+                           s.monitoring.namespace, s.observability.tracing.collector_namespace, "kube-system"]
+    identifier = s.observability.logs.collector_identifier or f"{s.resource_prefix}-nodes"
+    LogCollection(
+        s.resource_prefix,
+        LogCollectionArgs(
+            cluster_id=cluster.cluster_id,
+            topic_ids=logs.topic_ids,
+            host_group_name=f"{s.resource_prefix}-nodes",
+            host_identifier=identifier,
+            rules=collection_rules(
+                serving_namespace=s.serving_namespace,
+                release=s.serving.name,
+                entry_namespace=ENTRY_NAMESPACE,
+                platform_namespaces=platform_namespaces,
+                gateway_proxy_labels={"app.kubernetes.io/component": "proxy",
+                                      "gateway.envoyproxy.io/owning-gateway-name": s.serving.name},
+            ),
+            iam_project_name=s.project_name,
+            after=(cluster,),
+        ),
+        opts=pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(depends_on=[cluster])),
     )
 
 
@@ -239,5 +301,9 @@ def export_outputs(infra: Infra, serving=None) -> None:
     pulumi.export("image_repository", infra.registry.image_repository)
     if infra.observability is not None:
         pulumi.export("vmp_workspace_id", infra.observability.workspace_id)
+    if infra.logs is not None:
+        pulumi.export("log_project_id", infra.logs.project_id)
+        if infra.logs.trace_instance_id is not None:
+            pulumi.export("trace_instance_id", infra.logs.trace_instance_id)
     if serving is not None:
         pulumi.export("serving_endpoint", serving.endpoint)

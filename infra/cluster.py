@@ -118,6 +118,9 @@ class ClusterArgs:
     ssh_key_pair: str | None
     project_name: str
     tags: dict[str, str]
+    # TLS project the control-plane logs go to (infra/logging.py); VKE's default when None
+    log_project_id: pulumi.Input[str] | None = None
+    log_ttl_days: int = 30
 
 
 class Cluster(pulumi.ComponentResource):
@@ -169,9 +172,11 @@ class Cluster(pulumi.ComponentResource):
             pods_config=pods_config,
             services_config={"service_cidrsv4s": [args.service_cidr]},
             logging_config={
+                **({"log_project_id": args.log_project_id} if args.log_project_id is not None else {}),
                 "log_setups": [
-                    {"log_type": t, "enabled": args.control_plane_logging, "log_ttl": 30} for t in LOG_TYPES
-                ]
+                    {"log_type": t, "enabled": args.control_plane_logging, "log_ttl": args.log_ttl_days}
+                    for t in LOG_TYPES
+                ],
             },
             tags=tag_list(args.tags),
             opts=child(self, protect=args.delete_protection),

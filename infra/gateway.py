@@ -70,6 +70,10 @@ class EdgeArgs:
     # (deploy phase 2, infra/identity.py); phase 1 builds the gateway, service and domain.
     routes: bool = True
 
+    # TLS project and topic of the edge's access logs (infra/logging.py); none when None
+    log_project_id: pulumi.Input[str] | None = None
+    log_topic_id: pulumi.Input[str] | None = None
+
 
 @dataclass(frozen=True)
 class EdgeRetry:
@@ -148,6 +152,11 @@ class EdgeGateway(pulumi.ComponentResource):
             **(
                 {"backend_spec": {"is_vke_with_flannel_cni_supported": True, "vke_pod_cidr": args.flannel_pod_cidr}}
                 if args.flannel_pod_cidr
+                else {}
+            ),
+            **(
+                {"log_spec": {"enable": True, "project_id": args.log_project_id, "topic_id": args.log_topic_id}}
+                if args.log_project_id is not None
                 else {}
             ),
             project_name=args.project_name,

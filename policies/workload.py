@@ -312,6 +312,27 @@ def _env_secrets(args, report):
                    "valueFrom.secretKeyRef (or IRSA, which needs no key at all).")
 
 
+def _request_log_prompts(args, report):
+    """vLLM writes prompt text at DEBUG and completions with --enable-log-outputs
+    (vllm/entrypoints/serve/utils/request_logger.py): either puts user data into every
+    log line shipped to the log service."""
+    kind = _workload(args)
+    if kind is None:
+        return
+    for _, _, c in iter_workload_containers(kind, args.props, init=False):
+        if not is_vllm(c):
+            continue
+        argv = container_argv(c)
+        found = []
+        if "--enable-log-outputs" in argv:
+            found.append("--enable-log-outputs (completion text)")
+        if str(engine_flag(argv, "--log-level") or "").upper() == "DEBUG" and "--enable-log-requests" in argv:
+            found.append("--log-level DEBUG with --enable-log-requests (prompt text)")
+        if found:
+            report(f"{kind} {name_of(args.props)} logs user data: {', '.join(found)}. Fix: set "
+                   "observability.logs.request_log.prompts: false (request ids and parameters are still logged).")
+
+
 def _default_deny(args, report):
     namespaces = {str(dig(w.props, "metadata", "namespace", default="default"))
                   for w in serving_workloads(args.resources)}
@@ -420,6 +441,13 @@ POLICIES = [
         _env_secrets,
         fix="Use valueFrom.secretKeyRef (or IRSA).",
         tags=["workloads"],
+    ),
+    resource_policy(
+        "request-logs-without-prompts",
+        "The model server does not log prompt or completion text.",
+        _request_log_prompts,
+        fix="Set observability.logs.request_log.prompts: false.",
+        tags=["workloads", "privacy"],
     ),
     stack_policy(
         "serving-default-deny-network",

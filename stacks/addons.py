@@ -58,5 +58,12 @@ ADDONS: dict[str, Addon] = {
             "so it runs with its defaults",
             "hands the account's CR credentials to the nodes' image pulls (registry.pull_credentials)",
         ),
+        Addon(
+            "log-collector", "Unmanaged", "Node", None,
+            f"VKE add-on list ({ADDON_LIST}) and TLS's Kubernetes collection guide "
+            "(https://www.volcengine.com/docs/6470/111826); its configuration schema is not published "
+            "with the provider, so it runs with its defaults",
+            "LogCollector on every node, shipping container stdout to the stack's TLS topics",
+        ),
     )
 }

@@ -60,6 +60,14 @@ ENGINE_ARGS_ANNOTATION = f"{LABEL_PREFIX}/engine-args"
 # Envoy Gateway runs its proxies in its controller namespace; a stable-named Service there
 # selects the proxies of our Gateway, so the edge has a fixed target.
 ENTRY_NAMESPACE = "envoy-gateway-system"
+# Namespaces of the platform controllers' charts (workloads/platform.py); the platform log
+# topic collects them (infra/logging.py).
+KEDA_NAMESPACE = "keda"
+ROLLOUTS_NAMESPACE = "argo-rollouts"
+LWS_NAMESPACE = "lws-system"
+# The in-cluster gateway copies the verified JWT's consumer claim into this request header
+# (the rate-limit key); the access log and the spans record it.
+CONSUMER_HEADER = "x-deepseek-consumer"
 
 
 def entry_service(release: str) -> str:

@@ -26,7 +26,7 @@ CONTRACT_FILE = Path(__file__).resolve().with_name("provider_contract.yaml")
 # the provider's to produce, so the contract does not judge it.
 UNKNOWN = "04da6b54-80e4-46f7-96ec-b56ff0331ba9"
 
-TYPES = ("string", "integer", "boolean", "json", "list[string]", "list[integer]")
+TYPES = ("string", "integer", "boolean", "json", "list[string]", "list[integer]", "map[string]")
 
 
 class ContractError(ValueError):
@@ -105,6 +105,9 @@ class Argument:
         """What is wrong with `value` for this argument (empty when it is accepted)."""
         if value == UNKNOWN:
             return []
+        if self.type.startswith("map["):
+            # a map's leaves are its values, one per key (`path.<key>`)
+            return self._scalar_problems(value, self.type[len("map["):-1])
         if self.type.startswith("list"):
             if not isinstance(value, list):
                 return [f"expected a list, got {type(value).__name__}"]
@@ -187,6 +190,17 @@ class Contract:
     def covers(self, resource_type: str) -> bool:
         return resource_type in self.arguments
 
+    def entry(self, resource_type: str, path: str) -> Argument | None:
+        """The entry covering a leaf path: its own, or the map argument it is a key of
+        (`containerRule.kubernetesRule.labelTag.<label>` is covered by `...labelTag`)."""
+        args = self.arguments.get(resource_type, {})
+        if path in args:
+            return args[path]
+        for prefix, arg in args.items():
+            if arg.type.startswith("map[") and path.startswith(prefix + "."):
+                return arg
+        return None
+
     def argument(self, resource_type: str, path: str) -> Argument:
         try:
             return self.arguments[resource_type][path]
@@ -208,8 +222,7 @@ class Contract:
 
     def uncovered(self, resource_type: str, inputs: dict[str, Any]) -> list[str]:
         """Argument paths set in `inputs` that the contract has no entry for."""
-        known = self.arguments.get(resource_type, {})
-        return sorted({path for path, _ in leaves(inputs) if path not in known})
+        return sorted({path for path, _ in leaves(inputs) if self.entry(resource_type, path) is None})
 
     def check(self, resource_type: str, name: str, inputs: dict[str, Any]) -> list[Violation]:
         """Every argument of one registered resource that the provider would refuse, and
@@ -218,7 +231,7 @@ class Contract:
             return [Violation(resource_type, name, "", None, "resource type is not in the provider contract", None)]
         out = []
         for path, value in leaves(inputs):
-            arg = self.arguments[resource_type].get(path)
+            arg = self.entry(resource_type, path)
             if arg is None:
                 out.append(Violation(resource_type, name, path, value, "is not covered by the provider contract",
                                      None))

@@ -82,3 +82,25 @@ def tos_internal_s3_host(region: str) -> str:
 def cr_registry_host(registry: str, region: str) -> str:
     """Host of a CR Enterprise registry instance."""
     return f"{registry}-{region}.cr.volces.com"
+
+
+def tls_otlp_endpoint(region: str) -> str:
+    """OTLP/HTTP ingest of TLS trace instances (the exporter appends /v1/traces). Spans are
+    routed to a trace topic by the x-tls-otel-tracetopic header and authenticated with
+    x-tls-otel-ak / x-tls-otel-sk / x-tls-otel-region (volcengine/veadk-python, commit
+    0ed93912, veadk/consts.py DEFAULT_TLS_OTEL_EXPORTER_ENDPOINT and
+    veadk/tracing/telemetry/exporters/tls_exporter.py; TLS endpoints per region: docs
+    6470/73641)."""
+    return f"https://tls-{region}.volces.com:4318"
+
+
+def apmplus_otlp_endpoint(region: str) -> str:
+    """OTLP/HTTP ingest of APMPlus, authenticated with the X-ByteAPM-AppKey header
+    (volcengine/veadk-python docs: observability.opentelemetry.apmplus endpoint
+    https://apmplus-cn-beijing.volces.com:4318; volcengine/veadk-go NewAPMPlusExporter)."""
+    return f"https://apmplus-{region}.volces.com:4318"
+
+
+def tls_console(region: str) -> str:
+    """The TLS console of a region (log search and trace instances)."""
+    return f"https://console.volcengine.com/tls/region:tls+{region}/"

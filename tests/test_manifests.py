@@ -231,9 +231,9 @@ def test_recommended_labels_everywhere(stack):
 def test_kernels_switch_reaches_the_engine():
     raw = copy.deepcopy(read_raw("dev"))
     raw["serving"]["engine"]["kernels"] = False
-    env = {e["name"]: e["value"] for e in serving_container(workload(objects("dev", raw)))["env"]}
+    env = {e["name"]: e.get("value") for e in serving_container(workload(objects("dev", raw)))["env"]}
     assert env["DSVOLC_KERNELS"] == "0"
-    env = {e["name"]: e["value"] for e in serving_container(workload(objects("dev")))["env"]}
+    env = {e["name"]: e.get("value") for e in serving_container(workload(objects("dev")))["env"]}
     assert env["DSVOLC_KERNELS"] == "1"
 
 

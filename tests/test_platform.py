@@ -73,6 +73,7 @@ def test_optional_controllers_follow_settings():
     s = _with(s, "rollout", enabled=False)
     s = _with(s, "observability", vmp_enabled=False)  # VMP's metrics come from the in-cluster Prometheus
     s = _with(s, "monitoring", enabled=False)
+    s = _with(s, "observability.tracing", enabled=False)
     assert platform.releases(s) == []
 
 

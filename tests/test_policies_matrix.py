@@ -268,6 +268,8 @@ MATRIX: list[Case] = [
          transform=serving(vllm_containers(lambda c: c["securityContext"].update(privileged=True)))),
     Case("no-plaintext-secret-env", "prod", "HF_TOKEN as a plain env value",
          transform=serving(vllm_containers(lambda c: c["env"].append({"name": "HF_TOKEN", "value": "hf_x"})))),
+    Case("request-logs-without-prompts", "prod", "observability.logs.request_log.prompts: true",
+         settings=setting("observability.logs.request_log.prompts", True)),
     Case("serving-default-deny-network", "prod", "default-deny NetworkPolicy admits all ingress",
          transform=on("NetworkPolicy", lambda p: p["spec"].update(ingress=[{}]), name_has="default-deny")),
     Case("recommended-labels", "prod", "stable Service without app.kubernetes.io/part-of",

@@ -77,7 +77,7 @@ def test_model_json_holds_exactly_the_engine_arguments_vllm_would_get():
     for i, token in enumerate(flags):
         if token.startswith("--") and i + 1 < len(flags) and not flags[i + 1].startswith("--"):
             field = token[2:].replace("-", "_")
-            if field in ("host", "port"):
+            if field in triton.FRONTEND_ONLY_FIELDS:
                 continue  # the frontend's, not the engine's
             want = doc[field]
             assert str(want) == flags[i + 1] or f"{want:.2f}" == flags[i + 1], field

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from stacks.constants import HTTP_PORT
+from workloads import telemetry
 from workloads.context import ServingContext
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
@@ -48,6 +49,13 @@ class EngineArgs:
     nnodes: int = 1
     node_rank: str | None = None  # a literal or "$(LWS_WORKER_INDEX)"
     master_addr: str | None = None
+    # observability (settings.observability): spans to the collector, request log lines
+    otlp_traces_endpoint: str | None = None
+    collect_detailed_traces: str | None = None  # model | worker | all
+    log_requests: bool = False
+    log_prompts: bool = False
+    max_log_len: int | None = None
+    json_logs: bool = False
     extra_args: tuple[str, ...] = field(default_factory=tuple)
 
 
@@ -83,7 +91,40 @@ def render(a: EngineArgs) -> list[str]:
             args += ["--node-rank", a.node_rank]
         if a.master_addr is not None:
             args += ["--master-addr", a.master_addr]
+    args += observability_args(a)
     args += list(a.extra_args)
+    return args
+
+
+# Paths polled every few seconds (probes, Prometheus): kept out of the access log.
+QUIET_PATHS = ("/health", "/metrics")
+
+
+def observability_args(a: EngineArgs) -> list[str]:
+    """Tracing and logging flags of vLLM 0.32 (checked against its real parser,
+    vllm.entrypoints.launchers.cli_args.make_arg_parser, by tests/test_telemetry.py)."""
+    args: list[str] = []
+    if a.otlp_traces_endpoint:
+        args += ["--otlp-traces-endpoint", a.otlp_traces_endpoint]
+        if a.collect_detailed_traces:
+            args += ["--collect-detailed-traces", a.collect_detailed_traces]
+    # vLLM takes the caller's X-Request-Id as its request id; echo it on the response so a
+    # client can quote it.
+    args.append("--enable-request-id-headers")
+    if a.log_requests:
+        # INFO: request id and sampling parameters. Prompt text is logged at DEBUG only
+        # (vllm/entrypoints/serve/utils/request_logger.py), outputs only with
+        # --enable-log-outputs: both stay off unless prompts are asked for.
+        args.append("--enable-log-requests")
+        if a.max_log_len is not None:
+            args += ["--max-log-len", str(a.max_log_len)]
+        if a.log_prompts:
+            args += ["--enable-log-outputs", "--log-level", "DEBUG"]
+    if a.json_logs:
+        # One JSON object per line (vLLM's and uvicorn's loggers), so the log service
+        # indexes fields instead of parsing text.
+        args += ["--logging-config.formatter", "json"]
+    args += ["--disable-access-log-for-endpoints", ",".join(QUIET_PATHS)]
     return args
 
 
@@ -106,9 +147,12 @@ def without_flags(args: list[str], flags: frozenset[str] | set[str]) -> list[str
 def from_context(ctx: ServingContext, model_path: str) -> EngineArgs:
     """Engine arguments for the stack: sizes from the capacity plan (which honours what the
     settings fixed), switches from the engine settings."""
-    e = ctx.settings.serving.engine
+    s = ctx.settings
+    e = s.serving.engine
     p = ctx.plan
-    stream = ctx.settings.serving.weights_mode == "stream"
+    t = s.observability.tracing
+    rl = s.observability.logs.request_log
+    stream = s.serving.weights_mode == "stream"
     return EngineArgs(
         model=model_path,
         served_model_name=ctx.served_model_name,
@@ -127,6 +171,12 @@ def from_context(ctx: ServingContext, model_path: str) -> EngineArgs:
         # runai_streamer reads safetensors straight from TOS's S3 endpoint into GPU memory
         load_format="runai_streamer" if stream else "safetensors",
         nnodes=p.nodes,
+        otlp_traces_endpoint=telemetry.otlp_grpc_endpoint(s) if t.enabled else None,
+        collect_detailed_traces=t.detailed if t.enabled else None,
+        log_requests=rl.enabled,
+        log_prompts=rl.enabled and rl.prompts,
+        max_log_len=rl.max_log_len,
+        json_logs=s.observability.logs.enabled,
         extra_args=tuple(e.extra_args),
     )
 

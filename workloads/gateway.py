@@ -15,7 +15,8 @@ splits traffic itself (`StackSettings.edge_upstreams`).
 
 from __future__ import annotations
 
-from stacks.constants import ENTRY_NAMESPACE, HTTP_PORT, entry_service
+from stacks.constants import CONSUMER_HEADER, ENTRY_NAMESPACE, HTTP_PORT, entry_service
+from workloads import telemetry
 from workloads.context import ServingContext
 
 GATEWAY_API = "gateway.networking.k8s.io/v1"
@@ -36,9 +37,9 @@ PROXY_CONTAINER_PORT = LISTENER_PORT + 10000
 OWNING_GATEWAY_NAME = "gateway.envoyproxy.io/owning-gateway-name"
 OWNING_GATEWAY_NAMESPACE = "gateway.envoyproxy.io/owning-gateway-namespace"
 
-# The JWT's consumer claim is copied into this header; it is the rate-limit key. Clients
-# cannot set it themselves: the ClientTrafficPolicy strips it before any filter runs.
-CONSUMER_HEADER = "x-deepseek-consumer"
+# The JWT's consumer claim is copied into CONSUMER_HEADER (stacks/constants.py); it is the
+# rate-limit key. Clients cannot set it themselves: the ClientTrafficPolicy strips it
+# before any filter runs.
 
 API_PREFIX = "/v1/"
 AB_RULE = "ab-canary"
@@ -103,6 +104,7 @@ def envoy_proxy(ctx: ServingContext) -> dict:
                 },
             },
             "shutdown": {"drainTimeout": _timeout(ctx)},
+            **({"telemetry": t} if (t := telemetry.envoy_telemetry(ctx)) else {}),
         },
     }
 
@@ -182,7 +184,12 @@ def client_traffic_policy(ctx: ServingContext) -> dict:
             "targetRefs": [_target("Gateway", gateway_name(ctx))],
             # Removed before routing and before the JWT filter writes it, so the rate-limit
             # key can only come from a verified token.
-            "headers": {"earlyRequestHeaders": {"remove": [CONSUMER_HEADER]}},
+            "headers": {
+                "earlyRequestHeaders": {"remove": [CONSUMER_HEADER]},
+                # Keep the edge's X-Request-ID (the default, Generate, replaces it), so one
+                # id names the request in the APIG, gateway and vLLM logs.
+                "requestID": "PreserveOrGenerate",
+            },
             # Envoy's stream idle timeout defaults to 5 min; a non-streamed completion sends
             # no byte until it is done, so it gets the whole request budget.
             "timeout": {"http": {"streamIdleTimeout": t}},

@@ -12,7 +12,7 @@ import json
 import shlex
 
 from stacks.regions import tos_internal_endpoint, tos_internal_s3_host
-from workloads import engine_args, rdma, triton
+from workloads import engine_args, rdma, telemetry, triton
 from stacks.constants import (
     GPU_RESOURCE,
     HTTP_PORT,
@@ -221,7 +221,7 @@ def engine_env(ctx: ServingContext) -> list[dict]:
     ]
     if ctx.multi_node:
         env.append({"name": "NCCL_SOCKET_IFNAME", "value": "eth0"})
-    return env
+    return env + telemetry.engine_env(ctx)
 
 
 def engine_command(ctx: ServingContext, args: list[str], *, headless: bool = False,

@@ -15,7 +15,9 @@ What is rendered, and where:
 * PrometheusRule objects built from `workloads/rules/*.yaml` (templates: `${name}` is
   filled from the settings at render time; the rendered text is what promtool checks);
 * the Grafana dashboard `workloads/dashboards/vllm.json` in a ConfigMap labelled
-  `grafana_dashboard: "1"`, which the Grafana sidecar (kube-prometheus-stack) loads.
+  `grafana_dashboard: "1"`, which the Grafana sidecar (kube-prometheus-stack) loads, with
+  a request-id box and the searches that find that request's logs and trace
+  (workloads/telemetry.py).
 
 Label conventions every query relies on (set by the PodMonitors below):
 
@@ -38,7 +40,7 @@ from typing import Any
 import yaml
 
 from stacks.constants import GPU_MODEL_LABEL, GPU_RESOURCE, HTTP_PORT, MANAGED_BY, PART_OF
-from workloads import triton
+from workloads import telemetry, triton
 from workloads.context import ServingContext
 from workloads.manifests import serving_selector
 from workloads.selectors import (  # noqa: F401  (re-exported: the selectors the rules use)
@@ -191,7 +193,7 @@ def dashboard(ctx: ServingContext) -> dict:
     for var in model["templating"]["list"]:
         if var["name"] == "namespace":
             var["current"] = {"selected": True, "text": ctx.namespace, "value": ctx.namespace}
-    return model
+    return telemetry.add_request_links(model, ctx.settings)
 
 
 def dashboard_queries(model: dict) -> list[tuple[str, str]]:

@@ -5,6 +5,7 @@
                     <- Prometheus (monitoring namespace)      [/metrics]
     egress   :53    -> kube-system (cluster DNS)
              :443   -> outside the cluster's own ranges       [TOS weights, STS for IRSA]
+             :4317  -> the OpenTelemetry Collector's namespace [spans, when tracing]
     both     all    <-> the serving pods themselves           [multi-node only]
 
 vLLM never calls the Kubernetes API (the pods do not even mount a token), so no policy
@@ -17,6 +18,7 @@ from __future__ import annotations
 import ipaddress
 
 from stacks.constants import ENTRY_NAMESPACE, HTTP_PORT
+from workloads import telemetry
 from workloads.context import ServingContext
 
 NS_LABEL = "kubernetes.io/metadata.name"  # set by the API server on every namespace (1.22+)
@@ -96,6 +98,17 @@ def egress_https(ctx: ServingContext) -> dict:
     })
 
 
+def egress_otlp(ctx: ServingContext) -> dict:
+    """Spans to the OpenTelemetry Collector (OTLP gRPC), and nowhere else on that port."""
+    t = ctx.settings.observability.tracing
+    return _policy(ctx, f"{ctx.release}-egress-otlp", {
+        "podSelector": {"matchLabels": ctx.selector("server")},
+        "policyTypes": ["Egress"],
+        "egress": [{"to": [_ns(t.collector_namespace)],
+                    "ports": [{"protocol": "TCP", "port": telemetry.OTLP_GRPC_PORT}]}],
+    })
+
+
 def group_traffic(ctx: ServingContext) -> dict:
     """Multi-node replicas: leader and workers talk on dynamic ports (torch.distributed
     store, NCCL bootstrap and sockets, Ray/gloo), so all ports, but only among the serving
@@ -111,6 +124,8 @@ def group_traffic(ctx: ServingContext) -> dict:
 
 def render(ctx: ServingContext) -> list[dict]:
     objs = [default_deny(ctx), ingress_http(ctx), egress_dns(ctx), egress_https(ctx)]
+    if telemetry.tracing_on(ctx.settings):
+        objs.append(egress_otlp(ctx))
     if ctx.multi_node:
         objs.append(group_traffic(ctx))
     return objs

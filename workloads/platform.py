@@ -15,15 +15,18 @@ our tests validate against (tests/data/crds, sources in tests/data/SOURCES.md).
 from __future__ import annotations
 
 from stacks.settings import StackSettings
-from workloads import versions
+from workloads import telemetry, versions
 from stacks.constants import (
     DEVICE_PLUGIN_DEFAULT_CONFIG,
     DEVICE_PLUGIN_MIG_CONFIG,
     ENTRY_NAMESPACE,
     GPU_MODEL_LABEL,
     GPU_RESOURCE,
+    KEDA_NAMESPACE,
+    LWS_NAMESPACE,
     MANAGED_BY,
     PART_OF,
+    ROLLOUTS_NAMESPACE,
 )
 
 REDIS_NAME = "envoy-ratelimit-redis"
@@ -70,7 +73,7 @@ def envoy_gateway(settings: StackSettings) -> dict:
 
 
 def keda(settings: StackSettings) -> dict:
-    return _release("keda", "keda", versions.KEDA, {})
+    return _release("keda", KEDA_NAMESPACE, versions.KEDA, {})
 
 
 def argo_rollouts(settings: StackSettings) -> dict:
@@ -88,11 +91,11 @@ def argo_rollouts(settings: StackSettings) -> dict:
             },
         },
     }
-    return _release("argo-rollouts", "argo-rollouts", versions.ARGO_ROLLOUTS, values)
+    return _release("argo-rollouts", ROLLOUTS_NAMESPACE, versions.ARGO_ROLLOUTS, values)
 
 
 def leader_worker_set(settings: StackSettings) -> dict:
-    return _release("lws", "lws-system", versions.LWS, {})
+    return _release("lws", LWS_NAMESPACE, versions.LWS, {})
 
 
 def kube_prometheus_stack(settings: StackSettings) -> dict:
@@ -144,8 +147,10 @@ def device_plugin(settings: StackSettings) -> dict:
     return _release("nvidia-device-plugin", "nvidia-device-plugin", versions.NVIDIA_DEVICE_PLUGIN, values)
 
 
-def releases(settings: StackSettings) -> list[dict]:
-    """The Helm releases, in install order (controllers before the objects that use them)."""
+def releases(settings: StackSettings, trace_topic_id=None) -> list[dict]:
+    """The Helm releases, in install order (controllers before the objects that use them).
+    `trace_topic_id` is the TLS trace topic the collector writes to (infra/logging.py; a
+    Pulumi output in the program, a literal in tests)."""
     out = []
     if uses_mig(settings):  # VKE's device plugin add-on is left out then (infra/cluster.py)
         out.append(device_plugin(settings))
@@ -159,6 +164,8 @@ def releases(settings: StackSettings) -> list[dict]:
         out.append(leader_worker_set(settings))
     if settings.monitoring.enabled:
         out.append(kube_prometheus_stack(settings))
+    if telemetry.tracing_on(settings):
+        out.append(telemetry.collector_release(settings, trace_topic_id))
     return out
 
 

@@ -43,6 +43,7 @@ class ServingArgs:
     # (write endpoint, username, password) of the VMP workspace the in-cluster Prometheus
     # remote-writes to; None without VMP
     vmp_remote_write: tuple[pulumi.Input[str], str, pulumi.Input[str]] | None = None
+    trace_topic_id: pulumi.Input[str] | None = None  # TLS trace topic the collector writes to
 
 
 def renderers(ctx: ServingContext) -> list[Renderer]:
@@ -83,7 +84,7 @@ class Serving(pulumi.ComponentResource):
 
         releases = []
         remote_write = args.vmp_remote_write if ctx.settings.monitoring.enabled else None
-        for rel in platform.releases(ctx.settings):
+        for rel in platform.releases(ctx.settings, args.trace_topic_id):
             values = rel.get("values", {})
             if remote_write is not None and rel["name"] == "kube-prometheus-stack":
                 values = vmp.merge(values, vmp.remote_write_values(remote_write[0]))
@@ -183,6 +184,7 @@ def build_serving(settings, infra) -> Serving:
                  infra.observability.write_password)
                 if infra.observability else None
             ),
+            trace_topic_id=infra.logs.trace_topic_id if infra.logs else None,
         ),
         opts=pulumi.ResourceOptions(depends_on=[infra.cluster]),
     )

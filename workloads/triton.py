@@ -104,7 +104,19 @@ def model_json(a: engine_args.EngineArgs) -> dict:
             out[key] = round(value, 2) if key == "gpu_memory_utilization" else value
     if a.kv_cache_dtype != "auto":
         out["kv_cache_dtype"] = a.kv_cache_dtype
+    # the engine's own spans (its observability config), under the incoming traceparent
+    if a.otlp_traces_endpoint:
+        out["otlp_traces_endpoint"] = a.otlp_traces_endpoint
+        if a.collect_detailed_traces:
+            out["collect_detailed_traces"] = a.collect_detailed_traces
     return out
+
+
+# vLLM flags of its OpenAI server rather than its engine: Triton's frontend answers HTTP, so
+# they have no model.json field (request logging there is Triton's own)
+FRONTEND_ONLY_FIELDS = frozenset({
+    "host", "port", "max_log_len", "log_level", "logging_config.formatter", "disable_access_log_for_endpoints",
+})
 
 
 def config_pbtxt(ctx: ServingContext) -> str:

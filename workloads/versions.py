@@ -48,3 +48,12 @@ NVIDIA_DEVICE_PLUGIN = Chart("nvidia-device-plugin", "0.18.2", "https://nvidia.g
 # Counter store of Envoy Gateway's global rate-limit service (plain manifests, see
 # workloads/platform.py: no maintained Redis chart without a vendor image licence).
 REDIS_IMAGE = "docker.io/library/redis:7.4.2-alpine"
+
+# The OpenTelemetry Collector chart 0.170.0 deploys collector 0.158.0 (Chart.yaml appVersion,
+# open-telemetry/opentelemetry-helm-charts tag opentelemetry-collector-0.170.0, commit
+# f5178cb9). The chart no longer picks an image: the k8s distribution carries the otlp
+# receiver, the otlphttp exporter and the batch, memory_limiter and resource processors.
+OTEL_COLLECTOR = Chart(
+    "opentelemetry-collector", "0.170.0", "https://open-telemetry.github.io/opentelemetry-helm-charts", "0.158.0"
+)
+OTEL_COLLECTOR_IMAGE = "otel/opentelemetry-collector-k8s"
