@@ -127,6 +127,11 @@ def stage_weight_bytes(m: ModelSpec, quant: str, tp: int, pp: int) -> list[int]:
     return out
 
 
+def checkpoint_bytes(m: ModelSpec, quantization: str | None = None) -> int:
+    """Bytes of the checkpoint files (the weights as stored: one copy, unsharded)."""
+    return stage_weight_bytes(m, normalize_quantization(m, quantization), 1, 1)[0]
+
+
 def kv_element_bytes(m: ModelSpec, kv_cache_dtype: str = "auto") -> int:
     d = (kv_cache_dtype or "auto").strip().lower()
     if d not in KV_CACHE_DTYPES:

@@ -32,6 +32,9 @@ from stacks.regions import (
 )
 
 EnvironmentClass = Literal["dev", "staging", "prod"]
+# Kept on top of preStop + drain in a serving pod's termination grace: the kubelet's own
+# stop work and vLLM's teardown after the last request.
+GRACE_MARGIN_SECONDS = 30
 # Cloud names derive from the stack name (deepseek-<stack>, deepseek-volc-<stack>-weights):
 # a DNS label short enough for every name built from it (TOS buckets allow 63 characters,
 # CR instances 30).
@@ -293,23 +296,28 @@ class ServingSettings(_Model):
     startup_timeout_seconds: int = Field(
         1800, ge=1200, le=7200, description="how long the model may take to load before the pod is restarted"
     )
-    drain_seconds: int = Field(20, ge=0, le=300, description="preStop delay so the gateway stops routing first")
-    termination_grace_seconds: int = Field(
-        180, ge=30, le=3600, description="time for in-flight generations to finish on shutdown"
+    drain_seconds: int = Field(
+        20, ge=5, le=300,
+        description="preStop delay: the pod has left the Services' endpoints and the gateway stops routing to it "
+        "before vLLM is told to stop",
+    )
+    termination_grace_seconds: int | None = Field(
+        None, ge=30, le=7200,
+        description="time a stopping pod gets: preStop delay + vLLM's drain of in-flight requests; at least "
+        "drain_seconds + gateway.request_timeout_seconds; that sum plus 30 s when unset",
+    )
+    weights_sync_connections: int = Field(
+        8, ge=1, le=64, description="parallel downloads (and HTTP connections) of the weights sync init container"
+    )
+    weights_sync_mib_per_s: int = Field(
+        150, ge=10, le=20000,
+        description="TOS -> node cache throughput the startup budget assumes for a sync (bounded by the data "
+        "disk: size it from benchmarks/results/weights_sync.json and the disk class)",
     )
     in_cluster_gateway: bool = Field(True, description="Envoy Gateway in the cluster with JWT and rate limits")
     gateway_replicas: int = Field(2, ge=1, le=20, description="Envoy proxy replicas of the in-cluster gateway")
     auth: AuthSettings = Field(default_factory=AuthSettings, description="JWT authentication")
     rate_limits: RateLimitSettings = Field(default_factory=RateLimitSettings, description="per-consumer rate limits")
-
-    @model_validator(mode="after")
-    def _grace(self):
-        if self.termination_grace_seconds <= self.drain_seconds:
-            raise ValueError(
-                f"termination_grace_seconds: {self.termination_grace_seconds} must exceed drain_seconds "
-                f"({self.drain_seconds}) or in-flight requests are cut off"
-            )
-        return self
 
 
 # --------------------------------------------------------------------------- operations
@@ -323,8 +331,10 @@ class AutoscalingSettings(_Model):
         4.0, gt=0, description="target vllm:num_requests_waiting per replica (the primary signal)"
     )
     requests_per_second_per_replica: float = Field(2.0, gt=0, description="target request rate per replica")
-    gpu_utilization_percent: int = Field(
-        90, ge=10, le=100, description="secondary signal: mean DCGM_FI_DEV_GPU_UTIL per replica"
+    kv_cache_usage: float = Field(
+        0.75, gt=0, le=1,
+        description="saturation signal: target mean vllm:kv_cache_usage_perc (share of KV cache blocks in use) "
+        "over the replicas; past it, new requests queue and running ones get preempted",
     )
     scale_up_stabilization_seconds: int = Field(60, ge=0, le=3600, description="scale-up stabilisation window")
     scale_down_stabilization_seconds: int = Field(
@@ -349,6 +359,17 @@ class RolloutSettings(_Model):
     max_p99_latency_seconds: float = Field(30.0, gt=0, description="abort when the canary's P99 end-to-end latency exceeds this")
     analysis_interval_seconds: int = Field(60, ge=10, le=3600, description="how often the analysis queries Prometheus")
     failure_limit: int = Field(2, ge=0, le=20, description="failed measurements tolerated before abort")
+    max_surge: int = Field(
+        1, ge=0, le=8,
+        description="replicas (whole node groups when multi-node) a rolling update may add above the current "
+        "count; 0 replaces one replica at a time (one replica less while it loads). An Argo canary always "
+        "needs one",
+    )
+    partition: int = Field(
+        0, ge=0, le=100,
+        description="multi-node only: groups 0..partition-1 keep the current template during an update (the "
+        "LeaderWorkerSet partition); set it to the replica count minus one to update one group first",
+    )
 
     @field_validator("steps")
     @classmethod
@@ -443,7 +464,82 @@ class StackSettings(_Model):
                 f"{', '.join(self.cluster.gpu_pools)}"
             )
         self._plan_serving()
+        self._check_lifecycle()
+        self._check_pool_capacity()
         return self
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    @property
+    def termination_grace_seconds(self) -> int:
+        """Time a stopping serving pod gets: the preStop delay, then vLLM drains in-flight
+        requests for as long as the edge lets one run (`--shutdown-timeout`)."""
+        sv = self.serving
+        if sv.termination_grace_seconds is not None:
+            return sv.termination_grace_seconds
+        return sv.drain_seconds + self.gateway.request_timeout_seconds + GRACE_MARGIN_SECONDS
+
+    @property
+    def uses_argo_rollouts(self) -> bool:
+        """Argo Rollouts runs the canary: enabled, one node per replica (it cannot manage a
+        LeaderWorkerSet) and the in-cluster HTTPRoute it moves traffic on."""
+        return self.rollout.enabled and self.serving.in_cluster_gateway and self.serving_plan.nodes == 1
+
+    def _check_lifecycle(self) -> None:
+        sv, edge = self.serving, self.gateway.request_timeout_seconds
+        need = sv.drain_seconds + edge
+        if sv.termination_grace_seconds is not None and sv.termination_grace_seconds < need:
+            raise ValueError(
+                f"serving.termination_grace_seconds: {sv.termination_grace_seconds} s is shorter than "
+                f"serving.drain_seconds ({sv.drain_seconds}) + gateway.request_timeout_seconds ({edge}) = {need} s: "
+                "the longest request the edge allows would be cut off on every scale-down and rollout; "
+                f"expected at least {need}, or leave it unset"
+            )
+        if self.uses_argo_rollouts and self.gateway.canary_weight:
+            raise ValueError(
+                f"gateway.canary_weight: {self.gateway.canary_weight} while Argo Rollouts owns the canary split "
+                "(rollout.enabled, in-cluster gateway): Argo sets the weights during a rollout and back to 0 "
+                "after it; expected 0 (traffic steps are rollout.steps)"
+            )
+        if self.rollout.partition and self.serving_plan.nodes == 1:
+            raise ValueError(
+                "rollout.partition: applies to multi-node replicas (a LeaderWorkerSet) only; single-node "
+                "replicas roll out as an Argo canary or a Deployment update. Expected 0"
+            )
+
+    # -- pool capacity ------------------------------------------------------------------
+
+    def replicas_per_pool(self, pool: str | None = None) -> int:
+        """Serving replicas the pool holds at max_nodes: whole nodes per replica when a
+        replica spans nodes, else replicas side by side on each node's GPUs."""
+        name = pool or self.serving.gpu_pool
+        p, gpool = self.serving_plan, self.cluster.gpu_pools[name]
+        if p.nodes > 1:
+            return gpool.max_nodes // p.nodes
+        _, per_node = gpool.hardware()
+        return gpool.max_nodes * (per_node // p.total_gpus)
+
+    def rollout_surge(self) -> int:
+        """Replicas a rollout adds at its peak: Argo's canary scales the stable down as it
+        scales up (dynamicStableScale), so one; else rollout.max_surge."""
+        return max(1, self.rollout.max_surge) if self.uses_argo_rollouts else self.rollout.max_surge
+
+    def _check_pool_capacity(self) -> None:
+        a, sv = self.autoscaling, self.serving
+        upper, field = (a.max_replicas, "autoscaling.max_replicas") if a.enabled else (sv.replicas, "serving.replicas")
+        surge = self.rollout_surge()
+        room = self.replicas_per_pool()
+        if upper + surge > room:
+            p, pool = self.serving_plan, self.cluster.gpu_pools[sv.gpu_pool]
+            unit = (f"{p.nodes} nodes each" if p.nodes > 1 else f"{p.total_gpus} GPU(s) each")
+            fixes = [f"lower {field} to {max(room - surge, 0)}", f"raise cluster.gpu_pools.{sv.gpu_pool}.max_nodes"]
+            if surge and not self.uses_argo_rollouts:
+                fixes.append("set rollout.max_surge: 0 (replace one replica at a time)")
+            raise ValueError(
+                f"{field}: {upper} replica(s) ({unit}) + a rollout surge of {surge} need room for {upper + surge} "
+                f"replicas, but pool {sv.gpu_pool} holds {room} at max_nodes {pool.max_nodes}: a rollout while "
+                f"scaled out would stall; {', or '.join(fixes)}"
+            )
 
     # -- capacity -----------------------------------------------------------------------
 

@@ -150,6 +150,7 @@ def test_edge_routes_to_the_in_cluster_entry(runs, stack):
 def test_edge_splits_by_weight_without_the_in_cluster_gateway():
     raw = json.loads(json.dumps(read_raw("staging")))
     raw["serving"]["in_cluster_gateway"] = False
+    raw.setdefault("gateway", {})["canary_weight"] = 10
     rec = engine.run("staging", raw)
     route = next(r.inputs for r in rec.resources if r.name.endswith("-route-default"))
     weights = [u["weight"] for u in route["upstreamLists"]]

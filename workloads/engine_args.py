@@ -42,6 +42,9 @@ class EngineArgs:
     quantization: str | None = None
     kv_cache_dtype: str = "auto"
     load_format: str = "auto"
+    # Seconds vLLM keeps serving in-flight requests after SIGTERM (0, vLLM's default,
+    # aborts them at once).
+    shutdown_timeout: int | None = None
     port: int = HTTP_PORT
     host: str = "0.0.0.0"
     # multi-node (vLLM's multiprocessing executor across nodes, no Ray)
@@ -77,6 +80,8 @@ def render(a: EngineArgs) -> list[str]:
         args += ["--quantization", a.quantization]
     if a.kv_cache_dtype != "auto":
         args += ["--kv-cache-dtype", a.kv_cache_dtype]
+    if a.shutdown_timeout is not None:
+        args += ["--shutdown-timeout", str(a.shutdown_timeout)]
     if a.nnodes > 1:
         args += ["--nnodes", str(a.nnodes), "--distributed-executor-backend", "mp"]
         if a.node_rank is not None:
@@ -125,6 +130,9 @@ def from_context(ctx: ServingContext, model_path: str) -> EngineArgs:
         kv_cache_dtype=e.kv_cache_dtype,
         # runai_streamer reads safetensors straight from TOS's S3 endpoint into GPU memory
         load_format="runai_streamer" if stream else "safetensors",
+        # Drain on SIGTERM for as long as the edge lets a request run; the pod's termination
+        # grace covers it (StackSettings.termination_grace_seconds).
+        shutdown_timeout=ctx.settings.gateway.request_timeout_seconds,
         nnodes=p.nodes,
         extra_args=tuple(e.extra_args),
     )
