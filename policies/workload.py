@@ -129,12 +129,19 @@ def _resources(args, report):
             report(f"{where} has no {', '.join(missing)}: the scheduler cannot place it safely and a leak takes "
                    "the node down. Fix: set CPU and memory requests and limits (workloads/manifests.py resources).")
         if serving:
-            tp = number(engine_flag(container_argv(c), "--tensor-parallel-size"), 1.0)
+            argv = container_argv(c)
+            tp = number(engine_flag(argv, "--tensor-parallel-size"), 1.0)
+            # Data-parallel engines on this node (each a TP group): the local share when the
+            # replica spans nodes, else all of them.
+            dp = number(engine_flag(argv, "--data-parallel-size-local"),
+                        number(engine_flag(argv, "--data-parallel-size"), 1.0))
+            ranks = tp * dp
             g_req, g_lim = number(req.get(GPU_RESOURCE)), number(lim.get(GPU_RESOURCE))
-            if g_lim is None or g_lim != g_req or g_lim != tp:
+            if g_lim is None or g_lim != g_req or g_lim != ranks:
+                what = f"tensor parallel {tp:g}" + (f" x {dp:g} data-parallel engines" if dp != 1 else "")
                 report(f"{where} asks for {req.get(GPU_RESOURCE)} / {lim.get(GPU_RESOURCE)} {GPU_RESOURCE} "
-                       f"(requests/limits) but runs tensor parallel {tp:g}. Fix: request and limit exactly "
-                       f"{tp:g} GPU(s), one per tensor-parallel rank.")
+                       f"(requests/limits) but runs {what}. Fix: request and limit exactly "
+                       f"{ranks:g} GPU(s), one per rank.")
 
 
 # --------------------------------------------------------------------------- probes
@@ -188,6 +195,7 @@ def _shm(args, report):
             continue
         tp = number(engine_flag(container_argv(c), "--tensor-parallel-size"), 1.0)
         pp = number(engine_flag(container_argv(c), "--pipeline-parallel-size"), 1.0)
+        pp *= number(engine_flag(container_argv(c), "--data-parallel-size"), 1.0)
         if tp * pp <= 1:
             continue
         mem_volumes = {dig(v, "name") for v in items(dig(t, "spec", "volumes"))

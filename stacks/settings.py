@@ -46,6 +46,13 @@ Name = Annotated[
 ]
 
 
+def instance_type_rdma(instance_type: str) -> bool:
+    """VolcEngine's HPC GPU instance types (ecs.hpc*, ecs.ebmhpc*) sit in an HPC cluster with
+    RDMA NICs between nodes (ecs.hpcpni2.28xlarge, ecs.hpcpni3ln.45xlarge: RDMA)."""
+    family = instance_type.split(".")
+    return len(family) > 1 and family[1].startswith(("hpc", "ebmhpc"))
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
@@ -234,6 +241,22 @@ class EngineSettings(_Model):
     dtype: Literal["auto", "bfloat16", "float16"] = Field("auto", description="activation dtype")
     quantization: Literal["awq", "fp8"] | None = Field(None, description="weight quantization of the checkpoint")
     kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = Field("auto", description="KV cache dtype")
+    parallelism: Literal["auto", "tp_pp", "tp_ep", "dp_ep"] = Field(
+        "auto",
+        description="layout of a replica: tp_pp (tensor parallel in a node, pipeline stages across nodes), tp_ep "
+        "(attention tensor parallel, experts split across all GPUs), dp_ep (attention data parallel, one engine "
+        "per GPU, experts split across all GPUs); auto: the fewest GPUs, preferring dp_ep > tp_ep > tp_pp (EP "
+        "across nodes only on RDMA pools); see docs/planner.md",
+    )
+    data_parallel_size: int | None = Field(
+        None, ge=1, le=256, description="engines (attention replicas) per replica with tp_ep/dp_ep; all GPUs of the "
+        "replica's nodes divided by the TP size when unset",
+    )
+    speculative_tokens: int = Field(
+        0, ge=0, le=4,
+        description="MTP speculative decoding: draft tokens per step from the model's own MTP module (DeepSeek-V3/R1; "
+        "its weights and KV cache are planned in); 0 turns it off",
+    )
     extra_args: list[str] = Field(default_factory=list, description="extra vLLM arguments passed through verbatim")
     kernels: bool = Field(True, description="install the deepseek-volc Triton kernels plugin in vLLM")
 
@@ -566,6 +589,10 @@ class StackSettings(_Model):
                 max_num_seqs=e.max_num_seqs,
                 gpu_memory_utilization=e.gpu_memory_utilization,
                 max_num_batched_tokens=e.max_num_batched_tokens,
+                parallelism=e.parallelism,
+                data_parallel_size=e.data_parallel_size,
+                speculative_tokens=e.speculative_tokens,
+                rdma=self.pool_rdma(sv.gpu_pool),
             )
         except PlanError as exc:
             raise ValueError(f"serving.engine: {exc}") from None
@@ -605,9 +632,14 @@ class StackSettings(_Model):
             where = "no catalogued node shape holds it on one node"
         return (f"serving.multi_node: one replica of {model.name} needs {p.nodes} nodes of {gpu_name} x "
                 f"{per_node} (pool {self.serving.gpu_pool}: TP{p.tensor_parallel_size} x "
-                f"PP{p.pipeline_parallel_size}); set serving.multi_node: true to run each replica across "
+                f"PP{p.pipeline_parallel_size}" + (f", {p.describe_layout()}" if p.parallelism != "tp_pp" else "")
+                + "); set serving.multi_node: true to run each replica across "
                 f"nodes (a LeaderWorkerSet, pipeline parallel over the network), or serve it from a larger "
                 f"pool: {where}")
+
+    def pool_rdma(self, pool: str) -> bool:
+        """Whether the pool's nodes reach each other over RDMA."""
+        return instance_type_rdma(self.cluster.gpu_pools[pool].instance_type)
 
     @property
     def serving_plan(self):

@@ -48,11 +48,16 @@ def test_every_object_passes_its_schema(stack):
 
 
 @pytest.mark.parametrize("stack", STACKS)
-def test_gpu_limits_equal_the_tensor_parallel_size(stack):
+def test_gpu_limits_equal_the_ranks_of_a_pod(stack):
+    """One GPU per rank on the pod's node: the TP group (a pipeline stage per node), or
+    the node's share of the data-parallel engines (prod: 8 of DP16)."""
     ctx = ctx_for(stack)
+    p = ctx.plan
+    per_pod = p.tensor_parallel_size * p.pipeline_parallel_size * p.data_parallel_size // p.nodes
+    assert per_pod == ctx.gpus_per_pod and (stack != "prod" or per_pod == 8)
     for tmpl in pod_templates(workload(objects(stack))):
         res = tmpl["spec"]["containers"][0]["resources"]
-        assert res["limits"]["nvidia.com/gpu"] == str(ctx.plan.tensor_parallel_size)
+        assert res["limits"]["nvidia.com/gpu"] == str(per_pod)
         assert res["requests"]["nvidia.com/gpu"] == res["limits"]["nvidia.com/gpu"]
         assert res["requests"]["memory"] == res["limits"]["memory"]
 
@@ -63,7 +68,7 @@ def test_shm_grows_with_tensor_parallelism(stack):
     tmpl = pod_templates(workload(objects(stack)))[0]["spec"]
     shm = next(v for v in tmpl["volumes"] if v["name"] == "dshm")
     assert shm["emptyDir"]["medium"] == "Memory"
-    assert shm["emptyDir"]["sizeLimit"] == f"{2 + 2 * ctx.plan.tensor_parallel_size}Gi"
+    assert shm["emptyDir"]["sizeLimit"] == f"{2 + 2 * ctx.gpus_per_pod}Gi"
     mounts = {m["mountPath"]: m["name"] for m in tmpl["containers"][0]["volumeMounts"]}
     assert mounts["/dev/shm"] == "dshm"
 
@@ -223,13 +228,15 @@ def test_prod_is_a_leader_worker_set_over_the_planned_nodes():
     w = workload(objects("prod"))
     assert w["kind"] == "LeaderWorkerSet"
     lwt = w["spec"]["leaderWorkerTemplate"]
-    assert lwt["size"] == ctx.plan.nodes == ctx.plan.pipeline_parallel_size
+    assert lwt["size"] == ctx.plan.nodes == 2
     assert lwt["restartPolicy"] == "RecreateGroupOnPodRestart"
     leader = lwt["leaderTemplate"]["spec"]["containers"][0]
     worker = lwt["workerTemplate"]["spec"]["containers"][0]
     assert leader["startupProbe"]["httpGet"]["path"] == "/health"
     assert worker["args"][-1] == "--headless"
-    assert worker["args"][worker["args"].index("--node-rank") + 1] == "$(LWS_WORKER_INDEX)"
+    # DP16 over two nodes: the worker runs engines 8..15, its first rank computed by its shell
+    assert worker["command"][:2] == ["/bin/sh", "-c"]
+    assert worker["command"][2].endswith('"$@" --data-parallel-start-rank $$((LWS_WORKER_INDEX * 8))')
     # workers carry the same shm and weight handling as the leader
     for spec in (lwt["leaderTemplate"]["spec"], lwt["workerTemplate"]["spec"]):
         assert {v["name"] for v in spec["volumes"]} >= {"dshm", "model-cache"}

@@ -9,6 +9,7 @@ and the capacity plan, never from constants here.
 from __future__ import annotations
 
 import shlex
+from dataclasses import replace
 
 from capacity.planner import checkpoint_bytes
 from stacks.regions import tos_internal_s3_host
@@ -256,17 +257,23 @@ def engine_env(ctx: ServingContext) -> list[dict]:
     return env
 
 
-def engine_command(ctx: ServingContext, args: list[str], *, headless: bool = False) -> dict:
+def engine_command(ctx: ServingContext, args: list[str], *, headless: bool = False,
+                   shell_args: list[str] | None = None) -> dict:
     """Program and arguments. In stream mode the S3 credentials written by the init
-    container are sourced first; `exec` keeps vLLM as PID 1's child for signal delivery."""
+    container are sourced first; `shell_args` are appended by the shell, which evaluates
+    them (a data-parallel worker's first rank from its index); `exec` keeps vLLM as the
+    container's main process for signal delivery."""
     if headless:
         # Workers of a multi-node group run no API server (vLLM's `serve --headless`).
         program = ["python3", "-m", "vllm.entrypoints.cli.main", "serve"]
         args = args + ["--headless"]
     else:
         program = ["python3", "-m", engine_args.API_SERVER_MODULE]
-    if ctx.settings.serving.weights_mode == "stream":
-        script = f". {CREDENTIALS_DIR}/s3.env && exec {' '.join(program)} \"$@\""
+    stream = ctx.settings.serving.weights_mode == "stream"
+    if stream or shell_args:
+        script = (f". {CREDENTIALS_DIR}/s3.env && " if stream else "") + f"exec {' '.join(program)} \"$@\""
+        if shell_args:
+            script += " " + " ".join(shell_args)
         return {"command": ["/bin/sh", "-c", script, "vllm"], "args": args}
     return {"command": program, "args": args}
 
@@ -283,7 +290,8 @@ def pre_stop_seconds(ctx: ServingContext, *, serving: bool) -> int:
     return sv.drain_seconds + ctx.settings.gateway.request_timeout_seconds
 
 
-def engine_container(ctx: ServingContext, args: list[str], *, serving: bool, headless: bool = False) -> dict:
+def engine_container(ctx: ServingContext, args: list[str], *, serving: bool, headless: bool = False,
+                     shell_args: list[str] | None = None) -> dict:
     mounts = [{"name": "dshm", "mountPath": "/dev/shm"}, {"name": "home", "mountPath": "/home/vllm"}]
     if ctx.settings.serving.weights_mode == "sync":
         mounts.append({"name": "model-cache", "mountPath": MODEL_CACHE_DIR, "readOnly": True})
@@ -293,7 +301,7 @@ def engine_container(ctx: ServingContext, args: list[str], *, serving: bool, hea
         "name": "vllm",
         "image": ctx.image,
         "imagePullPolicy": "IfNotPresent",
-        **engine_command(ctx, args, headless=headless),
+        **engine_command(ctx, args, headless=headless, shell_args=shell_args),
         "env": engine_env(ctx),
         "resources": resources(ctx),
         "volumeMounts": mounts,
@@ -414,8 +422,15 @@ def leader_worker_set(ctx: ServingContext, role_trn_env: dict) -> dict:
     base = engine_args.from_context(ctx, model_path(ctx))
     leader_addr = "$(LWS_LEADER_ADDRESS)"
     leader_args = engine_args.render(engine_args.for_rank(base, node_rank="0", master_addr=leader_addr))
-    worker_args = engine_args.render(
-        engine_args.for_rank(base, node_rank="$(LWS_WORKER_INDEX)", master_addr=leader_addr))
+    worker = engine_args.for_rank(base, node_rank="$(LWS_WORKER_INDEX)", master_addr=leader_addr,
+                                  worker_index="LWS_WORKER_INDEX")
+    # A data-parallel worker's first rank is its index times the engines per node: the
+    # shell computes it (the kubelet's $(VAR) expansion cannot).
+    shell_args = []
+    if worker.data_parallel_start_rank is not None:
+        shell_args = ["--data-parallel-start-rank", worker.data_parallel_start_rank]
+        worker = replace(worker, data_parallel_start_rank=None)
+    worker_args = engine_args.render(worker)
     init = init_containers(ctx, role_trn_env)
     leader_labels = {**ctx.labels("server"), LEADER_LABEL: "leader"}
     worker_labels = {**ctx.labels("server"), LEADER_LABEL: "worker"}
@@ -437,7 +452,8 @@ def leader_worker_set(ctx: ServingContext, role_trn_env: dict) -> dict:
                 },
                 "workerTemplate": {
                     "metadata": {"labels": worker_labels},
-                    "spec": pod_spec(ctx, [engine_container(ctx, worker_args, serving=False, headless=True)],
+                    "spec": pod_spec(ctx, [engine_container(ctx, worker_args, serving=False, headless=True,
+                                                            shell_args=shell_args)],
                                      init, "server"),
                 },
             },
