@@ -186,3 +186,25 @@ def test_secrets_are_masked(runs, stack):
 def test_runs_do_not_leak_into_each_other(runs):
     again = engine.run("dev", read_raw("dev"))
     assert sorted(r.urn for r in again.resources) == sorted(r.urn for r in runs["dev"].resources)
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_pulumi_leaves_to_the_controllers_what_they_own(runs, stack):
+    """Registered with ignore_changes: the replica count of whatever KEDA scales, and, where
+    Argo Rollouts runs the canary, the weights of the HTTPRoute it moves, so `pulumi up`
+    during a rollout or a scale-out does not reset them."""
+    s = load(stack)
+    rec = runs[stack]
+    route = next(r for r in rec.resources if r.inputs.get("kind") == "HTTPRoute")
+    if s.uses_argo_rollouts:
+        assert route.ignore_changes == ["spec.rules[*].backendRefs[*].weight"]
+    else:
+        assert route.ignore_changes == []
+    scaled = next(r for r in rec.resources if r.inputs.get("kind") == "ScaledObject")
+    target = scaled.inputs["spec"]["scaleTargetRef"]
+    owner = next(r for r in rec.resources if r.inputs.get("kind", r.type.rsplit(":", 1)[-1]) == target["kind"]
+                 and r.inputs["metadata"]["name"] == target["name"] and "metadata" in r.inputs)
+    assert owner.ignore_changes == ["spec.replicas"]
+    # argo-rollouts is installed only where a stack runs its canaries
+    releases = {r.inputs["name"] for r in rec.resources if r.type == "kubernetes:helm.sh/v3:Release"}
+    assert ("argo-rollouts" in releases) == s.uses_argo_rollouts
