@@ -9,6 +9,7 @@ import re
 from stacks.regions import cr_registry_host
 
 from .common import (
+    APIG_ROUTE,
     CR_NAMESPACE,
     CR_REGISTRY,
     CR_REPOSITORY,
@@ -211,6 +212,57 @@ def _shm(args, report):
 # --------------------------------------------------------------------------- availability
 
 
+def _seconds(value) -> float | None:
+    """A Gateway API / Envoy duration ("600s", "10m") or a plain number of seconds."""
+    if value is None:
+        return None
+    text = str(value).strip()
+    scale = {"s": 1, "m": 60, "h": 3600}
+    if text and text[-1] in scale:
+        n = number(text[:-1])
+        return n * scale[text[-1]] if n is not None else None
+    return number(text)
+
+
+def _edge_timeout(resources) -> float | None:
+    """The longest request the edge lets run: the APIG routes' timeout and the in-cluster
+    gateway's request timeout."""
+    found = [_seconds(dig(r.props, "advancedSetting", "timeoutSetting", "timeout"))
+             for r in of_type(resources, APIG_ROUTE)]
+    found += [_seconds(dig(r.props, "spec", "timeout", "http", "requestTimeout"))
+              for r in of_kind(resources, "BackendTrafficPolicy")]
+    found = [f for f in found if f]
+    return max(found) if found else None
+
+
+def _drain(args, report):
+    edge = _edge_timeout(args.resources)
+    for w in serving_workloads(args.resources):
+        kind = k8s_kind(w.resource_type)
+        for role, t in pod_templates(kind, w.props):
+            grace = number(dig(t, "spec", "terminationGracePeriodSeconds"), 30.0)
+            for c in containers(t, init=False):
+                if not is_vllm(c):
+                    continue
+                where = f"{kind} {name_of(w.props)} ({role})"
+                pre = number(dig(c, "lifecycle", "preStop", "sleep", "seconds"), 0.0)
+                if not _serving_container(c):
+                    if grace <= pre:
+                        report(f"{where}: the worker's preStop ({pre:g} s) uses the whole termination grace "
+                               f"({grace:g} s). Fix: raise serving.termination_grace_seconds.", w.urn)
+                    continue
+                shutdown = number(engine_flag(container_argv(c), "--shutdown-timeout"), 0.0)
+                if edge and shutdown < edge:
+                    report(f"{where}: vLLM stops {shutdown:g} s after SIGTERM (--shutdown-timeout; 0 aborts every "
+                           f"request in flight) while the edge lets a request run {edge:g} s: every scale-down and "
+                           "rollout cuts long generations. Fix: render --shutdown-timeout = "
+                           "gateway.request_timeout_seconds (workloads/engine_args.py).", w.urn)
+                if grace < pre + shutdown:
+                    report(f"{where}: terminationGracePeriodSeconds {grace:g} is shorter than preStop {pre:g} s + "
+                           f"vLLM's drain {shutdown:g} s: the kubelet kills the drain. Fix: leave "
+                           "serving.termination_grace_seconds unset (derived) or raise it.", w.urn)
+
+
 def _template_labels(kind, props) -> list[dict]:
     return [mapping(dig(t, "metadata", "labels", default={})) for _, t in pod_templates(kind, props)]
 
@@ -226,6 +278,16 @@ def _pdb(args, report):
         if not covered:
             report(f"{kind} {name_of(w.props)} has no PodDisruptionBudget: a node drain can evict every replica "
                    "at once. Fix: add a PodDisruptionBudget (maxUnavailable: 1) selecting its pods.", w.urn)
+        elif kind == "LeaderWorkerSet":
+            # Evicting any pod of a group takes the whole group down: a budget over the
+            # leaders only lets drains take the workers of every group at once.
+            bare = [lb for lb in labels if not any(selector_matches(dig(p.props, "spec", "selector"), lb)
+                                                   for p in covered)]
+            if bare:
+                report(f"LeaderWorkerSet {name_of(w.props)}: its PodDisruptionBudget covers some of each group's "
+                       "pods but not the others (workers): a drain may evict a worker of every group at once, "
+                       "and each eviction takes its whole group down. Fix: select every pod of the "
+                       "LeaderWorkerSet (leaders and workers) with maxUnavailable: 1.", w.urn)
         for p in covered:
             if number(dig(p.props, "spec", "maxUnavailable"), None) == 0 or (
                     dig(p.props, "spec", "minAvailable") is not None
@@ -391,6 +453,14 @@ POLICIES = [
         "The model server has a PodDisruptionBudget that allows one disruption at a time.",
         _pdb,
         fix="Add a PodDisruptionBudget with maxUnavailable: 1.",
+        tags=["workloads"],
+    ),
+    stack_policy(
+        "serving-drain",
+        "A stopping model server finishes the longest request the edge allows: vLLM drains for the edge "
+        "timeout and the termination grace covers preStop plus that drain.",
+        _drain,
+        fix="Render --shutdown-timeout from gateway.request_timeout_seconds; leave the termination grace derived.",
         tags=["workloads"],
     ),
     stack_policy(
