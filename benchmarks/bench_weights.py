@@ -64,6 +64,7 @@ def main() -> None:
     parser.add_argument("--shards", type=int, default=8)
     parser.add_argument("--connections", type=int, nargs="+", default=[1, 4, 8])
     args = parser.parse_args()
+    load_start = round(os.getloadavg()[0], 2)
     work = Path(tempfile.mkdtemp(prefix="bench-weights-"))
     server = S3Server(work)
     try:
@@ -98,6 +99,8 @@ def main() -> None:
         "date": date.today().isoformat(),
         "python": platform.python_version(),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        # the machine is shared: its load during the run bounds what the figures mean
+        "load_average_1m": {"start": load_start, "end": round(os.getloadavg()[0], 2)},
         "server": "moto[server] 5.2.5 on 127.0.0.1 (one process)",
         "checkpoint": {"bytes": total, "shards": args.shards, "part_bytes": PART, "etag": "multipart"},
         "cold_sync_by_connections": cold,
