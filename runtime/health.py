@@ -16,7 +16,6 @@ Standard library only (it runs in the serving image every probe period).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 from typing import Iterable
