@@ -44,7 +44,9 @@ def test_rollout_references_the_deployment_and_the_two_services():
 
 def test_steps_come_from_settings():
     ctx = ctx_for("dev", rollout__steps=[10, 25, 60, 100], rollout__pause_seconds=900)
-    assert objects(ctx)["Rollout"]["spec"]["strategy"]["canary"]["steps"][1:] == [
+    steps = objects(ctx)["Rollout"]["spec"]["strategy"]["canary"]["steps"]
+    assert "setHeaderRoute" in steps.pop(1)  # the A/B route, once the first canary pods exist
+    assert steps == [
         {"setWeight": 10}, {"pause": {"duration": "900s"}},
         {"setWeight": 25}, {"pause": {"duration": "900s"}},
         {"setWeight": 60}, {"pause": {"duration": "900s"}},
@@ -128,8 +130,11 @@ def test_ab_header_routing_is_an_argo_managed_route_that_survives_a_rollout(stac
     canary = objects(ctx)["Rollout"]["spec"]["strategy"]["canary"]
     ab = ctx.settings.gateway.ab_header
     assert canary["trafficRouting"]["managedRoutes"] == [{"name": gateway.AB_RULE}]
-    assert canary["steps"][0] == {"setHeaderRoute": {"name": gateway.AB_RULE, "match": [
+    # right after the first weight, so the canary Service has pods when the header route appears
+    assert "setWeight" in canary["steps"][0]
+    assert canary["steps"][1] == {"setHeaderRoute": {"name": gateway.AB_RULE, "match": [
         {"headerName": ab.name, "headerValue": {"exact": ab.value}}]}}
+    assert sum("setHeaderRoute" in st for st in canary["steps"]) == 1
     assert canary["trafficRouting"]["plugins"][rollout.GATEWAY_API_PLUGIN]["httpRoutes"][0]["useHeaderRoutes"]
     # Argo's header route copies the matches of the rule holding both backends: /v1/ plus the header.
     route = next(o for o in gateway.render(ctx) if o["kind"] == "HTTPRoute")

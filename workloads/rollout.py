@@ -113,7 +113,7 @@ def analysis_template(ctx: ServingContext) -> dict:
 
 
 def header_route_step(ctx: ServingContext) -> dict:
-    """The A/B rule, as a route Argo manages: from the start of a rollout, requests with
+    """The A/B rule, as a route Argo manages: from the first canary weight on, requests with
     the A/B header go to the canary pods; when the rollout ends (promoted or aborted) Argo
     removes the rule and they follow the weighted split again (all stable)."""
     ab = ctx.settings.gateway.ab_header
@@ -121,10 +121,15 @@ def header_route_step(ctx: ServingContext) -> dict:
 
 
 def steps(ctx: ServingContext) -> list[dict]:
+    """setWeight / pause per rollout.steps, with the A/B header route added right after the
+    first weight: by then the canary pods exist (Argo scales them with the first weight
+    and waits for them), so header requests never meet an empty canary Service."""
     r = ctx.settings.rollout
-    out: list[dict] = [header_route_step(ctx)]
+    out: list[dict] = []
     for i, weight in enumerate(r.steps):
         out.append({"setWeight": weight})
+        if i == 0:
+            out.append(header_route_step(ctx))
         if i < len(r.steps) - 1:  # after the last (100%) step the Rollout is promoted
             out.append({"pause": {"duration": f"{r.pause_seconds}s"}})
     return out
@@ -156,9 +161,9 @@ def rollout(ctx: ServingContext) -> dict:
                 "dynamicStableScale": True,
                 "analysis": {
                     "templates": [{"templateName": template_name(ctx)}],
-                    # Start once the first weight is set: step 0 is the header route, step 1
-                    # the first setWeight, step 2 its pause.
-                    "startingStep": 2,
+                    # Start once the first weight is set: step 0 is that setWeight, step 1 the
+                    # header route, step 2 the pause.
+                    "startingStep": 1,
                     "args": [{"name": HASH_ARG, "valueFrom": {"podTemplateHashValue": "Latest"}}],
                 },
                 "steps": steps(ctx),
