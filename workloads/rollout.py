@@ -19,7 +19,7 @@ which Argo cannot manage: they use LWS's own rolling update, group by group, wit
 `rollout.partition` for a staged release (docs/operations.md).
 
 The A/B header (`gateway.ab_header`) reaches the canary through a header route Argo adds
-at the start of a rollout and removes at its end (`setHeaderRoute`, `managedRoutes`);
+after its first canary weight and removes at its end (`setHeaderRoute`, `managedRoutes`);
 `pulumi up` leaves the route's weights to Argo (workloads/gateway.py
 `ignored_changes`).
 
