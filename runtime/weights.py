@@ -51,13 +51,16 @@ from typing import Iterable, Iterator, Protocol
 MANIFEST = ".dsvolc-manifest.json"
 LOCK = ".dsvolc.lock"
 PARTIAL_DIR = ".dsvolc-partial"
-CHUNK = 8 * 1024 * 1024  # bytes per read from the network and per write to disk
+CHUNK = 8 * 1024 * 1024  # bytes per read when hashing a file on disk
+NET_CHUNK = 1024 * 1024  # bytes per read from the network (what a broken connection may lose)
 DEFAULT_CONNECTIONS = 8
 MiB = 1024 * 1024
 # Part sizes common S3/TOS upload tools use; tried for a multipart ETag when the server
 # does not report the first part's size (HEAD ?partNumber=1).
 COMMON_PART_SIZES = tuple(s * MiB for s in (5, 8, 10, 16, 20, 32, 50, 64, 100, 128, 256, 512, 1024))
 MAX_PART_SIZE_GUESSES = 3
+MAX_STREAM_FAULTS = 5  # broken connections tolerated per file (each resumes where it broke)
+MAX_CHECKSUM_RETRIES = 2  # whole refetches of a file whose content fails its ETag
 
 
 class WeightsError(Exception):
@@ -196,7 +199,7 @@ class S3Store:
             raise WeightsError(f"{self.describe(obj.key)}: {exc}") from None
         body = resp["Body"]
         try:
-            yield from body.iter_chunks(CHUNK)
+            yield from body.iter_chunks(NET_CHUNK)
         finally:
             body.close()
 
@@ -450,8 +453,13 @@ class _Syncer:
 
     # -- fetching one file
     def fetch(self, obj: RemoteObject) -> None:
+        """Download one object into its partial file and move it into place once verified.
+        A connection that breaks mid-stream (or a short read) is resumed from the bytes
+        already on disk, up to MAX_STREAM_FAULTS times; content that fails its ETag is
+        fetched again whole, up to MAX_CHECKSUM_RETRIES times."""
         part_size = self.store.part_size(obj) if "-" in obj.etag else None
-        for attempt in range(3):
+        faults = mismatches = 0
+        while True:
             partial = _partial_path(self.dest, obj)
             partial.parent.mkdir(parents=True, exist_ok=True)
             offset = partial.stat().st_size if partial.exists() else 0
@@ -467,20 +475,36 @@ class _Syncer:
             try:
                 got = self._download(obj, partial, offset, h)
             except ChangedRemotely:
-                self.log(f"{obj.key}: changed in the bucket since it was listed; starting it again")
+                self.log(f"{obj.key}: changed in the bucket since it was listed")
                 partial.unlink(missing_ok=True)
                 raise WeightsError(f"{self.store.describe(obj.key)} changed during the sync (ETag no longer "
                                    f"{obj.etag}); run the sync again once the upload is complete") from None
-            if got != obj.size:
+            except WeightsError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the connection broke mid-stream (botocore, urllib3, OS)
+                faults += 1
+                if faults > MAX_STREAM_FAULTS:
+                    raise WeightsError(f"{self.store.describe(obj.key)}: the download broke {faults} times, "
+                                       f"last: {exc}") from None
+                self.log(f"{obj.key}: download broke ({type(exc).__name__}: {exc}); resuming")
+                continue
+            if got < obj.size:  # the server closed early: resume from what arrived
+                faults += 1
+                if faults > MAX_STREAM_FAULTS:
+                    raise WeightsError(f"{self.store.describe(obj.key)}: got {got:,} of {obj.size:,} bytes "
+                                       f"after {faults} attempts")
+                continue
+            if got > obj.size:
                 partial.unlink(missing_ok=True)
                 raise WeightsError(f"{self.store.describe(obj.key)}: got {got:,} bytes, expected {obj.size:,}")
             if not h.matches():
                 partial.unlink(missing_ok=True)
                 self.log(f"{obj.key}: checksum does not match ETag {obj.etag}"
                          + (" (the partial file was corrupt)" if offset else "") + "; fetching it again whole")
-                if attempt == 2:
+                mismatches += 1
+                if mismatches > MAX_CHECKSUM_RETRIES:
                     raise WeightsError(f"{self.store.describe(obj.key)}: content does not match its ETag "
-                                       f"{obj.etag} after 3 attempts")
+                                       f"{obj.etag} after {mismatches} attempts")
                 continue
             if not h.verifiable:
                 with self._lock:

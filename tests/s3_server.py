@@ -84,3 +84,70 @@ def upload_multipart(client, bucket: str, key: str, data: bytes, part_size: int)
     done = client.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=up["UploadId"],
                                             MultipartUpload={"Parts": parts})
     return done["ETag"].strip('"')
+
+
+class CuttingProxy:
+    """A TCP proxy in front of the S3 server that breaks one download mid-stream: after
+    `cut_after` bytes have gone from the server to the client, it resets that connection
+    (a network fault between a node and TOS). Later connections pass untouched."""
+
+    def __init__(self, upstream_port: int, cut_after: int):
+        import socket
+        import threading
+
+        self.cut_after, self.sent, self.cuts = cut_after, 0, 0
+        self._lock = threading.Lock()
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.upstream_port = upstream_port
+        self._closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import socket
+        import threading
+
+        while not self._closed:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
+            threading.Thread(target=self._pump, args=(client, upstream, False), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, True), daemon=True).start()
+
+    def _pump(self, src, dst, downstream: bool) -> None:
+        import socket
+        import struct
+
+        try:
+            while chunk := src.recv(65536):
+                if downstream:
+                    with self._lock:
+                        cut = self.cuts == 0 and self.sent + len(chunk) > self.cut_after
+                        if cut:
+                            self.cuts += 1
+                            chunk = chunk[: self.cut_after - self.sent]
+                        self.sent += len(chunk)
+                    if cut:
+                        dst.sendall(chunk)
+                        # The client sees the connection end mid-body; shutdown also wakes the
+                        # other direction's thread blocked reading this socket.
+                        dst.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                        for s in (dst, src):
+                            s.shutdown(socket.SHUT_RDWR)
+                        return
+                dst.sendall(chunk)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.close()
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self._closed = True
+        self.server.close()
