@@ -51,6 +51,7 @@ _V3_COMMON: dict[str, Any] = dict(
     max_context=163840,
     q_lora_rank=1536,
     fp8_block_size=(128, 128),
+    mtp_layers=1,  # num_nextn_predict_layers: 1 (the 14B MTP module of README_WEIGHTS.md)
 )
 
 _V2_LITE_COMMON: dict[str, Any] = dict(
@@ -381,6 +382,7 @@ def model_from_config(path: str | Path, *, name: str | None = None) -> ModelSpec
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         moe_layer_freq=int(cfg.get("moe_layer_freq") or 1),
         fp8_block_size=block,
+        mtp_layers=int(cfg.get("num_nextn_predict_layers") or 0),
     )
     if kv_lora is not None:
         rope = int(_req(cfg, "qk_rope_head_dim", path))

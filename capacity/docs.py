@@ -25,8 +25,19 @@ def _short_tokens(n: int) -> str:
     return str(n)
 
 
+def short_layout(p) -> str:
+    """TP8×PP2, TP8+EP8, DP16+EP16 (TP inside each engine when > 1: DP2×TP8+EP16)."""
+    if p.parallelism == "tp_pp":
+        return f"TP{p.tensor_parallel_size}" + (f"×PP{p.pipeline_parallel_size}" if p.pipeline_parallel_size > 1 else "")
+    tp = f"TP{p.tensor_parallel_size}" if p.tensor_parallel_size > 1 else ""
+    dp = f"DP{p.data_parallel_size}" if p.data_parallel_size > 1 else ""
+    return "×".join(x for x in (dp, tp) if x) + f"+EP{p.expert_parallel_size}"
+
+
 def catalog_table_markdown(gpus: tuple[str, ...] = DOC_GPUS, gpus_per_node: int = 8) -> str:
-    """Markdown table: every catalog model on the common GPUs with default settings."""
+    """Markdown table: every catalog model on the common GPUs with default settings (no
+    RDMA: expert parallelism stays within a node). Cells: layout, nodes, tokens of KV
+    cache in one replica (over all its data-parallel engines)."""
     head = "| model | " + " | ".join(gpus) + " |"
     sep = "|---|" + "---|" * len(gpus)
     rows = [head, sep]
@@ -37,11 +48,8 @@ def catalog_table_markdown(gpus: tuple[str, ...] = DOC_GPUS, gpus_per_node: int 
             if not p.fits:
                 cells.append("does not fit")
                 continue
-            layout = f"TP{p.tensor_parallel_size}"
-            if p.pipeline_parallel_size > 1:
-                layout += f"×PP{p.pipeline_parallel_size}"
-            nodes = f"{p.nodes} node" + ("s" if p.nodes > 1 else "")
-            cells.append(f"{layout}, {nodes}, {_short_tokens(p.kv_cache_tokens)}")
+            cells.append(f"{short_layout(p)}, {p.nodes} node" + ("s" if p.nodes > 1 else "")
+                         + f", {_short_tokens(p.replica_kv_cache_tokens)}")
         rows.append(f"| {name} ({spec.native_dtype}) | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 

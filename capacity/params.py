@@ -69,18 +69,48 @@ def _attention_params(m: ModelSpec, tp: int) -> ParamGroups:
     return ParamGroups(linear, other)
 
 
-def _mlp_params(m: ModelSpec, tp: int, moe: bool) -> ParamGroups:
+def experts_per_rank(m: ModelSpec, ep: int) -> int:
+    """Routed experts each rank holds under expert parallelism (whole experts; vLLM gives
+    the first ranks one more when the count does not divide)."""
+    return -(-m.n_routed_experts // ep)
+
+
+def _mlp_params(m: ModelSpec, tp: int, moe: bool, ep: int | None = None) -> ParamGroups:
     h = m.hidden_size
     if not moe:
         return ParamGroups(3 * h * m.intermediate_size / tp, 0.0)
-    experts = (m.n_routed_experts + m.n_shared_experts) * 3 * h * m.moe_intermediate_size / tp
+    expert = 3 * h * m.moe_intermediate_size
+    if ep:
+        # Expert parallel: routed experts are split whole across the EP ranks (EP = TP x
+        # DP); the shared experts stay tensor parallel within the attention group.
+        experts = experts_per_rank(m, ep) * expert + m.n_shared_experts * expert / tp
+    else:
+        experts = (m.n_routed_experts + m.n_shared_experts) * expert / tp
     router = m.n_routed_experts * h + (m.n_routed_experts if m.architecture == "deepseek_v3" else 0)
     return ParamGroups(experts, router)
 
 
-def layer_params(m: ModelSpec, index: int, tp: int = 1) -> ParamGroups:
+def layer_params(m: ModelSpec, index: int, tp: int = 1, ep: int | None = None) -> ParamGroups:
+    """One decoder layer on one rank. `ep`: expert-parallel size (None: experts are
+    tensor parallel like every other weight)."""
     norms = ParamGroups(0.0, 2 * m.hidden_size)
-    return _attention_params(m, tp) + _mlp_params(m, tp, m.layer_is_moe(index)) + norms
+    return _attention_params(m, tp) + _mlp_params(m, tp, m.layer_is_moe(index), ep) + norms
+
+
+def mtp_params(m: ModelSpec, tp: int = 1, ep: int | None = None, *, own_embedding: bool = False) -> ParamGroups:
+    """The multi-token-prediction modules on one rank (vLLM's DeepSeekMTP): per module a
+    full decoder layer (MoE in V3/R1), `eh_proj` (2h -> h, a replicated nn.Linear kept in
+    the activation dtype), enorm/hnorm and the shared head's norm. vLLM reuses the target
+    model's embedding and LM head only when there is no pipeline parallelism
+    (vllm/v1/spec_decode/llm_base_proposer.py `_maybe_share_embeddings`, 0.32); with
+    stages, the module carries its own copies (`own_embedding`)."""
+    if not m.mtp_layers:
+        return ParamGroups()
+    h = m.hidden_size
+    one = layer_params(m, m.num_layers, tp, ep) + ParamGroups(0.0, 2 * h * h + 3 * h)
+    if own_embedding:
+        one = one + embedding_params(m, tp) + lm_head_params(m, tp)
+    return one.scale(m.mtp_layers)
 
 
 def embedding_params(m: ModelSpec, tp: int = 1) -> ParamGroups:

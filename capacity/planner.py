@@ -36,8 +36,10 @@ from capacity.params import (
     kv_heads_per_rank,
     count_parameters,
     embedding_params,
+    experts_per_rank,
     layer_params,
     lm_head_params,
+    mtp_params,
     pp_layer_ranges,
 )
 from capacity.specs import GiB, GPUSpec, MiB, ModelSpec
@@ -57,6 +59,16 @@ HEADROOM_TARGET_BYTES = 2 * GiB  # memory left outside vLLM's budget (fragmentat
 MAX_RECOMMENDED_UTILIZATION = 0.95
 MAX_PIPELINE_STAGES = 32
 QUANT_GROUP = 128  # AWQ group size and FP8 weight block edge
+# Expert parallel: all-to-all dispatch/combine buffers per GPU (DeepEP / pplx-style
+# kernels allocate fixed send/receive buffers); an estimate, like the other reserves.
+EP_ALL2ALL_BYTES = 1 * GiB
+# Parallel layouts the planner chooses between (docs/planner.md):
+#   tp_pp  tensor parallel within a node, pipeline stages across nodes; experts sharded by TP
+#   tp_ep  attention tensor parallel (a DP group per node when multi-node), experts split
+#          whole across all ranks (--enable-expert-parallel)
+#   dp_ep  attention data parallel (one engine per GPU, each with its own KV cache), experts
+#          split whole across all ranks: the vLLM DeepSeek throughput recipe
+PARALLELISMS = ("tp_pp", "tp_ep", "dp_ep")
 
 QUANTIZATIONS = ("bf16", "fp16", "fp8", "awq")
 KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "float32", "fp8", "fp8_e4m3", "fp8_e5m2")
@@ -111,10 +123,12 @@ def _group_bytes(g: ParamGroups, quant: str, act_bytes: int) -> float:
     return g.linear * weight_bytes_per_param(quant) + g.other * other_bytes
 
 
-def stage_weight_bytes(m: ModelSpec, quant: str, tp: int, pp: int) -> list[int]:
-    """Weight bytes per GPU for each pipeline stage."""
+def stage_weight_bytes(m: ModelSpec, quant: str, tp: int, pp: int, ep: int | None = None,
+                       mtp: bool = False) -> list[int]:
+    """Weight bytes per GPU for each pipeline stage (`ep`: expert-parallel size; `mtp`: the
+    MTP modules are loaded, on the last stage)."""
     ab = activation_bytes(m)
-    layer_b = [_group_bytes(layer_params(m, i, tp), quant, ab) for i in range(m.num_layers)]
+    layer_b = [_group_bytes(layer_params(m, i, tp, ep), quant, ab) for i in range(m.num_layers)]
     out = []
     ranges = pp_layer_ranges(m.num_layers, pp)
     for s, (a, b) in enumerate(ranges):
@@ -123,8 +137,25 @@ def stage_weight_bytes(m: ModelSpec, quant: str, tp: int, pp: int) -> list[int]:
             total += _group_bytes(embedding_params(m, tp), quant, ab)
         if s == pp - 1 and not (m.tie_word_embeddings and pp == 1):
             total += _group_bytes(lm_head_params(m, tp), quant, ab)
+        if s == pp - 1 and mtp:
+            total += mtp_weight_bytes(m, quant, tp, pp, ep)
         out.append(int(math.ceil(total)))
     return out
+
+
+def mtp_weight_bytes(m: ModelSpec, quant: str, tp: int, pp: int, ep: int | None = None) -> int:
+    """Bytes per GPU of the MTP modules (speculative decoding): one MoE decoder layer each
+    plus its projections; their own embedding and LM head when pipeline parallel."""
+    g = mtp_params(m, tp, ep, own_embedding=pp > 1)
+    h = m.hidden_size
+    eh_proj = m.mtp_layers * 2 * h * h  # kept in the activation dtype: not a quantized linear
+    return int(math.ceil(_group_bytes(ParamGroups(g.linear, g.other - eh_proj), quant, activation_bytes(m))
+                         + eh_proj * activation_bytes(m)))
+
+
+def checkpoint_bytes(m: ModelSpec, quantization: str | None = None) -> int:
+    """Bytes of the checkpoint files (the weights as stored: one copy, unsharded)."""
+    return stage_weight_bytes(m, normalize_quantization(m, quantization), 1, 1)[0]
 
 
 def kv_element_bytes(m: ModelSpec, kv_cache_dtype: str = "auto") -> int:
@@ -146,19 +177,23 @@ def kv_bytes_per_token_per_layer(m: ModelSpec, tp: int = 1, kv_cache_dtype: str 
     return 2 * kv_heads_per_rank(m, tp) * m.head_dim * b
 
 
-def max_stage_layers(m: ModelSpec, pp: int) -> int:
-    return max(b - a for a, b in pp_layer_ranges(m.num_layers, pp))
+def max_stage_layers(m: ModelSpec, pp: int, mtp: bool = False) -> int:
+    """Layers (with a KV cache) of the largest stage; the MTP modules add theirs to the last."""
+    sizes = [b - a for a, b in pp_layer_ranges(m.num_layers, pp)]
+    if mtp:
+        sizes[-1] += m.mtp_layers
+    return max(sizes)
 
 
 def kv_bytes_per_token_per_gpu(m: ModelSpec, tp: int = 1, pp: int = 1,
-                               kv_cache_dtype: str = "auto") -> int:
-    return max_stage_layers(m, pp) * kv_bytes_per_token_per_layer(m, tp, kv_cache_dtype)
+                               kv_cache_dtype: str = "auto", mtp: bool = False) -> int:
+    return max_stage_layers(m, pp, mtp) * kv_bytes_per_token_per_layer(m, tp, kv_cache_dtype)
 
 
 def kv_cache_tokens_for_bytes(model: ModelSpec, kv_bytes_per_gpu: int, *,
                               tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,
-                              kv_cache_dtype: str = "auto", block_size: int = DEFAULT_BLOCK_SIZE
-                              ) -> int:
+                              kv_cache_dtype: str = "auto", block_size: int = DEFAULT_BLOCK_SIZE,
+                              mtp: bool = False) -> int:
     """Tokens of KV cache vLLM allocates from ``kv_bytes_per_gpu`` on each GPU.
 
     vLLM allocates whole blocks: ``num_blocks = bytes // (block_size x per-token bytes
@@ -170,7 +205,7 @@ def kv_cache_tokens_for_bytes(model: ModelSpec, kv_bytes_per_gpu: int, *,
     if kv_bytes_per_gpu <= 0:
         return 0
     per_block = block_size * kv_bytes_per_token_per_gpu(
-        model, tensor_parallel_size, pipeline_parallel_size, kv_cache_dtype)
+        model, tensor_parallel_size, pipeline_parallel_size, kv_cache_dtype, mtp)
     return int(kv_bytes_per_gpu // per_block) * block_size
 
 
@@ -179,7 +214,7 @@ def kv_cache_tokens_for_bytes(model: ModelSpec, kv_bytes_per_gpu: int, *,
 # ----------------------------------------------------------------------------
 
 def estimate_reserve(m: ModelSpec, tp: int, pp: int, max_num_batched_tokens: int,
-                     max_num_seqs: int) -> dict[str, int]:
+                     max_num_seqs: int, ep: int | None = None, dp: int = 1) -> dict[str, int]:
     """Per-GPU non-KV memory besides weights, by component (bytes)."""
     t = max_num_batched_tokens
     b = activation_bytes(m)
@@ -199,16 +234,18 @@ def estimate_reserve(m: ModelSpec, tp: int, pp: int, max_num_batched_tokens: int
     moe_tmp = 0.0
     if m.is_moe:
         # fused_moe intermediate caches: topk copies of gate_up, activation and down outputs
-        moe_tmp = t * m.num_experts_per_tok * (3 * m.moe_intermediate_size / tp + h) * b
+        # (with expert parallelism the experts are whole, not split by TP)
+        width = m.moe_intermediate_size if ep else m.moe_intermediate_size / tp
+        moe_tmp = t * m.num_experts_per_tok * (3 * width + h) * b
         moe_tmp += t * m.n_routed_experts * 4  # fp32 router logits
     activation = hidden_tmp + max(attn_tmp, mlp_tmp, moe_tmp)
     sampler = 2 * max_num_seqs * m.vocab_size * 4  # fp32 logits + probabilities
-    world = tp * pp
+    world = tp * pp * dp
     return {
         "activation_peak": int(activation),
         "sampler_logits": int(sampler),
         "cuda_context": CUDA_CONTEXT_BYTES,
-        "communication": COMM_BUFFER_BYTES if world > 1 else 0,
+        "communication": (COMM_BUFFER_BYTES if world > 1 else 0) + (EP_ALL2ALL_BYTES if ep and ep > 1 else 0),
         "cuda_graphs": CUDA_GRAPH_BYTES,
     }
 
@@ -255,6 +292,16 @@ class Plan:
     notes: list[str] = field(default_factory=list)
     # reasons the TP x PP layout itself is invalid (then no memory figure means anything)
     layout_problems: list[str] = field(default_factory=list)
+    # Expert/data parallelism and speculative decoding (defaults: plain TP x PP).
+    parallelism: str = "tp_pp"
+    data_parallel_size: int = 1  # engines (attention replicas) in one serving replica
+    expert_parallel: bool = False
+    expert_parallel_size: int = 1  # ranks the routed experts are split across (TP x DP)
+    experts_per_gpu: int = 0  # routed experts resident on each GPU (per MoE layer)
+    rdma: bool = False  # the nodes of a replica talk over RDMA
+    speculative_tokens: int = 0  # MTP draft tokens per step (0: off)
+    mtp_bytes_per_gpu: int = 0  # weights of the MTP modules on the GPUs that hold them
+    replica_kv_cache_tokens: int = 0  # tokens of KV cache across the replica's engines
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -273,7 +320,34 @@ class Plan:
             args += ["--kv-cache-dtype", self.kv_cache_dtype]
         if self.quantization_requested in ("fp8", "awq"):
             args += ["--quantization", self.quantization_requested]
+        if self.data_parallel_size > 1:
+            args += ["--data-parallel-size", str(self.data_parallel_size)]
+        if self.expert_parallel:
+            args += ["--enable-expert-parallel"]
+        if self.speculative_tokens:
+            args += ["--speculative-config", speculative_config(self.speculative_tokens)]
         return args
+
+    def describe_layout(self) -> str:
+        """E.g. `DP16 + EP16 (attention data parallel, 16 experts per GPU), 2 nodes`."""
+        if self.parallelism == "dp_ep":
+            what = (f"DP{self.data_parallel_size}" + (f" x TP{self.tensor_parallel_size}"
+                                                      if self.tensor_parallel_size > 1 else "")
+                    + f" + EP{self.expert_parallel_size}")
+        elif self.parallelism == "tp_ep":
+            what = (f"TP{self.tensor_parallel_size}" + (f" x DP{self.data_parallel_size}"
+                                                        if self.data_parallel_size > 1 else "")
+                    + f" + EP{self.expert_parallel_size}")
+        else:
+            what = f"TP{self.tensor_parallel_size} x PP{self.pipeline_parallel_size}"
+        extra = f", {self.experts_per_gpu} routed experts per GPU" if self.expert_parallel else ""
+        mtp = f", MTP {self.speculative_tokens} token(s)" if self.speculative_tokens else ""
+        return f"{what}{extra}{mtp} on {self.nodes} node(s)"
+
+
+def speculative_config(tokens: int) -> str:
+    """vLLM's --speculative-config for DeepSeek's own MTP modules."""
+    return '{"method":"deepseek_mtp","num_speculative_tokens":%d}' % tokens
 
 
 def _gib(x: float) -> str:
@@ -288,8 +362,10 @@ def _positive_int(name: str, value: Any, *, allow_none: bool = True) -> int | No
     return value
 
 
-def tp_problems(model: ModelSpec, tp: int, quant: str) -> list[str]:
-    """Why ``tp`` is not a valid tensor-parallel size for this model (empty if valid)."""
+def tp_problems(model: ModelSpec, tp: int, quant: str, expert_parallel: bool = False) -> list[str]:
+    """Why ``tp`` is not a valid tensor-parallel size for this model (empty if valid). With
+    expert parallelism the routed experts are not split by TP, so their width is no
+    constraint (the shared experts still are)."""
     out = []
     if model.num_attention_heads % tp:
         out.append(f"tensor_parallel_size={tp} does not divide num_attention_heads="
@@ -298,7 +374,7 @@ def tp_problems(model: ModelSpec, tp: int, quant: str) -> list[str]:
         out.append(f"tensor_parallel_size={tp} neither divides nor is a multiple of "
                    f"num_kv_heads={model.num_kv_heads}")
     sizes = [("intermediate_size", model.intermediate_size)]
-    if model.is_moe:
+    if model.is_moe and (not expert_parallel or model.n_shared_experts):
         sizes.append(("moe_intermediate_size", model.moe_intermediate_size))
     for fname, size in sizes:
         if size % tp:
@@ -313,10 +389,24 @@ def tp_problems(model: ModelSpec, tp: int, quant: str) -> list[str]:
 def _evaluate(model: ModelSpec, gpu: GPUSpec, *, tp: int, pp: int, gpus_per_node: int,
               quant: str, requested: str | None, kv_cache_dtype: str, context: int | None, target: int,
               max_num_seqs: int | None, util: float | None, mnbt: int | None,
-              block_size: int) -> Plan:
-    layout_problems = list(tp_problems(model, tp, quant))
+              block_size: int, dp: int = 1, ep: bool = False, rdma: bool = False,
+              spec_tokens: int = 0) -> Plan:
+    layout_problems = list(tp_problems(model, tp, quant, ep))
     reasons = list(layout_problems)
     notes: list[str] = []
+    ep_size = tp * dp if ep else None
+    mtp = spec_tokens > 0
+    if ep and not model.is_moe:
+        reasons.append(f"expert parallelism needs a mixture-of-experts model; {model.name} is dense")
+        ep_size = None
+    if ep and pp > 1:
+        reasons.append("expert parallelism is planned within one pipeline stage: expected pipeline_parallel_size 1")
+    if ep_size and ep_size > model.n_routed_experts:
+        reasons.append(f"expert_parallel_size {ep_size} exceeds the {model.n_routed_experts} routed experts")
+    if mtp and not model.mtp_layers:
+        reasons.append(f"speculative_tokens={spec_tokens}: {model.name} ships no MTP module "
+                       "(config.json num_nextn_predict_layers is 0)")
+        mtp = False
     if pp > model.num_layers:
         layout_problems.append(f"pipeline_parallel_size={pp} exceeds num_layers={model.num_layers}")
         reasons.append(layout_problems[-1])
@@ -326,16 +416,19 @@ def _evaluate(model: ModelSpec, gpu: GPUSpec, *, tp: int, pp: int, gpus_per_node
     util_eff = util if util is not None else recommended_gpu_memory_utilization(gpu)
     seqs_cap = max_num_seqs or DEFAULT_MAX_NUM_SEQS
     batched = mnbt or max(DEFAULT_MAX_NUM_BATCHED_TOKENS, seqs_cap)
-    weights = max(stage_weight_bytes(model, quant, tp, pp_eff))
-    reserve_parts = estimate_reserve(model, tp, pp_eff, batched, seqs_cap)
+    weights = max(stage_weight_bytes(model, quant, tp, pp_eff, ep_size, mtp))
+    mtp_bytes = mtp_weight_bytes(model, quant, tp, pp_eff, ep_size) if mtp else 0
+    reserve_parts = estimate_reserve(model, tp, pp_eff, batched, seqs_cap, ep_size, dp)
     reserve = sum(reserve_parts.values())
     budget = int(util_eff * gpu.memory_bytes)
     kv_bytes = budget - weights - reserve
-    kv_tok_bytes = kv_bytes_per_token_per_gpu(model, tp, pp_eff, kv_cache_dtype)
+    kv_tok_bytes = kv_bytes_per_token_per_gpu(model, tp, pp_eff, kv_cache_dtype, mtp)
     tokens = kv_cache_tokens_for_bytes(model, max(kv_bytes, 0), tensor_parallel_size=tp,
                                        pipeline_parallel_size=pp_eff,
-                                       kv_cache_dtype=kv_cache_dtype, block_size=block_size)
-    where = f"TP={tp}, PP={pp} on {gpu.name}"
+                                       kv_cache_dtype=kv_cache_dtype, block_size=block_size, mtp=mtp)
+    parallelism = ("dp_ep" if tp == 1 or dp > tp else "tp_ep") if ep else "tp_pp"
+    where = (f"TP={tp}, PP={pp} on {gpu.name}" if not ep and dp == 1
+             else f"TP={tp}, DP={dp}{', EP' if ep else ''} on {gpu.name}")
     if weights + reserve > budget:
         reasons.append(
             f"weights need {_gib(weights)} per GPU and the reserve {_gib(reserve)}, but "
@@ -358,7 +451,7 @@ def _evaluate(model: ModelSpec, gpu: GPUSpec, *, tp: int, pp: int, gpus_per_node
             f"{_gib(need)} ({where})")
     ctx = context or min(model.max_context, DEFAULT_PLANNING_CONTEXT)
     ctx = min(ctx, max_len) if context is None and max_len > 0 else ctx
-    concurrency = tokens // ctx if ctx > 0 else 0
+    concurrency = dp * (tokens // ctx) if ctx > 0 else 0
     if max_num_seqs is None:
         seqs = max(1, min(DEFAULT_MAX_NUM_SEQS, tokens // 1024))
     else:
@@ -373,11 +466,20 @@ def _evaluate(model: ModelSpec, gpu: GPUSpec, *, tp: int, pp: int, gpus_per_node
                      f"weight-only FP8 (Marlin) kernels, slower than on Hopper")
     if kv_element_bytes(model, kv_cache_dtype) == 1 and not gpu.fp8:
         notes.append(f"FP8 KV cache on {gpu.name} is stored in FP8 but computed in 16-bit")
-    total = tp * pp
+    total = tp * pp * dp
     nodes = max(1, math.ceil(total / gpus_per_node))
     if tp > gpus_per_node:
         notes.append(f"tensor_parallel_size={tp} spans {math.ceil(tp / gpus_per_node)} nodes: "
                      f"all-reduce crosses the network on every layer")
+    if nodes > 1 and total % gpus_per_node:
+        reasons.append(f"{total} GPUs do not fill whole nodes of {gpus_per_node}: a multi-node replica takes "
+                       "every GPU of its nodes")
+    if ep and nodes > 1 and not rdma:
+        reasons.append(f"expert parallelism across {nodes} nodes sends every MoE layer's tokens all-to-all "
+                       "between nodes: it needs RDMA between them (an RDMA pool); without it use TP x PP")
+    if mtp and pp_eff > 1:
+        notes.append("MTP with pipeline stages: the MTP module keeps its own embedding and LM head "
+                     "(vLLM shares the target's only without PP)")
     return Plan(
         model=model.name, gpu=gpu.name, fits=not reasons,
         tensor_parallel_size=tp, pipeline_parallel_size=pp, nodes=nodes,
@@ -391,22 +493,45 @@ def _evaluate(model: ModelSpec, gpu: GPUSpec, *, tp: int, pp: int, gpus_per_node
         max_model_len=max_len, max_num_seqs=seqs, max_num_batched_tokens=batched,
         context=ctx, concurrency_at_context=concurrency, reserve_breakdown=reserve_parts,
         reasons=reasons, notes=notes, layout_problems=layout_problems,
+        parallelism=parallelism, data_parallel_size=dp, expert_parallel=ep,
+        expert_parallel_size=ep_size or 1,
+        experts_per_gpu=(experts_per_rank(model, ep_size) if ep_size else
+                         (model.n_routed_experts if model.is_moe else 0)),
+        rdma=rdma, speculative_tokens=spec_tokens if mtp else 0, mtp_bytes_per_gpu=mtp_bytes,
+        replica_kv_cache_tokens=tokens * dp,
     )
+
+
+MAX_EP_NODES = 8  # nodes the layout search tries for an expert-parallel replica
 
 
 def plan(model: ModelSpec, gpu: GPUSpec, *, gpus_per_node: int = 8, context: int | None = None,
          quantization: str | None = None, kv_cache_dtype: str = "auto",
          tensor_parallel_size: int | None = None, pipeline_parallel_size: int | None = None,
          max_num_seqs: int | None = None, gpu_memory_utilization: float | None = None,
-         max_num_batched_tokens: int | None = None, block_size: int = DEFAULT_BLOCK_SIZE
-         ) -> Plan:
+         max_num_batched_tokens: int | None = None, block_size: int = DEFAULT_BLOCK_SIZE,
+         parallelism: str = "auto", data_parallel_size: int | None = None, rdma: bool = False,
+         speculative_tokens: int = 0) -> Plan:
     """Plan a vLLM deployment of ``model`` on ``gpu`` nodes.
 
-    Given ``tensor_parallel_size``/``pipeline_parallel_size`` are kept (and checked);
-    missing ones are chosen: the smallest valid TP within one node whose KV cache
-    holds the planning context, else full-node TP with the fewest pipeline stages
-    (one node per stage). Raises PlanError for malformed input; an infeasible but
-    well-formed request returns ``fits=False`` with ``reasons``.
+    Layouts (``parallelism``; PARALLELISMS): ``tp_pp`` (tensor parallel within a node,
+    pipeline stages across nodes), ``tp_ep`` and ``dp_ep`` (experts split whole across all
+    ranks, attention tensor or data parallel). ``auto`` chooses (docs/planner.md):
+
+    * a model that fits part of a node runs there with the smallest TP (no EP: a replica
+      on a few GPUs needs no all-to-all);
+    * otherwise, for the fewest nodes that hold the planning context, an MoE model takes
+      DP + EP if its replicated parts (attention, dense layers, shared experts,
+      embeddings) plus its share of the experts fit each GPU, else TP + EP, else TP x PP;
+      across nodes the EP layouts need ``rdma`` (their all-to-all crosses nodes every
+      layer), so without it only TP x PP spans nodes (activations cross once per stage);
+    * given ``tensor_parallel_size``/``pipeline_parallel_size`` keep the TP x PP search
+      (sizes kept and checked, the missing one chosen).
+
+    ``speculative_tokens`` > 0 loads the model's MTP modules (DeepSeek-V3/R1) for MTP
+    speculative decoding, with their weights and KV cache counted. Raises PlanError for
+    malformed input; an infeasible but well-formed request returns ``fits=False`` with
+    ``reasons``.
     """
     if not isinstance(model, ModelSpec):
         raise PlanError(f"model: expected a ModelSpec, got {type(model).__name__}")
@@ -416,9 +541,14 @@ def plan(model: ModelSpec, gpu: GPUSpec, *, gpus_per_node: int = 8, context: int
     _positive_int("context", context)
     _positive_int("tensor_parallel_size", tensor_parallel_size)
     _positive_int("pipeline_parallel_size", pipeline_parallel_size)
+    _positive_int("data_parallel_size", data_parallel_size)
     _positive_int("max_num_seqs", max_num_seqs)
     _positive_int("max_num_batched_tokens", max_num_batched_tokens)
     _positive_int("block_size", block_size, allow_none=False)
+    if isinstance(speculative_tokens, bool) or not isinstance(speculative_tokens, int) or speculative_tokens < 0:
+        raise PlanError(f"speculative_tokens: expected an integer >= 0, got {speculative_tokens!r}")
+    if parallelism not in ("auto", *PARALLELISMS):
+        raise PlanError(f"parallelism: expected auto or one of {', '.join(PARALLELISMS)}, got {parallelism!r}")
     if gpu_memory_utilization is not None and (
             isinstance(gpu_memory_utilization, bool)
             or not isinstance(gpu_memory_utilization, (int, float))
@@ -436,14 +566,72 @@ def plan(model: ModelSpec, gpu: GPUSpec, *, gpus_per_node: int = 8, context: int
         targets = [preferred] + ([min(preferred, MIN_USEFUL_CONTEXT)]
                                  if preferred > MIN_USEFUL_CONTEXT else [])
 
-    def ev(tp: int, pp: int, target: int) -> Plan:
+    def ev(tp: int, pp: int, target: int, dp: int = 1, ep: bool = False) -> Plan:
         return _evaluate(model, gpu, tp=tp, pp=pp, gpus_per_node=gpus_per_node, quant=quant,
                          requested=_QUANT_ALIASES[quantization.strip().lower()
                                                   if isinstance(quantization, str) else None],
                          kv_cache_dtype=kv_dtype, context=context, target=target,
                          max_num_seqs=max_num_seqs, util=gpu_memory_utilization,
-                         mnbt=max_num_batched_tokens, block_size=block_size)
+                         mnbt=max_num_batched_tokens, block_size=block_size, dp=dp, ep=ep, rdma=rdma,
+                         spec_tokens=speculative_tokens)
 
+    sizes_given = tensor_parallel_size is not None or pipeline_parallel_size is not None
+    if parallelism == "tp_pp" or (parallelism == "auto" and (not model.is_moe or sizes_given)):
+        if data_parallel_size not in (None, 1):
+            raise PlanError(f"data_parallel_size: {data_parallel_size} needs parallelism tp_ep or dp_ep "
+                            "(data-parallel attention with expert parallelism)")
+        return _plan_tp_pp(model, quant, gpus_per_node, tensor_parallel_size, pipeline_parallel_size, targets, ev)
+
+    if parallelism == "auto":
+        # A replica on part of a node: the smallest TP that fits, no EP.
+        for target in targets:
+            for tp in [t for t in range(1, gpus_per_node) if not tp_problems(model, t, quant)]:
+                p = ev(tp, 1, target)
+                if p.fits:
+                    return p
+
+    def layouts(n: int) -> list[tuple[int, int, int, bool]]:
+        """(tp, pp, dp, ep) candidates on n nodes, in order of preference."""
+        gpus = n * gpus_per_node
+        out = []
+        if parallelism in ("auto", "dp_ep"):
+            tp = tensor_parallel_size or 1
+            dp = data_parallel_size or max(gpus // tp, 1)
+            out.append((tp, 1, dp, True))
+        if parallelism in ("auto", "tp_ep"):
+            tp = tensor_parallel_size or gpus_per_node
+            dp = data_parallel_size or max(gpus // tp, 1)
+            out.append((tp, 1, dp, True))
+        if parallelism == "auto":
+            valid = [t for t in range(1, gpus_per_node + 1) if not tp_problems(model, t, quant)]
+            if valid:
+                out.append((valid[-1], n, 1, False))
+        return out
+
+    explicit_dp = data_parallel_size is not None and parallelism != "auto"
+    node_counts = [None] if explicit_dp else list(range(1, MAX_EP_NODES + 1))
+    last: Plan | None = None
+    blocked: Plan | None = None  # the first layout whose memory fits but needs RDMA
+    for target in targets:
+        for n in node_counts:
+            for tp, pp, dp, ep in layouts(n or 1):
+                if ep and parallelism == "auto" and (n or 1) > 1 and not rdma:
+                    continue  # no all-to-all across nodes without RDMA
+                p = ev(tp, pp, target, dp, ep)
+                if p.fits:
+                    return p
+                if blocked is None and all("needs RDMA" in r for r in p.reasons):
+                    blocked = p
+                last = p if last is None or parallelism != "auto" or ep else last
+    assert last is not None
+    return blocked or last
+
+
+def _plan_tp_pp(model: ModelSpec, quant: str, gpus_per_node: int, tensor_parallel_size: int | None,
+                pipeline_parallel_size: int | None, targets: list[int], ev) -> Plan:
+    """The TP x PP search: given sizes kept, missing ones chosen (the smallest valid TP
+    within one node whose KV cache holds the planning context, else full-node TP with the
+    fewest pipeline stages, one node per stage)."""
     if tensor_parallel_size is not None and pipeline_parallel_size is not None:
         return ev(tensor_parallel_size, pipeline_parallel_size, targets[-1])
 
@@ -462,7 +650,6 @@ def plan(model: ModelSpec, gpu: GPUSpec, *, gpus_per_node: int = 8, context: int
     else:
         pp_options = list(range(1, min(MAX_PIPELINE_STAGES, model.num_layers) + 1))
 
-    last: Plan | None = None
     for target in targets:
         for pp in pp_options:
             # beyond one stage, stages are whole nodes: use the widest valid TP
@@ -471,14 +658,12 @@ def plan(model: ModelSpec, gpu: GPUSpec, *, gpus_per_node: int = 8, context: int
                 p = ev(tp, pp, target)
                 if p.fits:
                     return p
-                last = p
     # Nothing fits: report the largest configuration tried against the preferred target.
-    return ev(tp_options[-1], pp_options[-1], targets[0]) if last is not None else ev(
-        tp_options[-1], pp_options[-1], targets[0])
+    return ev(tp_options[-1], pp_options[-1], targets[0])
 
 
 __all__ = [
-    "Plan", "PlanError", "plan", "kv_cache_tokens_for_bytes", "kv_bytes_per_token_per_gpu",
+    "Plan", "PlanError", "plan", "PARALLELISMS", "checkpoint_bytes", "speculative_config", "kv_cache_tokens_for_bytes", "kv_bytes_per_token_per_gpu",
     "kv_bytes_per_token_per_layer", "stage_weight_bytes", "count_parameters", "estimate_reserve",
     "recommended_gpu_memory_utilization", "tp_problems", "pp_layer_ranges", "layer_params",
     "normalize_quantization", "weight_bytes_per_param", "QUANTIZATIONS", "KV_CACHE_DTYPES",

@@ -41,6 +41,9 @@ class ModelSpec:
     attention_bias: bool = False  # qwen2 has q/k/v biases
     moe_layer_freq: int = 1
     fp8_block_size: tuple[int, int] | None = None  # block-quantized FP8 checkpoints
+    # Multi-token-prediction modules shipped in the checkpoint (config.json
+    # `num_nextn_predict_layers`); vLLM loads them only for MTP speculative decoding.
+    mtp_layers: int = 0
 
     @property
     def is_mla(self) -> bool:

@@ -62,6 +62,7 @@ class Recorded:
     custom: bool
     provider: str | None
     id: str | None = None
+    ignore_changes: list[str] = field(default_factory=list)  # the resource option, as registered
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -244,6 +245,7 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
                 custom=bool(request.custom),
                 provider=request.provider or None,
                 id=response.id or None,
+                ignore_changes=list(request.ignoreChanges),
             )
         )
         return response

@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.tree import Tree
 
+from capacity.docs import short_layout
 from dsvolc import engine
 from stacks import loader
 from stacks.settings import StackSettings
@@ -81,13 +82,20 @@ def engine_plans(settings: StackSettings) -> list[dict[str, Any]]:
         "gpus_per_node": p.gpus_per_node,
         "tensor_parallel_size": p.tensor_parallel_size,
         "pipeline_parallel_size": p.pipeline_parallel_size,
+        "data_parallel_size": p.data_parallel_size,
+        "expert_parallel": p.expert_parallel,
+        "speculative_tokens": p.speculative_tokens,
+        "layout": short_layout(p),
+        "gpus_per_replica": p.total_gpus,
         "nodes_per_replica": p.nodes,
         "multi_node": p.nodes > 1,
         "replicas": {"min": low, "max": a.max_replicas if a.enabled else sv.replicas},
         "max_model_len": p.max_model_len,
-        "kv_cache_tokens": p.kv_cache_tokens,
+        "kv_cache_tokens": p.kv_cache_tokens,  # per engine
+        "replica_kv_cache_tokens": p.replica_kv_cache_tokens,  # over the replica's engines
         "max_num_seqs": p.max_num_seqs,
-        "concurrency_at_max_model_len": p.kv_cache_tokens // p.max_model_len if p.max_model_len else 0,
+        "concurrency_at_max_model_len": (p.data_parallel_size * (p.kv_cache_tokens // p.max_model_len)
+                                         if p.max_model_len else 0),
         "gpu_memory_utilization": p.gpu_memory_utilization,
         "quantization": p.quantization,
         "kv_cache_dtype": p.kv_cache_dtype,
@@ -128,15 +136,16 @@ def run_both(stack: str) -> PreviewResult:
 
 
 def _plan_line(p: dict[str, Any]) -> str:
-    layout = f"TP{p['tensor_parallel_size']} x PP{p['pipeline_parallel_size']}"
+    layout = p["layout"] + (f" + MTP {p['speculative_tokens']}" if p["speculative_tokens"] else "")
     nodes = p["nodes_per_replica"]
-    spread = (f"[bold yellow]{nodes} nodes per replica[/bold yellow] (multi-node: pipeline over the network)"
+    over = "expert all-to-all over RDMA" if p["expert_parallel"] else "pipeline over the network"
+    spread = (f"[bold yellow]{nodes} nodes per replica[/bold yellow] (multi-node: {over})"
               if nodes > 1 else "1 node per replica")
     r = p["replicas"]
     replicas = f"{r['min']} replica(s)" if r["min"] == r["max"] else f"{r['min']}-{r['max']} replicas"
     return (f"{p['model']} on {p['gpu']} x {p['gpus_per_node']} ({p['instance_type']}, pool {p['gpu_pool']}): "
             f"{layout}, {spread}, {replicas}; context {p['max_model_len']:,}, KV cache "
-            f"{p['kv_cache_tokens']:,} tokens, {p['concurrency_at_max_model_len']} full-context sequences, "
+            f"{p['replica_kv_cache_tokens']:,} tokens, {p['concurrency_at_max_model_len']} full-context sequences, "
             f"max_num_seqs {p['max_num_seqs']}")
 
 

@@ -42,8 +42,11 @@ def plan_document(p: Plan, instance_type: str | None = None) -> dict[str, Any]:
         "gpu": p.gpu,
         "node": {"gpus": p.gpus_per_node, "instance_type": instance_type, "gpu_memory_bytes": p.gpu_memory_bytes},
         "replica": {
+            "parallelism": p.parallelism,
             "tensor_parallel_size": p.tensor_parallel_size,
             "pipeline_parallel_size": p.pipeline_parallel_size,
+            "data_parallel_size": p.data_parallel_size,
+            "expert_parallel_size": p.expert_parallel_size if p.expert_parallel else 1,
             "gpus": p.total_gpus,
             "nodes": p.nodes,
         },
@@ -84,7 +87,9 @@ def plan_document(p: Plan, instance_type: str | None = None) -> dict[str, Any]:
 
 def render_table(p: Plan, console: Console, instance_type: str | None = None) -> None:
     where = f"{p.gpu} x {p.gpus_per_node} per node" + (f" ({instance_type})" if instance_type else "")
-    layout = (f"TP{p.tensor_parallel_size} x PP{p.pipeline_parallel_size} = {p.total_gpus} GPU(s) on "
+    dp = f" x DP{p.data_parallel_size}" if p.data_parallel_size > 1 else ""
+    ep = f" + EP{p.expert_parallel_size}" if p.expert_parallel else ""
+    layout = (f"TP{p.tensor_parallel_size} x PP{p.pipeline_parallel_size}{dp}{ep} = {p.total_gpus} GPU(s) on "
               f"{p.nodes} node(s)")
     if p.layout_problems:
         console.print(f"[red]{p.model} cannot run as {layout} on {where}:[/red]")

@@ -68,6 +68,38 @@ def _int(argv, flag):
     return int(v) if v is not None else None
 
 
+def _layout(argv) -> dict:
+    """The planner's layout arguments from the engine flags (expert/data parallel, MTP)."""
+    import json
+
+    tp = _int(argv, "--tensor-parallel-size") or 1
+    dp = _int(argv, "--data-parallel-size")
+    if "--enable-expert-parallel" in argv:
+        parallelism = "dp_ep" if tp == 1 else "tp_ep"
+    else:
+        parallelism = "tp_pp"
+    spec = 0
+    raw = engine_flag(argv, "--speculative-config")
+    if raw:
+        try:
+            spec = int(json.loads(raw).get("num_speculative_tokens", 0))
+        except (ValueError, AttributeError, TypeError):
+            spec = 0
+    out = {"parallelism": parallelism, "speculative_tokens": spec}
+    if parallelism != "tp_pp":
+        out["data_parallel_size"] = dp or 1
+    return out
+
+
+def _pool_rdma(args, pool: str | None) -> bool:
+    from stacks.settings import instance_type_rdma
+
+    for p in of_type(args.resources, VKE_NODE_POOL):
+        if label_list(dig(p.props, "kubernetesConfig", "labels")).get(POOL_LABEL) == pool:
+            return any(instance_type_rdma(str(t)) for t in items(dig(p.props, "nodeConfig", "instanceTypeIds")))
+    return False
+
+
 def _fits(args, report):
     from capacity.catalog import get_gpu, get_model
     from capacity.mig import mig_profile, slice_gpu
@@ -110,6 +142,7 @@ def _fits(args, report):
                 if count is None or count < 1:
                     continue  # gpu-pool-labelled reports the missing count; guessing one would mislead
                 per_node = int(count)
+                layout = _layout(argv)
                 try:
                     gpu = get_gpu(gpu_name)
                 except KeyError as exc:
@@ -142,10 +175,13 @@ def _fits(args, report):
                         quantization=engine_flag(argv, "--quantization"),
                         kv_cache_dtype=engine_flag(argv, "--kv-cache-dtype") or "auto",
                         tensor_parallel_size=_int(argv, "--tensor-parallel-size") or 1,
-                        pipeline_parallel_size=_int(argv, "--pipeline-parallel-size") or 1,
+                        pipeline_parallel_size=(_int(argv, "--pipeline-parallel-size") or 1
+                                                if layout["parallelism"] == "tp_pp" else None),
                         max_num_seqs=_int(argv, "--max-num-seqs"),
                         gpu_memory_utilization=number(engine_flag(argv, "--gpu-memory-utilization")),
                         max_num_batched_tokens=_int(argv, "--max-num-batched-tokens"),
+                        rdma=_pool_rdma(args, pool),
+                        **layout,
                     )
                 except (PlanError, KeyError) as exc:
                     report(f"{where}: engine arguments are malformed for the planner: {exc}. Fix: correct "
@@ -160,8 +196,8 @@ def _fits(args, report):
 
 def _engine_summary(argv: list[str]) -> list[str]:
     out = []
-    for flag in ("--tensor-parallel-size", "--pipeline-parallel-size", "--max-model-len", "--max-num-seqs",
-                 "--gpu-memory-utilization", "--kv-cache-dtype", "--quantization"):
+    for flag in ("--tensor-parallel-size", "--pipeline-parallel-size", "--data-parallel-size", "--max-model-len",
+                 "--max-num-seqs", "--gpu-memory-utilization", "--kv-cache-dtype", "--quantization"):
         v = engine_flag(argv, flag)
         if v is not None:
             out.append(f"{flag} {v}")

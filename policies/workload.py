@@ -9,6 +9,7 @@ import re
 from stacks.regions import cr_registry_host
 
 from .common import (
+    APIG_ROUTE,
     CR_NAMESPACE,
     CR_REGISTRY,
     CR_REPOSITORY,
@@ -23,6 +24,7 @@ from .common import (
     engine_argv,
     engine_flag,
     gpu_requests,
+    is_triton,
     is_vllm,
     items,
     iter_workload_containers,
@@ -132,21 +134,28 @@ def _resources(args, report):
             report(f"{where} has no {', '.join(missing)}: the scheduler cannot place it safely and a leak takes "
                    "the node down. Fix: set CPU and memory requests and limits (workloads/manifests.py resources).")
         if serving:
-            tp = number(engine_flag(engine_argv(t, c), "--tensor-parallel-size"), 1.0)
+            argv = engine_argv(t, c)
+            tp = number(engine_flag(argv, "--tensor-parallel-size"), 1.0)
+            # Data-parallel engines on this node (each a TP group): the local share when the
+            # replica spans nodes, else all of them.
+            dp = number(engine_flag(argv, "--data-parallel-size-local"),
+                        number(engine_flag(argv, "--data-parallel-size"), 1.0))
+            ranks = tp * dp
             g_req, g_lim = gpu_requests(c)
             slices = sorted(k for k in set(g_req) | set(g_lim) if k.startswith(MIG_RESOURCE_PREFIX))
             if slices:
                 # A CUDA process sees one MIG device: one slice, one rank, no whole GPUs.
                 k = slices[0]
-                if len(set(g_req) | set(g_lim)) != 1 or g_req.get(k) != 1 or g_lim.get(k) != 1 or tp != 1:
+                if len(set(g_req) | set(g_lim)) != 1 or g_req.get(k) != 1 or g_lim.get(k) != 1 or ranks != 1:
                     report(f"{where} asks for {g_req} / {g_lim} (requests/limits) with tensor parallel {tp:g}; "
                            f"a MIG slice holds one engine process. Fix: request and limit exactly 1 {k}, "
                            "nothing else of the GPU resources, with tensor parallel 1.")
             elif g_lim.get(GPU_RESOURCE) is None or g_lim.get(GPU_RESOURCE) != g_req.get(GPU_RESOURCE) \
-                    or g_lim.get(GPU_RESOURCE) != tp:
+                    or g_lim.get(GPU_RESOURCE) != ranks:
+                what = f"tensor parallel {tp:g}" + (f" x {dp:g} data-parallel engines" if dp != 1 else "")
                 report(f"{where} asks for {req.get(GPU_RESOURCE)} / {lim.get(GPU_RESOURCE)} {GPU_RESOURCE} "
-                       f"(requests/limits) but runs tensor parallel {tp:g}. Fix: request and limit exactly "
-                       f"{tp:g} GPU(s), one per tensor-parallel rank (or one nvidia.com/mig-<profile> slice).")
+                       f"(requests/limits) but runs {what}. Fix: request and limit exactly "
+                       f"{ranks:g} GPU(s), one per rank (or one nvidia.com/mig-<profile> slice).")
 
 
 # --------------------------------------------------------------------------- probes
@@ -200,6 +209,7 @@ def _shm(args, report):
             continue
         tp = number(engine_flag(engine_argv(t, c), "--tensor-parallel-size"), 1.0)
         pp = number(engine_flag(engine_argv(t, c), "--pipeline-parallel-size"), 1.0)
+        pp *= number(engine_flag(engine_argv(t, c), "--data-parallel-size"), 1.0)
         if tp * pp <= 1:
             continue
         mem_volumes = {dig(v, "name") for v in items(dig(t, "spec", "volumes"))
@@ -213,6 +223,61 @@ def _shm(args, report):
 
 
 # --------------------------------------------------------------------------- availability
+
+
+def _seconds(value) -> float | None:
+    """A Gateway API / Envoy duration ("600s", "10m") or a plain number of seconds."""
+    if value is None:
+        return None
+    text = str(value).strip()
+    scale = {"s": 1, "m": 60, "h": 3600}
+    if text and text[-1] in scale:
+        n = number(text[:-1])
+        return n * scale[text[-1]] if n is not None else None
+    return number(text)
+
+
+def _edge_timeout(resources) -> float | None:
+    """The longest request the edge lets run: the APIG routes' timeout and the in-cluster
+    gateway's request timeout."""
+    found = [_seconds(dig(r.props, "advancedSetting", "timeoutSetting", "timeout"))
+             for r in of_type(resources, APIG_ROUTE)]
+    found += [_seconds(dig(r.props, "spec", "timeout", "http", "requestTimeout"))
+              for r in of_kind(resources, "BackendTrafficPolicy")]
+    found = [f for f in found if f]
+    return max(found) if found else None
+
+
+def _drain(args, report):
+    edge = _edge_timeout(args.resources)
+    for w in serving_workloads(args.resources):
+        kind = k8s_kind(w.resource_type)
+        for role, t in pod_templates(kind, w.props):
+            grace = number(dig(t, "spec", "terminationGracePeriodSeconds"), 30.0)
+            for c in containers(t, init=False):
+                if not is_vllm(c):
+                    continue
+                where = f"{kind} {name_of(w.props)} ({role})"
+                pre = number(dig(c, "lifecycle", "preStop", "sleep", "seconds"), 0.0)
+                if not _serving_container(c):
+                    if grace <= pre:
+                        report(f"{where}: the worker's preStop ({pre:g} s) uses the whole termination grace "
+                               f"({grace:g} s). Fix: raise serving.termination_grace_seconds.", w.urn)
+                    continue
+                if is_triton(c):
+                    # Triton's OpenAI frontend stops its server on SIGTERM with tritonserver's own
+                    # exit timeout; it takes no flag for it (docs/limits.md)
+                    continue
+                shutdown = number(engine_flag(container_argv(c), "--shutdown-timeout"), 0.0)
+                if edge and shutdown < edge:
+                    report(f"{where}: vLLM stops {shutdown:g} s after SIGTERM (--shutdown-timeout; 0 aborts every "
+                           f"request in flight) while the edge lets a request run {edge:g} s: every scale-down and "
+                           "rollout cuts long generations. Fix: render --shutdown-timeout = "
+                           "gateway.request_timeout_seconds (workloads/engine_args.py).", w.urn)
+                if grace < pre + shutdown:
+                    report(f"{where}: terminationGracePeriodSeconds {grace:g} is shorter than preStop {pre:g} s + "
+                           f"vLLM's drain {shutdown:g} s: the kubelet kills the drain. Fix: leave "
+                           "serving.termination_grace_seconds unset (derived) or raise it.", w.urn)
 
 
 def _template_labels(kind, props) -> list[dict]:
@@ -230,6 +295,16 @@ def _pdb(args, report):
         if not covered:
             report(f"{kind} {name_of(w.props)} has no PodDisruptionBudget: a node drain can evict every replica "
                    "at once. Fix: add a PodDisruptionBudget (maxUnavailable: 1) selecting its pods.", w.urn)
+        elif kind == "LeaderWorkerSet":
+            # Evicting any pod of a group takes the whole group down: a budget over the
+            # leaders only lets drains take the workers of every group at once.
+            bare = [lb for lb in labels if not any(selector_matches(dig(p.props, "spec", "selector"), lb)
+                                                   for p in covered)]
+            if bare:
+                report(f"LeaderWorkerSet {name_of(w.props)}: its PodDisruptionBudget covers some of each group's "
+                       "pods but not the others (workers): a drain may evict a worker of every group at once, "
+                       "and each eviction takes its whole group down. Fix: select every pod of the "
+                       "LeaderWorkerSet (leaders and workers) with maxUnavailable: 1.", w.urn)
         for p in covered:
             if number(dig(p.props, "spec", "maxUnavailable"), None) == 0 or (
                     dig(p.props, "spec", "minAvailable") is not None
@@ -417,6 +492,14 @@ POLICIES = [
         "The model server has a PodDisruptionBudget that allows one disruption at a time.",
         _pdb,
         fix="Add a PodDisruptionBudget with maxUnavailable: 1.",
+        tags=["workloads"],
+    ),
+    stack_policy(
+        "serving-drain",
+        "A stopping model server finishes the longest request the edge allows: vLLM drains for the edge "
+        "timeout and the termination grace covers preStop plus that drain.",
+        _drain,
+        fix="Render --shutdown-timeout from gateway.request_timeout_seconds; leave the termination grace derived.",
         tags=["workloads"],
     ),
     stack_policy(

@@ -2,8 +2,9 @@
 
 `weights`: the init containers' tool (sync the model from TOS to the node cache, fetch
 credentials for S3 clients, refuse a tokenizer that disagrees with config.json).
+`health`: the probes of a headless multi-node worker (its vLLM engine processes alive).
 
-May import: the standard library, plus what the image carries (the TOS SDK, transformers),
+May import: the standard library, plus what the image carries (boto3, the TOS SDK, transformers),
 imported lazily. Never the project's other packages: the image copies only `runtime/` and
 `kernels/` and installs the project with --no-deps, so pulumi and pydantic are not there.
 """

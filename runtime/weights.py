@@ -1,35 +1,74 @@
 """Runs inside the serving image, before the engine starts.
 
-    python -m runtime.weights sync        copy the model prefix from TOS to the node cache,
-                                                 a no-op when every file is already there and verified
+    python -m runtime.weights sync        copy the model prefix from TOS (S3 API) to the node
+                                          cache: resumable per file, verified, parallel; a
+                                          no-op when every file is already there and verified
     python -m runtime.weights credentials exchange the pod's OIDC token for temporary
-                                                 credentials S3 clients (runai_streamer) can use
+                                          credentials S3 clients (runai_streamer) can use
     python -m runtime.weights verify      refuse to start when tokenizer and config.json disagree
 
-Only the standard library is needed, plus the `tos` SDK for TOS access (in the image) and
-`transformers` for `verify` (part of vLLM). Exit status 0 means "go", anything else stops
-the pod with a message in its log (`kubectl logs -c <init container>`).
+TOS speaks the S3 API on `tos-s3-<region>[.i]volces.com` (virtual-hosted bucket names), so
+the sync uses boto3 against that endpoint; with IRSA the pod's projected token is exchanged
+through STS AssumeRoleWithOIDC by the TOS SDK's provider (`tos.OIDCCredentialsProvider`,
+which re-reads the rotating token and refreshes before expiry), and the temporary keys are
+handed to boto3 as refreshable credentials. Without IRSA the reader's static key comes from
+TOS_ACCESS_KEY / TOS_SECRET_KEY. Exit status 0 means "go", anything else stops the pod with
+a message in its log (`kubectl logs -c <init container>`).
+
+How the sync keeps its promises:
+
+* one copy per node: an exclusive lock on the model directory; a second pod on the node
+  waits for the first, then finds every file verified and fetches nothing;
+* nothing half-written under its final name: bytes land in `.dsvolc-partial/` and are
+  renamed into place only after their size and checksum are verified;
+* resumable per file: the manifest records each file the moment it is verified, and an
+  interrupted file is continued with an HTTP Range request conditional on the same ETag
+  (If-Match); a partial that fails verification is fetched again whole, alone;
+* verified: size, and the content against the object's ETag (MD5 for single-part uploads,
+  MD5 of the part MD5s for multipart ones); a file whose size or mtime changed on disk
+  since it was verified is checked again and re-fetched when it no longer matches;
+* parallel: files are fetched by `--connections` workers sharing one connection pool of
+  that size.
 """
 
 from __future__ import annotations
 
 import argparse
 import fcntl
+import hashlib
 import json
 import os
 import shutil
 import sys
-import tempfile
-from dataclasses import dataclass
+import threading
+import time
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Iterable, Protocol
+from typing import Iterable, Iterator, Protocol
 
 MANIFEST = ".dsvolc-manifest.json"
 LOCK = ".dsvolc.lock"
+PARTIAL_DIR = ".dsvolc-partial"
+CHUNK = 8 * 1024 * 1024  # bytes per read when hashing a file on disk
+NET_CHUNK = 1024 * 1024  # bytes per read from the network (what a broken connection may lose)
+DEFAULT_CONNECTIONS = 8
+MiB = 1024 * 1024
+# Part sizes common S3/TOS upload tools use; tried for a multipart ETag when the server
+# does not report the first part's size (HEAD ?partNumber=1).
+COMMON_PART_SIZES = tuple(s * MiB for s in (5, 8, 10, 16, 20, 32, 50, 64, 100, 128, 256, 512, 1024))
+MAX_PART_SIZE_GUESSES = 3
+MAX_STREAM_FAULTS = 5  # broken connections tolerated per file (each resumes where it broke)
+MAX_CHECKSUM_RETRIES = 2  # whole refetches of a file whose content fails its ETag
 
 
 class WeightsError(Exception):
     """A problem the operator must fix; printed without a traceback."""
+
+
+class ChangedRemotely(Exception):
+    """The object changed between listing and reading (If-Match failed)."""
 
 
 # --------------------------------------------------------------------------- stores
@@ -39,19 +78,24 @@ class WeightsError(Exception):
 class RemoteObject:
     key: str  # relative to the model prefix
     size: int
-    etag: str
+    etag: str  # without quotes
 
 
 class Store(Protocol):
+    def describe(self, key: str = "") -> str: ...
     def list(self) -> list[RemoteObject]: ...
-    def fetch(self, key: str, dest: Path) -> None: ...
+    def read(self, obj: RemoteObject, offset: int) -> Iterator[bytes]: ...
+    def part_size(self, obj: RemoteObject) -> int | None: ...
 
 
 class DirStore:
-    """A directory laid out like the bucket prefix (a mounted volume, or tests)."""
+    """A directory laid out like the bucket prefix (a mounted volume)."""
 
     def __init__(self, root: Path):
         self.root = Path(root)
+
+    def describe(self, key: str = "") -> str:
+        return str(self.root / key) if key else str(self.root)
 
     def list(self) -> list[RemoteObject]:
         if not self.root.is_dir():
@@ -63,114 +107,501 @@ class DirStore:
                 out.append(RemoteObject(str(p.relative_to(self.root)), st.st_size, f"{st.st_size}-{int(st.st_mtime_ns)}"))
         return out
 
-    def fetch(self, key: str, dest: Path) -> None:
-        shutil.copyfile(self.root / key, dest)
+    def read(self, obj: RemoteObject, offset: int) -> Iterator[bytes]:
+        path = self.root / obj.key
+        try:
+            fh = open(path, "rb")
+        except FileNotFoundError:
+            raise WeightsError(f"{path}: listed but not found when read") from None
+        with fh:
+            fh.seek(offset)
+            while chunk := fh.read(CHUNK):
+                yield chunk
+
+    def part_size(self, obj: RemoteObject) -> int | None:
+        return None
 
 
-class TosStore:
-    """The weights bucket, through the TOS SDK; credentials from IRSA (OIDC) or the
-    static reader key (TOS_ACCESS_KEY / TOS_SECRET_KEY)."""
+def _client_error_code(exc) -> str:
+    return str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
 
-    def __init__(self, bucket: str, prefix: str, endpoint: str, region: str):
-        import tos  # type: ignore[import-not-found]
 
-        if os.environ.get("VOLCENGINE_OIDC_TOKEN_FILE"):
-            provider = tos.OIDCCredentialsProvider()
-        else:
-            provider = tos.EnvCredentialsProvider()
-        self.client = tos.TosClientV2(endpoint=endpoint, region=region, credentials_provider=provider)
+class S3Store:
+    """A bucket prefix through the S3 API (TOS's S3-compatible endpoint in production)."""
+
+    def __init__(self, bucket: str, prefix: str, endpoint: str, region: str, *,
+                 connections: int = DEFAULT_CONNECTIONS, addressing_style: str = "virtual"):
+        import boto3
+        import botocore.session
+        from botocore.config import Config
+
         self.bucket = bucket
         self.prefix = prefix.strip("/") + "/"
+        self.endpoint = endpoint
+        config = Config(
+            region_name=region,
+            max_pool_connections=connections,
+            connect_timeout=10,
+            read_timeout=120,
+            retries={"max_attempts": 8, "mode": "standard"},
+            s3={"addressing_style": addressing_style},
+            # Only what the S3 API itself requires: newer botocore otherwise asks for
+            # CRC checksums that S3-compatible stores do not all return.
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
+        )
+        core = botocore.session.get_session()
+        # Ours first in botocore's provider chain; without IRSA or a static key it finds
+        # nothing and boto3's own chain (AWS_* variables) applies.
+        core.get_component("credential_provider").insert_before("env", _credential_provider())
+        self.client = boto3.session.Session(botocore_session=core).client("s3", endpoint_url=endpoint, config=config)
+
+    def describe(self, key: str = "") -> str:
+        return f"s3://{self.bucket}/{self.prefix}{key} (endpoint {self.endpoint})"
 
     def list(self) -> list[RemoteObject]:
-        out: list[RemoteObject] = []
-        token = None
-        while True:
-            resp = self.client.list_objects_type2(
-                self.bucket, prefix=self.prefix, continuation_token=token, max_keys=1000
-            )
-            for obj in resp.contents:
-                if obj.key.endswith("/"):
-                    continue
-                out.append(RemoteObject(obj.key[len(self.prefix):], int(obj.size), obj.etag.strip('"')))
-            if not resp.is_truncated:
-                return out
-            token = resp.next_continuation_token
+        from botocore.exceptions import BotoCoreError, ClientError
 
-    def fetch(self, key: str, dest: Path) -> None:
-        self.client.get_object_to_file(self.bucket, self.prefix + key, str(dest))
+        out: list[RemoteObject] = []
+        try:
+            for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self.prefix):
+                for obj in page.get("Contents", []):
+                    if obj["Key"].endswith("/"):
+                        continue
+                    out.append(RemoteObject(obj["Key"][len(self.prefix):], int(obj["Size"]), obj["ETag"].strip('"')))
+        except ClientError as exc:
+            code = _client_error_code(exc)
+            if code == "NoSuchBucket":
+                raise WeightsError(f"bucket {self.bucket!r} does not exist at {self.endpoint}") from None
+            if code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken"):
+                raise WeightsError(f"listing {self.describe()} was refused ({code}): check the reader role "
+                                   "or key and its policy on this prefix") from None
+            raise WeightsError(f"listing {self.describe()} failed: {exc}") from None
+        except BotoCoreError as exc:
+            raise WeightsError(f"cannot reach {self.endpoint}: {exc}") from None
+        return out
+
+    def read(self, obj: RemoteObject, offset: int) -> Iterator[bytes]:
+        from botocore.exceptions import ClientError
+
+        args = {"Bucket": self.bucket, "Key": self.prefix + obj.key, "IfMatch": f'"{obj.etag}"'}
+        if offset:
+            args["Range"] = f"bytes={offset}-"
+        try:
+            resp = self.client.get_object(**args)
+        except ClientError as exc:
+            code = _client_error_code(exc)
+            if code in ("NoSuchKey", "404"):
+                raise WeightsError(f"{self.describe(obj.key)}: object not found (listed, then gone: "
+                                   "was the checkpoint re-uploaded during the sync?)") from None
+            if code in ("PreconditionFailed", "412"):
+                raise ChangedRemotely(obj.key) from None
+            raise WeightsError(f"{self.describe(obj.key)}: {exc}") from None
+        body = resp["Body"]
+        try:
+            yield from body.iter_chunks(NET_CHUNK)
+        finally:
+            body.close()
+
+    def part_size(self, obj: RemoteObject) -> int | None:
+        """Size of the first part of a multipart object, when the server reports it."""
+        from botocore.exceptions import ClientError
+
+        try:
+            resp = self.client.head_object(Bucket=self.bucket, Key=self.prefix + obj.key, PartNumber=1)
+        except ClientError:
+            return None
+        n = int(resp.get("ContentLength", 0))
+        return n if 0 < n < obj.size else None
+
+
+def _credential_provider():
+    """A botocore credential provider for the chain (botocore is imported lazily)."""
+    from botocore.credentials import CredentialProvider
+
+    class TosCredentialProvider(CredentialProvider):
+        METHOD = "volcengine-tos"
+        CANONICAL_NAME = "VolcengineTos"
+
+        def load(self):
+            return _botocore_credentials()
+
+    return TosCredentialProvider()
+
+
+def _botocore_credentials():
+    """IRSA: refreshable credentials from STS AssumeRoleWithOIDC (the TOS SDK's provider);
+    else the static reader key; None leaves boto3's own chain (AWS_* variables)."""
+    from botocore.credentials import Credentials, RefreshableCredentials
+
+    if os.environ.get("VOLCENGINE_OIDC_TOKEN_FILE"):
+        provider = _oidc_provider()
+
+        def fetch() -> dict:
+            c = provider.get_credentials()
+            # The provider caches and renews itself (5 min before expiry); asking it again
+            # every 5 minutes keeps boto3 on fresh keys without tracking STS's expiry here.
+            expiry = datetime.now(timezone.utc) + timedelta(minutes=20)
+            return {"access_key": c.access_key_id, "secret_key": c.access_key_secret,
+                    "token": c.security_token, "expiry_time": expiry.isoformat()}
+
+        return RefreshableCredentials.create_from_metadata(fetch(), fetch, "volcengine-oidc")
+    ak, sk = os.environ.get("TOS_ACCESS_KEY"), os.environ.get("TOS_SECRET_KEY")
+    if ak and sk:
+        return Credentials(ak, sk)
+    return None
+
+
+def _oidc_provider():
+    try:
+        import tos  # type: ignore[import-not-found]
+    except ImportError:
+        raise WeightsError("IRSA is configured (VOLCENGINE_OIDC_TOKEN_FILE) but the TOS SDK is not installed") from None
+    try:
+        return tos.OIDCCredentialsProvider()
+    except Exception as exc:  # noqa: BLE001 - the SDK raises its own client error type
+        raise WeightsError(f"IRSA credentials: {exc}") from None
+
+
+# --------------------------------------------------------------------------- checksums
+
+
+class ContentHash:
+    """What an object's ETag says about its bytes, computed while they stream past.
+
+    Single-part ETag: MD5 of the content. Multipart (`<hex>-<parts>`): MD5 of the parts'
+    binary MD5s; the part size comes from the server or from the common sizes consistent
+    with the part count (several candidates are hashed side by side)."""
+
+    def __init__(self, etag: str, size: int, part_size: int | None):
+        self.etag = etag
+        self.kind = "none"
+        self.candidates: list[int] = []
+        body, _, parts = etag.partition("-")
+        if len(body) == 32 and all(c in "0123456789abcdef" for c in body.lower()):
+            if not parts:
+                self.kind = "md5"
+                self._md5 = hashlib.md5()
+            elif parts.isdigit():
+                n = int(parts)
+                if part_size and -(-size // part_size) == n:
+                    self.candidates = [part_size]
+                else:
+                    guesses = {s for s in COMMON_PART_SIZES if -(-size // s) == n}
+                    guesses.add(-(-(-(-size // n)) // MiB) * MiB)  # ceil(size / n) rounded up to MiB
+                    self.candidates = sorted(g for g in guesses if g > 0 and -(-size // g) == n)[:MAX_PART_SIZE_GUESSES]
+                if self.candidates:
+                    self.kind = "multipart"
+                    self._parts = {c: [hashlib.md5(), 0, []] for c in self.candidates}  # hash, bytes in part, digests
+        self.size = 0
+
+    @property
+    def verifiable(self) -> bool:
+        return self.kind != "none"
+
+    def update(self, data: bytes) -> None:
+        self.size += len(data)
+        if self.kind == "md5":
+            self._md5.update(data)
+        elif self.kind == "multipart":
+            for ps, state in self._parts.items():
+                view = memoryview(data)
+                while view:
+                    take = min(len(view), ps - state[1])
+                    state[0].update(view[:take])
+                    state[1] += take
+                    view = view[take:]
+                    if state[1] == ps:
+                        state[2].append(state[0].digest())
+                        state[0], state[1] = hashlib.md5(), 0
+
+    def matches(self) -> bool:
+        """True when the bytes seen are those the ETag describes (True if it describes nothing)."""
+        if self.kind == "md5":
+            return self._md5.hexdigest() == self.etag.lower()
+        if self.kind == "multipart":
+            for state in self._parts.values():
+                digests = state[2] + ([state[0].digest()] if state[1] else [])
+                if f"{hashlib.md5(b''.join(digests)).hexdigest()}-{len(digests)}" == self.etag.lower():
+                    return True
+            return False
+        return True
+
+
+def _hash_file(path: Path, h: ContentHash, limit: int | None = None) -> None:
+    with open(path, "rb") as fh:
+        left = limit
+        while True:
+            chunk = fh.read(CHUNK if left is None else min(CHUNK, left))
+            if not chunk:
+                return
+            h.update(chunk)
+            if left is not None:
+                left -= len(chunk)
+                if left == 0:
+                    return
 
 
 # --------------------------------------------------------------------------- sync
 
 
+@dataclass
+class SyncReport:
+    fetched: list[str] = field(default_factory=list)  # keys whose bytes were (at least partly) downloaded
+    resumed: dict[str, int] = field(default_factory=dict)  # key -> offset a partial file was continued from
+    repaired: list[str] = field(default_factory=list)  # keys found corrupt or torn on disk and fetched again
+    unverifiable: list[str] = field(default_factory=list)  # keys checked by size only (ETag is not an MD5)
+    bytes_downloaded: int = 0
+    seconds: float = 0.0
+
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+
+
 def _load_manifest(dest: Path) -> dict[str, dict]:
     try:
-        return json.loads((dest / MANIFEST).read_text())
+        data = json.loads((dest / MANIFEST).read_text())
+        return data if isinstance(data, dict) else {}
     except (OSError, ValueError):
         return {}
 
 
-def verified(dest: Path, obj: RemoteObject, manifest: dict[str, dict]) -> bool:
-    """A cached file counts only if the manifest recorded the same remote version and the
-    file on disk still has the recorded size (a torn copy or a truncated disk fails)."""
-    entry = manifest.get(obj.key)
-    path = dest / obj.key
-    return (
-        entry is not None
-        and entry.get("etag") == obj.etag
-        and entry.get("size") == obj.size
-        and path.is_file()
-        and path.stat().st_size == obj.size
-    )
+def _write_manifest(dest: Path, manifest: dict[str, dict]) -> None:
+    tmp = dest / (MANIFEST + ".tmp")
+    with open(tmp, "w") as fh:
+        json.dump(manifest, fh, indent=1, sort_keys=True)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, dest / MANIFEST)
 
 
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+def _partial_path(dest: Path, obj: RemoteObject) -> Path:
+    # The ETag in the name ties the bytes to one remote version: a partial of another
+    # version is never continued.
+    safe = "".join(c if c.isalnum() else "_" for c in obj.etag)[:80]
+    return dest / PARTIAL_DIR / f"{obj.key}.{safe}.part"
 
 
-def sync(store: Store, dest: Path, log=print, *, metadata_only: bool = False) -> list[str]:
-    """Make `dest` hold exactly the store's files; returns the keys that were fetched.
+def _stat_matches(path: Path, entry: dict) -> bool:
+    st = path.stat()
+    return st.st_size == entry.get("size") and st.st_mtime_ns == entry.get("mtime_ns")
 
-    Safe when several pods on a node start at once (an exclusive lock on the cache dir),
-    and when a pod dies mid-copy (files land under a temporary name and are renamed; the
-    manifest is written last)."""
-    dest.mkdir(parents=True, exist_ok=True)
+
+def _check_index(dest: Path, objects: list[RemoteObject], store: Store) -> None:
+    """Every shard the checkpoint's index names must be in the prefix."""
+    listed = {o.key for o in objects}
+    for name in INDEX_FILES:
+        path = dest / name
+        if name not in listed or not path.is_file():
+            continue
+        try:
+            weight_map = json.loads(path.read_text()).get("weight_map", {})
+        except ValueError as exc:
+            raise WeightsError(f"{store.describe(name)} is not JSON: {exc}") from None
+        missing = sorted(set(weight_map.values()) - listed)
+        if missing:
+            raise WeightsError(f"{store.describe(name)} names {len(missing)} shard(s) missing from the prefix: "
+                               + ", ".join(store.describe(m) for m in missing[:5]) + (" ..." if len(missing) > 5 else ""))
+
+
+class _Syncer:
+    def __init__(self, store: Store, dest: Path, log, deep_verify: bool):
+        self.store, self.dest, self.log, self.deep = store, dest, log, deep_verify
+        self.manifest = _load_manifest(dest)
+        self.report = SyncReport()
+        self._lock = threading.Lock()
+
+    # -- what is already there
+    def verified(self, obj: RemoteObject) -> bool:
+        entry = self.manifest.get(obj.key)
+        path = self.dest / obj.key
+        if entry is None or entry.get("etag") != obj.etag or entry.get("size") != obj.size or not path.is_file():
+            return False
+        if not self.deep and _stat_matches(path, entry):
+            return True
+        # Changed on disk since verified (or a deep check): hash it against the ETag again.
+        if path.stat().st_size != obj.size:
+            self.log(f"{obj.key}: size on disk is {path.stat().st_size:,}, expected {obj.size:,}; fetching again")
+            self._repaired(obj.key)
+            return False
+        h = ContentHash(obj.etag, obj.size, entry.get("part_size"))
+        if not h.verifiable:
+            return True
+        _hash_file(path, h)
+        if h.matches():
+            self._record(obj, path, entry.get("part_size"))
+            return True
+        self.log(f"{obj.key}: content on disk does not match ETag {obj.etag}; fetching again")
+        self._repaired(obj.key)
+        return False
+
+    def _record(self, obj: RemoteObject, path: Path, part_size: int | None) -> None:
+        st = path.stat()
+        with self._lock:
+            self.manifest[obj.key] = {"etag": obj.etag, "size": obj.size, "mtime_ns": st.st_mtime_ns,
+                                      "part_size": part_size}
+            _write_manifest(self.dest, self.manifest)
+
+    def ensure(self, obj: RemoteObject) -> None:
+        if not self.verified(obj):
+            self.fetch(obj)
+
+    def _repaired(self, key: str) -> None:
+        with self._lock:
+            self.report.repaired.append(key)
+
+    # -- fetching one file
+    def fetch(self, obj: RemoteObject) -> None:
+        """Download one object into its partial file and move it into place once verified.
+        A connection that breaks mid-stream (or a short read) is resumed from the bytes
+        already on disk, up to MAX_STREAM_FAULTS times; content that fails its ETag is
+        fetched again whole, up to MAX_CHECKSUM_RETRIES times."""
+        part_size = self.store.part_size(obj) if "-" in obj.etag else None
+        faults = mismatches = 0
+        while True:
+            partial = _partial_path(self.dest, obj)
+            partial.parent.mkdir(parents=True, exist_ok=True)
+            offset = partial.stat().st_size if partial.exists() else 0
+            if offset > obj.size:
+                partial.unlink()
+                offset = 0
+            h = ContentHash(obj.etag, obj.size, part_size)
+            if offset:
+                _hash_file(partial, h, offset)
+                with self._lock:
+                    self.report.resumed[obj.key] = offset
+                self.log(f"{obj.key}: resuming at {offset:,} of {obj.size:,} bytes")
+            try:
+                got = self._download(obj, partial, offset, h)
+            except ChangedRemotely:
+                self.log(f"{obj.key}: changed in the bucket since it was listed")
+                partial.unlink(missing_ok=True)
+                raise WeightsError(f"{self.store.describe(obj.key)} changed during the sync (ETag no longer "
+                                   f"{obj.etag}); run the sync again once the upload is complete") from None
+            except WeightsError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the connection broke mid-stream (botocore, urllib3, OS)
+                faults += 1
+                if faults > MAX_STREAM_FAULTS:
+                    raise WeightsError(f"{self.store.describe(obj.key)}: the download broke {faults} times, "
+                                       f"last: {exc}") from None
+                self.log(f"{obj.key}: download broke ({type(exc).__name__}: {exc}); resuming")
+                continue
+            if got < obj.size:  # the server closed early: resume from what arrived
+                faults += 1
+                if faults > MAX_STREAM_FAULTS:
+                    raise WeightsError(f"{self.store.describe(obj.key)}: got {got:,} of {obj.size:,} bytes "
+                                       f"after {faults} attempts")
+                continue
+            if got > obj.size:
+                partial.unlink(missing_ok=True)
+                raise WeightsError(f"{self.store.describe(obj.key)}: got {got:,} bytes, expected {obj.size:,}")
+            if not h.matches():
+                partial.unlink(missing_ok=True)
+                self.log(f"{obj.key}: checksum does not match ETag {obj.etag}"
+                         + (" (the partial file was corrupt)" if offset else "") + "; fetching it again whole")
+                mismatches += 1
+                if mismatches > MAX_CHECKSUM_RETRIES:
+                    raise WeightsError(f"{self.store.describe(obj.key)}: content does not match its ETag "
+                                       f"{obj.etag} after {mismatches} attempts")
+                continue
+            if not h.verifiable:
+                with self._lock:
+                    self.report.unverifiable.append(obj.key)
+                self.log(f"{obj.key}: ETag {obj.etag} is not an MD5; verified by size only")
+            target = self.dest / obj.key
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(partial, target)
+            self._record(obj, target, h.candidates[0] if h.kind == "multipart" and len(h.candidates) == 1 else part_size)
+            with self._lock:
+                self.report.fetched.append(obj.key)
+            self.log(f"fetched {obj.key} ({obj.size:,} bytes)")
+            return
+
+    def _download(self, obj: RemoteObject, partial: Path, offset: int, h: ContentHash) -> int:
+        written = offset
+        with open(partial, "ab") as fh:
+            for chunk in self.store.read(obj, offset):
+                fh.write(chunk)
+                h.update(chunk)
+                written += len(chunk)
+                with self._lock:
+                    self.report.bytes_downloaded += len(chunk)
+            fh.flush()
+            os.fsync(fh.fileno())
+        return written
+
+
+def _prepare_dest(dest: Path) -> None:
+    parent = dest.parent
+    if not parent.is_dir():
+        raise WeightsError(f"the cache mount {parent} does not exist: the node's model-cache disk is not mounted")
+    try:
+        dest.mkdir(exist_ok=True)
+        probe = dest / ".dsvolc-write-test"
+        probe.write_text("")
+        probe.unlink()
+    except PermissionError:
+        st = parent.stat()
+        raise WeightsError(
+            f"cannot write {dest} as uid {os.getuid()}: {parent} is owned by uid {st.st_uid} with mode "
+            f"{st.st_mode & 0o777:o}; the node's init script must hand the model-cache mount to the serving uid"
+        ) from None
+
+
+def sync(store: Store, dest: Path, log=print, *, metadata_only: bool = False,
+         connections: int = DEFAULT_CONNECTIONS, deep_verify: bool = False) -> SyncReport:
+    """Make `dest` hold the store's files, verified; returns what was fetched and how."""
+    if connections < 1:
+        raise WeightsError(f"--connections: expected a positive number, got {connections}")
+    start = time.monotonic()
+    dest = Path(dest)
     objects = store.list()
     if metadata_only:  # config, tokenizer and index files: what verify needs, not the weights
         objects = [o for o in objects if not o.key.endswith(WEIGHT_SUFFIXES)]
     if not objects:
-        raise WeightsError("the model prefix is empty: upload the checkpoint first")
-    fetched: list[str] = []
+        raise WeightsError(f"{store.describe()} is empty: upload the checkpoint first")
+    _prepare_dest(dest)
     with open(dest / LOCK, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        manifest = _load_manifest(dest)
-        for obj in objects:
-            if verified(dest, obj, manifest):
-                continue
-            target = dest / obj.key
-            target.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".partial-", dir=target.parent)
-            os.close(fd)
-            try:
-                store.fetch(obj.key, Path(tmp))
-                got = Path(tmp).stat().st_size
-                if got != obj.size:
-                    raise WeightsError(f"{obj.key}: fetched {got} bytes, expected {obj.size}")
-                os.replace(tmp, target)
-            finally:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
-            manifest[obj.key] = {"etag": obj.etag, "size": obj.size}
-            fetched.append(obj.key)
-            log(f"fetched {obj.key} ({obj.size:,} bytes)")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log(f"another pod on this node is syncing {dest}; waiting for it")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        s = _Syncer(store, dest, log, deep_verify)
+        # Small files first: config and index are checked before any shard is fetched.
+        small = [o for o in objects if not o.key.endswith(WEIGHT_SUFFIXES)]
+        large = sorted((o for o in objects if o.key.endswith(WEIGHT_SUFFIXES)), key=lambda o: -o.size)
+        for batch, check in ((small, True), (large, False)):
+            with ThreadPoolExecutor(max_workers=connections) as pool:
+                futures = [pool.submit(s.ensure, o) for o in batch]
+                wait(futures, return_when=FIRST_EXCEPTION)
+                failed = [f for f in futures if f.done() and not f.cancelled() and f.exception() is not None]
+                if failed:
+                    for f in futures:
+                        f.cancel()
+                    raise failed[0].exception()
+            if check:
+                _check_index(dest, objects, store)
         keep = {o.key for o in objects}
-        manifest = {k: v for k, v in manifest.items() if k in keep}
-        tmp_manifest = dest / (MANIFEST + ".tmp")
-        tmp_manifest.write_text(json.dumps(manifest, indent=1, sort_keys=True))
-        os.replace(tmp_manifest, dest / MANIFEST)
-    if not fetched:
-        log(f"cache {dest} already holds all {len(objects)} files; nothing to fetch")
-    return fetched
+        stale = [k for k in s.manifest if k not in keep]
+        if stale:
+            for k in stale:
+                del s.manifest[k]
+            _write_manifest(dest, s.manifest)
+        partial_root = dest / PARTIAL_DIR
+        if partial_root.is_dir():
+            shutil.rmtree(partial_root, ignore_errors=True)  # leftovers of other versions
+    s.report.seconds = time.monotonic() - start
+    r = s.report
+    if not r.fetched:
+        log(f"cache {dest} already holds all {len(objects)} files, verified; nothing to fetch")
+    else:
+        rate = r.bytes_downloaded / MiB / max(r.seconds, 1e-9)
+        log(f"fetched {len(r.fetched)} of {len(objects)} files, {r.bytes_downloaded:,} bytes in {r.seconds:.1f} s "
+            f"({rate:,.0f} MiB/s, {connections} connections)")
+    return r
 
 
 # --------------------------------------------------------------------------- verify
@@ -235,9 +666,12 @@ def write_s3_credentials(out: Path, s3_endpoint: str, region: str) -> None:
     """Exchange the projected OIDC token (IRSA) for temporary credentials and write them as
     shell exports for S3 clients. Without IRSA the static key in the environment is used."""
     if os.environ.get("VOLCENGINE_OIDC_TOKEN_FILE"):
-        import tos  # type: ignore[import-not-found]
-
-        creds = tos.OIDCCredentialsProvider().get_credentials()
+        try:
+            creds = _oidc_provider().get_credentials()
+        except WeightsError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the SDK raises its own client error type
+            raise WeightsError(f"STS AssumeRoleWithOIDC failed: {exc}") from None
         ak, sk, token = creds.access_key_id, creds.access_key_secret, creds.security_token
     else:
         ak, sk, token = os.environ.get("TOS_ACCESS_KEY"), os.environ.get("TOS_SECRET_KEY"), None
@@ -271,12 +705,18 @@ def main(argv: Iterable[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m runtime.weights")
     sub = parser.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("sync", help="copy the model prefix to the node cache (no-op when verified)")
-    s.add_argument("--dest", required=True, type=Path)
-    s.add_argument("--source-dir", type=Path, help="copy from a directory instead of TOS")
+    s.add_argument("--dest", required=True, type=Path,
+                   help="the model directory; created inside its parent (the node cache mount), which must exist")
+    s.add_argument("--source-dir", type=Path, help="copy from a directory instead of the bucket")
     s.add_argument("--bucket")
     s.add_argument("--prefix")
-    s.add_argument("--endpoint")
+    s.add_argument("--endpoint", help="S3 endpoint URL, e.g. https://tos-s3-cn-beijing.ivolces.com")
     s.add_argument("--region")
+    s.add_argument("--addressing-style", choices=("virtual", "path"), default="virtual",
+                   help="bucket in the host name (TOS) or in the path")
+    s.add_argument("--connections", type=int, default=DEFAULT_CONNECTIONS,
+                   help="files fetched in parallel (and HTTP connections)")
+    s.add_argument("--deep-verify", action="store_true", help="hash every cached file again, not only changed ones")
     s.add_argument("--verify", action="store_true", help="also check tokenizer against config.json")
     s.add_argument("--metadata-only", action="store_true", help="skip weight files (config and tokenizer only)")
     v = sub.add_parser("verify", help="check tokenizer against config.json")
@@ -294,9 +734,11 @@ def main(argv: Iterable[str] | None = None) -> int:
             else:
                 missing = [n for n in ("bucket", "prefix", "endpoint", "region") if not getattr(args, n)]
                 if missing:
-                    raise WeightsError(f"sync from TOS needs --{', --'.join(missing)}")
-                store = TosStore(args.bucket, args.prefix, args.endpoint, args.region)
-            sync(store, args.dest, metadata_only=args.metadata_only)
+                    raise WeightsError(f"sync from the bucket needs --{', --'.join(missing)}")
+                store = S3Store(args.bucket, args.prefix, args.endpoint, args.region,
+                                connections=max(args.connections, 1), addressing_style=args.addressing_style)
+            sync(store, args.dest, metadata_only=args.metadata_only, connections=args.connections,
+                 deep_verify=args.deep_verify, log=_log)
             if args.verify:
                 _verify_or_raise(args.dest)
         elif args.cmd == "verify":
@@ -307,6 +749,16 @@ def main(argv: Iterable[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+_LOG_LOCK = threading.Lock()
+
+
+def _log(message: str) -> None:
+    """One line per message even when the fetch threads log at once."""
+    with _LOG_LOCK:
+        sys.stdout.write(message + "\n")
+        sys.stdout.flush()
 
 
 def _verify_or_raise(model_dir: Path) -> None:

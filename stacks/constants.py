@@ -44,7 +44,10 @@ def mig_resource(profile: str) -> str:
 # owned by SERVING_UID so that the serving pods (which run as that uid) can write it.
 MODEL_CACHE_HOST_PATH = "/mnt/model-cache"
 SERVING_UID = 1000
-MODEL_DIR = "/models"  # where the engine sees the weights inside the pod
+# Where the pods mount the node's cache (the whole MODEL_CACHE_HOST_PATH, never a
+# subdirectory: the kubelet would create a missing one root-owned). The weights tool creates
+# <MODEL_CACHE_DIR>/<model> itself, as SERVING_UID, and the engine reads it from there.
+MODEL_CACHE_DIR = "/model-cache"
 
 # --------------------------------------------------------------------------- identity
 # Audience of the projected service-account token that VolcEngine STS accepts for

@@ -39,6 +39,9 @@ from stacks.regions import (
 )
 
 EnvironmentClass = Literal["dev", "staging", "prod"]
+# Kept on top of preStop + drain in a serving pod's termination grace: the kubelet's own
+# stop work and vLLM's teardown after the last request.
+GRACE_MARGIN_SECONDS = 30
 # Cloud names derive from the stack name (deepseek-<stack>, deepseek-volc-<stack>-weights):
 # a DNS label short enough for every name built from it (TOS buckets allow 63 characters,
 # CR instances 30).
@@ -64,6 +67,13 @@ SseAlgorithm = _C.literal("volcengine:tos/bucketEncryption:BucketEncryption",
                           "rule.applyServerSideEncryptionByDefault.sseAlgorithm")
 PodNetworkMode = _C.literal("volcengine:vke/cluster:Cluster", "podsConfig.podNetworkMode")
 ApigInstanceSpec = _C.literal("volcengine:apig/apigGateway:ApigGateway", "resourceSpec.instanceSpecCode")
+
+
+def instance_type_rdma(instance_type: str) -> bool:
+    """VolcEngine's HPC GPU instance types (ecs.hpc*, ecs.ebmhpc*) sit in an HPC cluster with
+    RDMA NICs between nodes (ecs.hpcpni2.28xlarge, ecs.hpcpni3ln.45xlarge: RDMA)."""
+    family = instance_type.split(".")
+    return len(family) > 1 and family[1].startswith(("hpc", "ebmhpc"))
 
 
 class _Model(BaseModel):
@@ -495,6 +505,22 @@ class EngineSettings(_Model):
     dtype: Literal["auto", "bfloat16", "float16"] = Field("auto", description="activation dtype")
     quantization: Literal["awq", "fp8"] | None = Field(None, description="weight quantization of the checkpoint")
     kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = Field("auto", description="KV cache dtype")
+    parallelism: Literal["auto", "tp_pp", "tp_ep", "dp_ep"] = Field(
+        "auto",
+        description="layout of a replica: tp_pp (tensor parallel in a node, pipeline stages across nodes), tp_ep "
+        "(attention tensor parallel, experts split across all GPUs), dp_ep (attention data parallel, one engine "
+        "per GPU, experts split across all GPUs); auto: the fewest GPUs, preferring dp_ep > tp_ep > tp_pp (EP "
+        "across nodes only on RDMA pools); see docs/planner.md",
+    )
+    data_parallel_size: int | None = Field(
+        None, ge=1, le=256, description="engines (attention replicas) per replica with tp_ep/dp_ep; all GPUs of the "
+        "replica's nodes divided by the TP size when unset",
+    )
+    speculative_tokens: int = Field(
+        0, ge=0, le=4,
+        description="MTP speculative decoding: draft tokens per step from the model's own MTP module (DeepSeek-V3/R1; "
+        "its weights and KV cache are planned in); 0 turns it off",
+    )
     extra_args: list[str] = Field(default_factory=list, description="extra vLLM arguments passed through verbatim")
     kernels: bool = Field(True, description="install the deepseek-volc Triton kernels plugin in vLLM")
     awq_kernel: Literal["vllm", "dsvolc"] = Field(
@@ -595,9 +621,23 @@ class ServingSettings(_Model):
     startup_timeout_seconds: int = Field(
         1800, ge=1200, le=7200, description="how long the model may take to load before the pod is restarted"
     )
-    drain_seconds: int = Field(20, ge=0, le=300, description="preStop delay so the gateway stops routing first")
-    termination_grace_seconds: int = Field(
-        180, ge=30, le=3600, description="time for in-flight generations to finish on shutdown"
+    drain_seconds: int = Field(
+        20, ge=5, le=300,
+        description="preStop delay: the pod has left the Services' endpoints and the gateway stops routing to it "
+        "before vLLM is told to stop",
+    )
+    termination_grace_seconds: int | None = Field(
+        None, ge=30, le=7200,
+        description="time a stopping pod gets: preStop delay + vLLM's drain of in-flight requests; at least "
+        "drain_seconds + gateway.request_timeout_seconds; that sum plus 30 s when unset",
+    )
+    weights_sync_connections: int = Field(
+        8, ge=1, le=64, description="parallel downloads (and HTTP connections) of the weights sync init container"
+    )
+    weights_sync_mib_per_s: int = Field(
+        150, ge=10, le=20000,
+        description="TOS -> node cache throughput the startup budget assumes for a sync (bounded by the data "
+        "disk: size it from benchmarks/results/weights_sync.json and the disk class)",
     )
     server: Literal["vllm", "triton"] = Field(
         "vllm",
@@ -609,15 +649,6 @@ class ServingSettings(_Model):
     gateway_replicas: int = Field(2, ge=1, le=20, description="Envoy proxy replicas of the in-cluster gateway")
     auth: AuthSettings = Field(default_factory=AuthSettings, description="JWT authentication")
     rate_limits: RateLimitSettings = Field(default_factory=RateLimitSettings, description="per-consumer rate limits")
-
-    @model_validator(mode="after")
-    def _grace(self):
-        if self.termination_grace_seconds <= self.drain_seconds:
-            raise ValueError(
-                f"termination_grace_seconds: {self.termination_grace_seconds} must exceed drain_seconds "
-                f"({self.drain_seconds}) or in-flight requests are cut off"
-            )
-        return self
 
 
 # --------------------------------------------------------------------------- operations
@@ -631,8 +662,10 @@ class AutoscalingSettings(_Model):
         4.0, gt=0, description="target vllm:num_requests_waiting per replica (the primary signal)"
     )
     requests_per_second_per_replica: float = Field(2.0, gt=0, description="target request rate per replica")
-    gpu_utilization_percent: int = Field(
-        90, ge=10, le=100, description="secondary signal: mean DCGM_FI_DEV_GPU_UTIL per replica"
+    kv_cache_usage: float = Field(
+        0.75, gt=0, le=1,
+        description="saturation signal: target mean vllm:kv_cache_usage_perc (share of KV cache blocks in use) "
+        "over the replicas; past it, new requests queue and running ones get preempted",
     )
     scale_up_stabilization_seconds: int = Field(60, ge=0, le=3600, description="scale-up stabilisation window")
     scale_down_stabilization_seconds: int = Field(
@@ -657,6 +690,17 @@ class RolloutSettings(_Model):
     max_p99_latency_seconds: float = Field(30.0, gt=0, description="abort when the canary's P99 end-to-end latency exceeds this")
     analysis_interval_seconds: int = Field(60, ge=10, le=3600, description="how often the analysis queries Prometheus")
     failure_limit: int = Field(2, ge=0, le=20, description="failed measurements tolerated before abort")
+    max_surge: int = Field(
+        1, ge=0, le=8,
+        description="replicas (whole node groups when multi-node) a rolling update may add above the current "
+        "count; 0 replaces one replica at a time (one replica less while it loads). An Argo canary always "
+        "needs one",
+    )
+    partition: int = Field(
+        0, ge=0, le=100,
+        description="multi-node only: groups 0..partition-1 keep the current template during an update (the "
+        "LeaderWorkerSet partition); set it to the replica count minus one to update one group first",
+    )
 
     @field_validator("steps")
     @classmethod
@@ -803,7 +847,87 @@ class StackSettings(_Model):
                 f"{', '.join(self.cluster.gpu_pools)}"
             )
         self._plan_serving()
+        self._check_lifecycle()
+        self._check_pool_capacity()
         return self
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    @property
+    def termination_grace_seconds(self) -> int:
+        """Time a stopping serving pod gets: the preStop delay, then vLLM drains in-flight
+        requests for as long as the edge lets one run (`--shutdown-timeout`)."""
+        sv = self.serving
+        if sv.termination_grace_seconds is not None:
+            return sv.termination_grace_seconds
+        return sv.drain_seconds + self.gateway.request_timeout_seconds + GRACE_MARGIN_SECONDS
+
+    @property
+    def uses_argo_rollouts(self) -> bool:
+        """Argo Rollouts runs the canary: enabled, one node per replica (it cannot manage a
+        LeaderWorkerSet) and the in-cluster HTTPRoute it moves traffic on."""
+        return self.rollout.enabled and self.serving.in_cluster_gateway and self.serving_plan.nodes == 1
+
+    def _check_lifecycle(self) -> None:
+        sv, edge = self.serving, self.gateway.request_timeout_seconds
+        need = sv.drain_seconds + edge
+        if sv.termination_grace_seconds is not None and sv.termination_grace_seconds < need:
+            raise ValueError(
+                f"serving.termination_grace_seconds: {sv.termination_grace_seconds} s is shorter than "
+                f"serving.drain_seconds ({sv.drain_seconds}) + gateway.request_timeout_seconds ({edge}) = {need} s: "
+                "the longest request the edge allows would be cut off on every scale-down and rollout; "
+                f"expected at least {need}, or leave it unset"
+            )
+        if self.uses_argo_rollouts and self.gateway.canary_weight:
+            raise ValueError(
+                f"gateway.canary_weight: {self.gateway.canary_weight} while Argo Rollouts owns the canary split "
+                "(rollout.enabled, in-cluster gateway): Argo sets the weights during a rollout and back to 0 "
+                "after it; expected 0 (traffic steps are rollout.steps)"
+            )
+        if self.rollout.partition and self.serving_plan.nodes == 1:
+            raise ValueError(
+                "rollout.partition: applies to multi-node replicas (a LeaderWorkerSet) only; single-node "
+                "replicas roll out as an Argo canary or a Deployment update. Expected 0"
+            )
+
+    # -- pool capacity ------------------------------------------------------------------
+
+    def replicas_per_pool(self, pool: str | None = None) -> int:
+        """Serving replicas the pool holds at max_nodes: whole nodes per replica when a
+        replica spans nodes, else replicas side by side on each node's GPUs."""
+        name = pool or self.serving.gpu_pool
+        p, gpool = self.serving_plan, self.cluster.gpu_pools[name]
+        if p.nodes > 1:
+            return gpool.max_nodes // p.nodes
+        _, per_node = gpool.hardware()
+        mig = self.pool_mig(name)
+        if mig is not None:  # one replica per MIG slice (capacity/mig.py)
+            return gpool.max_nodes * per_node * mig.per_gpu
+        return gpool.max_nodes * (per_node // p.total_gpus)
+
+    def rollout_surge(self) -> int:
+        """Replicas a rollout adds at its peak: Argo's canary scales the stable down as it
+        scales up (dynamicStableScale), so one; else rollout.max_surge."""
+        return max(1, self.rollout.max_surge) if self.uses_argo_rollouts else self.rollout.max_surge
+
+    def _check_pool_capacity(self) -> None:
+        a, sv = self.autoscaling, self.serving
+        upper, field = (a.max_replicas, "autoscaling.max_replicas") if a.enabled else (sv.replicas, "serving.replicas")
+        surge = self.rollout_surge()
+        room = self.replicas_per_pool()
+        if upper + surge > room:
+            p, pool = self.serving_plan, self.cluster.gpu_pools[sv.gpu_pool]
+            mig = self.pool_mig(sv.gpu_pool)
+            unit = (f"{p.nodes} nodes each" if p.nodes > 1 else
+                    f"one {mig.name} MIG slice each" if mig is not None else f"{p.total_gpus} GPU(s) each")
+            fixes = [f"lower {field} to {max(room - surge, 0)}", f"raise cluster.gpu_pools.{sv.gpu_pool}.max_nodes"]
+            if surge and not self.uses_argo_rollouts:
+                fixes.append("set rollout.max_surge: 0 (replace one replica at a time)")
+            raise ValueError(
+                f"{field}: {upper} replica(s) ({unit}) + a rollout surge of {surge} need room for {upper + surge} "
+                f"replicas, but pool {sv.gpu_pool} holds {room} at max_nodes {pool.max_nodes}: a rollout while "
+                f"scaled out would stall; {', or '.join(fixes)}"
+            )
 
     # -- capacity -----------------------------------------------------------------------
 
@@ -839,6 +963,10 @@ class StackSettings(_Model):
                 max_num_seqs=e.max_num_seqs,
                 gpu_memory_utilization=e.gpu_memory_utilization,
                 max_num_batched_tokens=e.max_num_batched_tokens,
+                parallelism=e.parallelism,
+                data_parallel_size=e.data_parallel_size,
+                speculative_tokens=e.speculative_tokens,
+                rdma=self.pool_rdma(sv.gpu_pool),
             )
         except PlanError as exc:
             raise ValueError(f"serving.engine: {exc}") from None
@@ -863,7 +991,7 @@ class StackSettings(_Model):
         else:
             # each warm placeholder holds one serving pod's GPUs (a pipeline stage's when multi-node)
             warm = self.resilience.warm_capacity.replicas
-            warm_nodes = -(-warm * p.tensor_parallel_size // per_node)
+            warm_nodes = -(-warm * (p.total_gpus // p.nodes) // per_node)
             needed = low * p.nodes + warm_nodes
             if needed > pool.max_nodes and warm and low * p.nodes <= pool.max_nodes:
                 raise ValueError(
@@ -912,9 +1040,14 @@ class StackSettings(_Model):
             where = "no catalogued node shape holds it on one node"
         return (f"serving.multi_node: one replica of {model.name} needs {p.nodes} nodes of {gpu_name} x "
                 f"{per_node} (pool {self.serving.gpu_pool}: TP{p.tensor_parallel_size} x "
-                f"PP{p.pipeline_parallel_size}); set serving.multi_node: true to run each replica across "
+                f"PP{p.pipeline_parallel_size}" + (f", {p.describe_layout()}" if p.parallelism != "tp_pp" else "")
+                + "); set serving.multi_node: true to run each replica across "
                 f"nodes (a LeaderWorkerSet, pipeline parallel over the network), or serve it from a larger "
                 f"pool: {where}")
+
+    def pool_rdma(self, pool: str) -> bool:
+        """Whether the pool's nodes reach each other over RDMA."""
+        return instance_type_rdma(self.cluster.gpu_pools[pool].instance_type)
 
     @property
     def serving_plan(self):
@@ -1036,10 +1169,11 @@ class StackSettings(_Model):
         return pool_hardware(p.instance_type, gpu, per_node, numa_nodes=p.numa_nodes, rdma_nics=p.rdma_nics)
 
     def pool_gpus_per_pod(self, pool: str) -> int:
-        """GPUs one pod takes on this pool: the serving plan's tensor-parallel group on the
-        serving pool, a whole node elsewhere (the most a pod can take)."""
+        """GPUs one pod takes on this pool: on the serving pool the replica's GPUs spread over
+        its nodes (a TP group, one pipeline stage, or the node's share of the data-parallel
+        engines), a whole node elsewhere (the most a pod can take)."""
         if pool == self.serving.gpu_pool:
-            return self.serving_plan.tensor_parallel_size
+            return self.serving_plan.total_gpus // self.serving_plan.nodes
         return self.pool_hardware(pool).gpus_per_node
 
     def pool_topology_policy(self, pool: str) -> str:
@@ -1058,7 +1192,7 @@ class StackSettings(_Model):
         pool = self.serving.gpu_pool
         if not self.pool_multi_node(pool):
             return 0
-        return rdma_per_pod(self.serving_plan.tensor_parallel_size, self.pool_hardware(pool))
+        return rdma_per_pod(self.pool_gpus_per_pod(pool), self.pool_hardware(pool))
 
     def vke_addons(self) -> list[Addon]:
         """The add-ons to install, versions resolved (cluster.addon_versions over stacks/addons.py);

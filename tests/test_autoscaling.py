@@ -47,7 +47,7 @@ def test_a_misspelt_field_fails_the_schema():
 
 def test_scale_target_follows_the_shape_of_the_release():
     dev = ctx_for("dev")
-    assert not dev.multi_node and dev.settings.rollout.enabled
+    assert not dev.multi_node and dev.settings.uses_argo_rollouts
     assert scaled_object(dev)["spec"]["scaleTargetRef"] == {
         "apiVersion": "argoproj.io/v1alpha1", "kind": "Rollout", "name": dev.release}
 
@@ -63,12 +63,12 @@ def test_scale_target_follows_the_shape_of_the_release():
 
 
 def test_bounds_and_timing_come_from_settings():
-    ctx = ctx_for("staging", autoscaling__min_replicas=2, autoscaling__max_replicas=7,
+    ctx = ctx_for("staging", autoscaling__min_replicas=2, autoscaling__max_replicas=5,
                   autoscaling__polling_interval_seconds=20,
                   autoscaling__scale_up_stabilization_seconds=45,
                   autoscaling__scale_down_stabilization_seconds=2400)
     spec = scaled_object(ctx)["spec"]
-    assert (spec["minReplicaCount"], spec["maxReplicaCount"], spec["pollingInterval"]) == (2, 7, 20)
+    assert (spec["minReplicaCount"], spec["maxReplicaCount"], spec["pollingInterval"]) == (2, 5, 20)
     hpa = spec["advanced"]["horizontalPodAutoscalerConfig"]
     assert hpa["behavior"]["scaleUp"]["stabilizationWindowSeconds"] == 45
     assert hpa["behavior"]["scaleDown"]["stabilizationWindowSeconds"] == 2400
@@ -94,29 +94,32 @@ def test_scale_down_window_outlasts_a_model_load_in_every_stack():
         assert window >= ctx.settings.serving.startup_timeout_seconds, stack
 
 
-def test_triggers_queue_depth_first_then_rate_then_gpu():
+def test_triggers_queue_depth_first_then_rate_then_kv_cache_saturation():
     ctx = ctx_for("dev", autoscaling__waiting_per_replica=3.0,
                   autoscaling__requests_per_second_per_replica=0.5,
-                  autoscaling__gpu_utilization_percent=85,
+                  autoscaling__kv_cache_usage=0.8,
                   monitoring__prometheus_url="http://prom.example:9090")
     trig = {t["name"]: t for t in scaled_object(ctx)["spec"]["triggers"]}
-    assert list(trig) == ["waiting-requests", "request-rate", "gpu-utilization"]
+    assert list(trig) == ["waiting-requests", "request-rate", "kv-cache-usage"]
     for t in trig.values():
         assert t["type"] == "prometheus"
         assert t["metadata"]["serverAddress"] == "http://prom.example:9090"
         assert all(isinstance(v, str) for v in t["metadata"].values())  # KEDA reads strings
 
-    w, r, g = trig["waiting-requests"], trig["request-rate"], trig["gpu-utilization"]
+    w, r, k = trig["waiting-requests"], trig["request-rate"], trig["kv-cache-usage"]
     # Totals divided per replica by the HPA (AverageValue) ...
     assert (w["metricType"], w["metadata"]["threshold"]) == ("AverageValue", "3")
     assert monitoring.metric_names(w["metadata"]["query"]) == {"vllm:num_requests_waiting"}
     assert w["metadata"]["query"].startswith("sum(")
     assert (r["metricType"], r["metadata"]["threshold"]) == ("AverageValue", "0.5")
     assert monitoring.metric_names(r["metadata"]["query"]) == {"vllm:request_success_total"}
-    # ... and a mean utilisation compared as a value.
-    assert (g["metricType"], g["metadata"]["threshold"]) == ("Value", "85")
-    assert monitoring.metric_names(g["metadata"]["query"]) == {"DCGM_FI_DEV_GPU_UTIL"}
-    assert g["metadata"]["query"].startswith("avg(")
+    # ... and the mean KV cache usage (saturation) compared as a value. GPU utilisation is
+    # no scaling signal: vLLM keeps it near 100% with one request in flight.
+    assert (k["metricType"], k["metadata"]["threshold"]) == ("Value", "0.8")
+    assert monitoring.metric_names(k["metadata"]["query"]) == {"vllm:kv_cache_usage_perc"}
+    assert k["metadata"]["query"].startswith("avg(")
+    for t in trig.values():
+        assert not monitoring.metric_names(t["metadata"]["query"]) & {"DCGM_FI_DEV_GPU_UTIL"}
 
 
 def test_queries_select_only_this_release():
@@ -127,3 +130,30 @@ def test_queries_select_only_this_release():
 
 def test_disabled_renders_nothing():
     assert autoscaling.render(ctx_for("dev", autoscaling__enabled=False)) == []
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_the_autoscaler_cannot_ask_for_more_than_the_pool_holds(stack):
+    """max_replicas plus a rollout's surge fit the GPU pool at max_nodes in every stack, so
+    neither a scale-out nor a rollout while scaled out waits for nodes that cannot come."""
+    ctx = ctx_for(stack)
+    s = ctx.settings
+    pool = s.cluster.gpu_pools[s.serving.gpu_pool]
+    _, per_node = pool.hardware()
+    top = scaled_object(ctx)["spec"]["maxReplicaCount"] + s.rollout_surge()
+    if ctx.multi_node:
+        assert top * ctx.plan.nodes <= pool.max_nodes
+    else:
+        assert top * ctx.plan.total_gpus <= pool.max_nodes * per_node
+
+
+def test_a_pool_too_small_for_max_replicas_and_surge_is_refused():
+    from stacks import SettingsError
+
+    with pytest.raises(SettingsError, match=r"autoscaling.max_replicas: 4 replica\(s\) \(2 nodes each\) \+ a "
+                                            r"rollout surge of 1 need room for 5 replicas, but pool h20 holds 4"):
+        ctx_for("prod", autoscaling__max_replicas=4)
+    # Without surge (one group replaced at a time) four groups fit the eight nodes.
+    assert ctx_for("prod", autoscaling__max_replicas=4, rollout__max_surge=0)
+    with pytest.raises(SettingsError, match=r"autoscaling.max_replicas: 4 .* pool a10 holds 3"):
+        ctx_for("dev", autoscaling__max_replicas=4)

@@ -37,7 +37,8 @@ def test_preview_prod_json_lists_the_foundation(tmp_path):
     (serving,) = plan["plans"]
     s = load("prod")
     assert serving["model"] == s.serving.model and serving["gpu"] == "H20" and serving["gpus_per_node"] == 8
-    assert serving["tensor_parallel_size"] * serving["pipeline_parallel_size"] == 16
+    assert serving["tensor_parallel_size"] * serving["pipeline_parallel_size"] * serving["data_parallel_size"] == 16
+    assert serving["gpus_per_replica"] == 16 and serving["layout"] == "DP16+EP16" and serving["expert_parallel"]
     assert serving["nodes_per_replica"] == 2 and serving["multi_node"] is True
     assert serving["max_model_len"] == s.serving.engine.max_model_len
     assert serving["kv_cache_tokens"] == s.serving_plan.kv_cache_tokens > serving["max_model_len"]
@@ -68,9 +69,10 @@ def test_preview_prod_json_lists_the_foundation(tmp_path):
 def test_preview_prints_the_engine_plan_and_the_policy_config():
     result = runner.invoke(app, ["preview", "prod"])
     assert result.exit_code == 0, result.output
-    out = " ".join(result.output.split())  # rich wraps long lines
+    out = " ".join(result.output.replace("│", " ").split())  # rich wraps long lines inside the tree
     assert "stack prod: class prod, policy config policies/config/prod.json" in out
-    assert "deepseek-r1 on H20 x 8" in out and "TP8 x PP2" in out and "2 nodes per replica" in out
+    assert "deepseek-r1 on H20 x 8" in out and "DP16+EP16 + MTP 1" in out and "2 nodes per replica" in out
+    assert "expert all-to-all over RDMA" in out
     assert f"context {load('prod').serving.engine.max_model_len:,}" in out
 
 

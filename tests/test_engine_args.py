@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 
@@ -73,16 +74,42 @@ def test_load_format_follows_the_weights_mode():
 
 
 def test_multi_node_arguments():
-    ctx = ctx_for("prod")
-    assert ctx.multi_node
+    # TP x PP across nodes: vLLM's multiprocessing executor, one node rank per pod
+    raw = copy.deepcopy(read_raw("prod"))
+    raw["serving"]["engine"].update(parallelism="tp_pp", tensor_parallel_size=8, pipeline_parallel_size=2,
+                                    speculative_tokens=0)
+    ctx = ctx_for("prod", raw)
+    assert ctx.multi_node and ctx.plan.parallelism == "tp_pp"
     base = engine_args.from_context(ctx, "/models")
     leader = engine_args.render(engine_args.for_rank(base, node_rank="0", master_addr="$(LWS_LEADER_ADDRESS)"))
     assert flag(leader, "--nnodes") == str(ctx.plan.nodes)
     assert flag(leader, "--node-rank") == "0"
     assert flag(leader, "--master-addr") == "$(LWS_LEADER_ADDRESS)"
     assert flag(leader, "--distributed-executor-backend") == "mp"
+    assert "--data-parallel-size" not in leader and "--enable-expert-parallel" not in leader
     single = engine_args.render(engine_args.from_context(ctx_for("dev"), "/models"))
     assert "--nnodes" not in single
+
+
+def test_data_parallel_multi_node_arguments():
+    # prod: DP16 + EP16 over two nodes, eight engines per node, MTP
+    ctx = ctx_for("prod")
+    p = ctx.plan
+    assert (p.data_parallel_size, p.nodes, p.expert_parallel) == (16, 2, True)
+    base = engine_args.from_context(ctx, "/models")
+    leader = engine_args.render(engine_args.for_rank(base, node_rank="0", master_addr="$(LWS_LEADER_ADDRESS)"))
+    worker = engine_args.render(engine_args.for_rank(base, node_rank="$(LWS_WORKER_INDEX)",
+                                                     master_addr="$(LWS_LEADER_ADDRESS)", worker_index="LWS_WORKER_INDEX"))
+    for args in (leader, worker):
+        assert flag(args, "--data-parallel-size") == "16" and "--enable-expert-parallel" in args
+        assert flag(args, "--data-parallel-size-local") == "8"
+        assert flag(args, "--data-parallel-address") == "$(LWS_LEADER_ADDRESS)"
+        assert flag(args, "--data-parallel-rpc-port") == str(engine_args.DP_RPC_PORT)
+        assert json.loads(flag(args, "--speculative-config")) == {"method": "deepseek_mtp", "num_speculative_tokens": 1}
+        assert "--nnodes" not in args
+    assert "--data-parallel-start-rank" not in leader
+    # the kubelet turns $$ into $, the shell computes the worker's first rank
+    assert flag(worker, "--data-parallel-start-rank") == "$$((LWS_WORKER_INDEX * 8))"
 
 
 def test_without_flags_drops_pairs_and_bare_flags():

@@ -57,21 +57,19 @@ def test_route_weights_come_from_settings_and_add_to_100(ctx):
     assert all(b["port"] == HTTP_PORT for b in split["backendRefs"])
 
 
-def test_staging_really_splits():
-    # staging ships a 10% canary: the split rule must carry it, not a default 0.
-    ctx = _ctx(stacks.load("staging"))
-    assert ctx.settings.gateway.canary_weight == 10
-    assert gateway.route_weights(ctx) == (90, 10)
+def _without_argo(settings):
+    return _with(settings, rollout={"enabled": False})
 
 
-def test_weights_follow_any_canary_weight():
-    base = stacks.load("dev")
+def test_weights_follow_any_canary_weight_without_argo():
+    base = _without_argo(stacks.load("dev"))
     for w in (0, 37, 100):
         ctx = _ctx(_with(base, gateway={"canary_weight": w}))
         assert gateway.route_weights(ctx) == (100 - w, w)
 
 
-def test_ab_header_routes_to_canary_only(ctx):
+def test_without_argo_the_ab_header_has_a_static_rule_to_the_canary():
+    ctx = _ctx(_without_argo(stacks.load("staging")))
     route = _one(gateway.render(ctx), "HTTPRoute")
     ab = route["spec"]["rules"][0]
     assert ab["name"] == gateway.AB_RULE  # first: more specific than the weighted rule
@@ -79,18 +77,34 @@ def test_ab_header_routes_to_canary_only(ctx):
     assert header == {"type": "Exact", "name": ctx.settings.gateway.ab_header.name,
                       "value": ctx.settings.gateway.ab_header.value}
     assert [b["name"] for b in ab["backendRefs"]] == [ctx.canary_service]
+    assert gateway.ignored_changes(ctx, route) == []  # nobody else edits this route
 
 
-def test_only_the_weighted_rule_holds_both_tracks(ctx):
-    # Argo Rollouts' gatewayAPI plugin rewrites every rule holding both backends.
+@pytest.mark.parametrize("stack", ["dev", "staging"])
+def test_with_argo_no_rule_is_canary_only(stack):
+    """Argo's gatewayAPI plugin takes a rule whose only backend is the canary Service for
+    one of its own header routes: it re-weights it, or deletes it when a rollout ends. So
+    while Argo manages the split the route holds only the weighted rule, and the A/B rule
+    is Argo's managed header route (tests/test_rollout.py)."""
+    ctx = _ctx(stacks.load(stack))
+    assert ctx.settings.uses_argo_rollouts
     route = _one(gateway.render(ctx), "HTTPRoute")
-    both = [r["name"] for r in route["spec"]["rules"]
-            if {b["name"] for b in r["backendRefs"]} >= {ctx.stable_service, ctx.canary_service}]
-    assert both == [gateway.SPLIT_RULE]
+    assert [r["name"] for r in route["spec"]["rules"]] == [gateway.SPLIT_RULE]
+    for rule in route["spec"]["rules"]:
+        assert {b["name"] for b in rule["backendRefs"]} != {ctx.canary_service}
+
+
+def test_pulumi_leaves_argos_weights_alone():
+    ctx = _ctx(stacks.load("staging"))
+    route = _one(gateway.render(ctx), "HTTPRoute")
+    assert gateway.ignored_changes(ctx, route) == ["spec.rules[*].backendRefs[*].weight"]
+    assert gateway.ignored_changes(ctx, _one(gateway.render(ctx), "Gateway")) == []
+    prod = _ctx(stacks.load("prod"))  # multi-node: no Argo, the settings own the weights
+    assert gateway.ignored_changes(prod, _one(gateway.render(prod), "HTTPRoute")) == []
 
 
 def test_custom_ab_header_is_used():
-    ctx = _ctx(_with(stacks.load("dev"), **{"gateway.ab_header": {"name": "x-try-b", "value": "yes"}}))
+    ctx = _ctx(_with(_without_argo(stacks.load("dev")), **{"gateway.ab_header": {"name": "x-try-b", "value": "yes"}}))
     route = _one(gateway.render(ctx), "HTTPRoute")
     assert route["spec"]["rules"][0]["matches"][0]["headers"][0]["name"] == "x-try-b"
     assert route["spec"]["rules"][0]["matches"][0]["headers"][0]["value"] == "yes"

@@ -8,6 +8,8 @@ import copy
 
 import pytest
 
+from stacks.constants import MODEL_CACHE_HOST_PATH
+
 from dsvolc import engine
 from k8s_schema import validate_all
 from runtime.gpu_health import (
@@ -118,7 +120,7 @@ def test_prod_quarantines_prewarms_and_holds_warm_capacity():
     warm = next(o for o in objs if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("warm-capacity"))
     assert warm["spec"]["replicas"] == ctx.settings.resilience.warm_capacity.replicas == 2
     c = warm["spec"]["template"]["spec"]["containers"][0]
-    assert c["resources"]["limits"]["nvidia.com/gpu"] == str(ctx.plan.tensor_parallel_size)
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == str(ctx.gpus_per_pod)  # one serving pod's GPUs
     prio = next(o for o in objs if o["kind"] == "PriorityClass")
     assert prio["value"] < 0 and prio["value"] >= -10 and prio["preemptionPolicy"] == "Never"
     health = next(o for o in objs if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("gpu-health"))
@@ -136,7 +138,10 @@ def test_prewarm_syncs_the_same_weights_as_the_serving_pod():
     assert init["weights-sync"]["command"] == serving_sync["command"]
     assert init["pull"]["image"] == ctx.image == ds["spec"]["template"]["spec"]["containers"][0]["image"]
     vols = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
-    assert vols["model-cache"]["hostPath"]["path"].endswith(ctx.model.name)
+    # the node's whole cache, as the serving pods mount it (the tool creates the model's directory)
+    assert vols["model-cache"]["hostPath"]["path"] == MODEL_CACHE_HOST_PATH
+    dest = init["weights-sync"]["command"][init["weights-sync"]["command"].index("--dest") + 1]
+    assert dest.endswith(f"/{ctx.model.name}")
     # streaming stacks have no node cache to fill: the image pull only
     st = ctx_for("staging")
     (ds,) = [o for o in resilience.render(st) if o["kind"] == "DaemonSet"]

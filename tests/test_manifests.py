@@ -48,11 +48,16 @@ def test_every_object_passes_its_schema(stack):
 
 
 @pytest.mark.parametrize("stack", STACKS)
-def test_gpu_limits_equal_the_tensor_parallel_size(stack):
+def test_gpu_limits_equal_the_ranks_of_a_pod(stack):
+    """One GPU per rank on the pod's node: the TP group (a pipeline stage per node), or
+    the node's share of the data-parallel engines (prod: 8 of DP16)."""
     ctx = ctx_for(stack)
+    p = ctx.plan
+    per_pod = p.tensor_parallel_size * p.pipeline_parallel_size * p.data_parallel_size // p.nodes
+    assert per_pod == ctx.gpus_per_pod and (stack != "prod" or per_pod == 8)
     for tmpl in pod_templates(workload(objects(stack))):
         res = tmpl["spec"]["containers"][0]["resources"]
-        assert res["limits"]["nvidia.com/gpu"] == str(ctx.plan.tensor_parallel_size)
+        assert res["limits"]["nvidia.com/gpu"] == str(per_pod)
         assert res["requests"]["nvidia.com/gpu"] == res["limits"]["nvidia.com/gpu"]
         assert res["requests"]["memory"] == res["limits"]["memory"]
 
@@ -63,7 +68,7 @@ def test_shm_grows_with_tensor_parallelism(stack):
     tmpl = pod_templates(workload(objects(stack)))[0]["spec"]
     shm = next(v for v in tmpl["volumes"] if v["name"] == "dshm")
     assert shm["emptyDir"]["medium"] == "Memory"
-    assert shm["emptyDir"]["sizeLimit"] == f"{2 + 2 * ctx.plan.tensor_parallel_size}Gi"
+    assert shm["emptyDir"]["sizeLimit"] == f"{2 + 2 * ctx.gpus_per_pod}Gi"
     mounts = {m["mountPath"]: m["name"] for m in tmpl["containers"][0]["volumeMounts"]}
     assert mounts["/dev/shm"] == "dshm"
 
@@ -87,13 +92,41 @@ def test_startup_budget_follows_the_settings():
     assert sp["periodSeconds"] * sp["failureThreshold"] == 3600
 
 
+def _flag(args: list[str], flag: str) -> str:
+    return args[args.index(flag) + 1]
+
+
 @pytest.mark.parametrize("stack", STACKS)
-def test_graceful_shutdown(stack):
+def test_a_drain_outlasts_the_longest_request_the_edge_allows(stack):
+    """Order on shutdown: the pod leaves the endpoints, preStop holds SIGTERM back for
+    drain_seconds while the gateway stops sending, then vLLM drains in-flight requests for
+    as long as the edge lets one run (`--shutdown-timeout`; vLLM's default 0 aborts them),
+    all within the termination grace. A headless worker outlives its leader's drain."""
     s = load(stack)
-    tmpl = pod_templates(workload(objects(stack)))[0]["spec"]
-    assert tmpl["terminationGracePeriodSeconds"] == s.serving.termination_grace_seconds
-    pre = tmpl["containers"][0]["lifecycle"]["preStop"]["sleep"]["seconds"]
-    assert pre == s.serving.drain_seconds < s.serving.termination_grace_seconds
+    edge = s.gateway.request_timeout_seconds
+    templates = pod_templates(workload(objects(stack)))
+    leader = templates[0]["spec"]
+    c = leader["containers"][0]
+    pre = c["lifecycle"]["preStop"]["sleep"]["seconds"]
+    assert pre == s.serving.drain_seconds >= 5
+    assert int(_flag(c["args"], "--shutdown-timeout")) == edge
+    assert leader["terminationGracePeriodSeconds"] >= pre + edge
+    for tmpl in templates[1:]:
+        w = tmpl["spec"]["containers"][0]
+        w_pre = w["lifecycle"]["preStop"]["sleep"]["seconds"]
+        assert w_pre >= pre + int(_flag(c["args"], "--shutdown-timeout"))
+        assert tmpl["spec"]["terminationGracePeriodSeconds"] > w_pre
+
+
+def test_the_grace_follows_the_edge_timeout_and_is_refused_when_shorter():
+    raw = copy.deepcopy(read_raw("dev"))
+    raw.setdefault("gateway", {})["request_timeout_seconds"] = 1200
+    spec = pod_templates(workload(objects("dev", raw)))[0]["spec"]
+    assert spec["terminationGracePeriodSeconds"] == 20 + 1200 + 30
+    assert int(_flag(spec["containers"][0]["args"], "--shutdown-timeout")) == 1200
+    raw["serving"]["termination_grace_seconds"] = 600
+    with pytest.raises(Exception, match=r"serving.termination_grace_seconds: 600 s is shorter than .* = 1220 s"):
+        ctx_for("dev", raw)
 
 
 @pytest.mark.parametrize("stack", STACKS)
@@ -133,17 +166,29 @@ def test_restricted_security_context(stack):
 
 
 def test_sync_mode_uses_the_node_cache_and_verifies():
+    """The pod mounts the node cache itself (created by the node's init script, owned by
+    the serving uid) and the tool creates the model directory in it: never a per-model
+    hostPath with DirectoryOrCreate, which the kubelet makes root-owned on a fresh node."""
     ctx = ctx_for("dev")
+    s = load("dev")
     spec = pod_templates(workload(objects("dev")))[0]["spec"]
     cache = next(v for v in spec["volumes"] if v["name"] == "model-cache")
-    assert cache["hostPath"]["path"] == f"/mnt/model-cache/{ctx.model.name}"
+    assert cache["hostPath"] == {"path": "/mnt/model-cache", "type": "Directory"}
     init = spec["initContainers"][0]
     assert init["name"] == "weights-sync"
+    assert init["securityContext"]["runAsUser"] == 1000
     cmd = init["command"]
     assert cmd[cmd.index("--bucket") + 1] == ctx.weights_bucket
-    assert cmd[cmd.index("--prefix") + 1] == f"{load('dev').weights.prefix}/{ctx.model.name}"
+    assert cmd[cmd.index("--prefix") + 1] == f"{s.weights.prefix}/{ctx.model.name}"
+    assert cmd[cmd.index("--endpoint") + 1] == "https://tos-s3-cn-beijing.ivolces.com"
+    assert cmd[cmd.index("--connections") + 1] == str(s.serving.weights_sync_connections)
+    mount = next(m for m in init["volumeMounts"] if m["name"] == "model-cache")
+    dest = cmd[cmd.index("--dest") + 1]
+    assert dest == f"{mount['mountPath']}/{ctx.model.name}" and "subPath" not in mount
     assert "--verify" in cmd
-    assert serving_container(workload(objects("dev")))["args"][1] == "/models"
+    engine = serving_container(workload(objects("dev")))
+    assert _flag(engine["args"], "--model") == dest
+    assert any(m["name"] == "model-cache" and m["readOnly"] for m in engine["volumeMounts"])
 
 
 def test_stream_mode_uses_runai_and_the_s3_endpoint():
@@ -183,13 +228,15 @@ def test_prod_is_a_leader_worker_set_over_the_planned_nodes():
     w = workload(objects("prod"))
     assert w["kind"] == "LeaderWorkerSet"
     lwt = w["spec"]["leaderWorkerTemplate"]
-    assert lwt["size"] == ctx.plan.nodes == ctx.plan.pipeline_parallel_size
+    assert lwt["size"] == ctx.plan.nodes == 2
     assert lwt["restartPolicy"] == "RecreateGroupOnPodRestart"
     leader = lwt["leaderTemplate"]["spec"]["containers"][0]
     worker = lwt["workerTemplate"]["spec"]["containers"][0]
-    assert "startupProbe" in leader and "startupProbe" not in worker
+    assert leader["startupProbe"]["httpGet"]["path"] == "/health"
     assert worker["args"][-1] == "--headless"
-    assert worker["args"][worker["args"].index("--node-rank") + 1] == "$(LWS_WORKER_INDEX)"
+    # DP16 over two nodes: the worker runs engines 8..15, its first rank computed by its shell
+    assert worker["command"][:2] == ["/bin/sh", "-c"]
+    assert worker["command"][2].endswith('"$@" --data-parallel-start-rank $$((LWS_WORKER_INDEX * 8))')
     # workers carry the same shm and weight handling as the leader
     for spec in (lwt["leaderTemplate"]["spec"], lwt["workerTemplate"]["spec"]):
         assert {v["name"] for v in spec["volumes"]} >= {"dshm", "model-cache"}
@@ -201,23 +248,67 @@ def test_single_node_stacks_are_deployments(stack):
     s = load(stack)
     w = workload(objects(stack))
     assert w["kind"] == "Deployment"
-    expected = 0 if s.rollout.enabled else s.serving.replicas
+    expected = 0 if s.uses_argo_rollouts else s.serving.replicas
     assert w["spec"]["replicas"] == expected
 
 
 @pytest.mark.parametrize("stack", STACKS)
-def test_services_and_pdb_select_the_serving_pods(stack):
+def test_services_select_leaders_and_the_pdb_covers_whole_groups(stack):
     objs = objects(stack)
     ctx = ctx_for(stack)
     services = {o["metadata"]["name"]: o for o in objs if o["kind"] == "Service"}
     assert set(services) == {ctx.stable_service, ctx.canary_service}
     pdb = next(o for o in objs if o["kind"] == "PodDisruptionBudget")
-    leader_labels = pod_templates(workload(objs))[0]["metadata"]["labels"]
-    for sel in [s["spec"]["selector"] for s in services.values()] + [pdb["spec"]["selector"]["matchLabels"]]:
-        assert sel.items() <= leader_labels.items()
+    templates = pod_templates(workload(objs))
+    for svc in services.values():
+        assert svc["spec"]["selector"].items() <= templates[0]["metadata"]["labels"].items()
+    # The budget covers every pod of the workload, leaders and workers: one pod evicted
+    # takes its group down, and no other pod may go until that group is back.
+    for tmpl in templates:
+        assert pdb["spec"]["selector"]["matchLabels"].items() <= tmpl["metadata"]["labels"].items()
+    assert pdb["spec"]["maxUnavailable"] == 1
     if ctx.multi_node:
-        worker_labels = pod_templates(workload(objs))[1]["metadata"]["labels"]
+        worker_labels = templates[1]["metadata"]["labels"]
         assert not services[ctx.stable_service]["spec"]["selector"].items() <= worker_labels.items()
+
+
+def test_workers_are_probed_on_their_engine_processes():
+    ctx = ctx_for("prod")
+    worker = workload(objects("prod"))["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0]
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        cmd = worker[probe]["exec"]["command"]
+        assert cmd[:4] == ["python3", "-m", "runtime.health", "workers"]
+        assert int(_flag(cmd, "--expect")) == ctx.gpus_per_pod == 8
+        assert worker[probe]["timeoutSeconds"] > 1
+
+
+def test_the_leader_startup_budget_covers_a_workers_sync():
+    from capacity.planner import checkpoint_bytes
+
+    ctx = ctx_for("prod")
+    s = ctx.settings
+    leader = workload(objects("prod"))["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0]
+    sp = leader["startupProbe"]
+    sync = checkpoint_bytes(ctx.model, s.serving.engine.quantization) / (s.serving.weights_sync_mib_per_s * 2**20)
+    assert sync > 600  # 600+ GB of FP8 weights: well past ten minutes on any disk class
+    assert sp["periodSeconds"] * sp["failureThreshold"] >= s.serving.startup_timeout_seconds + sync
+    # Slower assumed throughput, longer budget.
+    raw = copy.deepcopy(read_raw("prod"))
+    raw["serving"]["weights_sync_mib_per_s"] = s.serving.weights_sync_mib_per_s // 2
+    slow = workload(objects("prod", raw))["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0]
+    assert slow["startupProbe"]["failureThreshold"] > sp["failureThreshold"]
+
+
+def test_group_updates_follow_the_rollout_settings():
+    spec = workload(objects("prod"))["spec"]
+    assert spec["rolloutStrategy"]["rollingUpdateConfiguration"] == {"maxSurge": 1, "maxUnavailable": 0,
+                                                                     "partition": 0}
+    raw = copy.deepcopy(read_raw("prod"))
+    raw["rollout"] = {"max_surge": 0, "partition": 1}
+    raw["autoscaling"]["max_replicas"] = 4  # no surge: four groups fill the eight nodes
+    spec = workload(objects("prod", raw))["spec"]
+    assert spec["rolloutStrategy"]["rollingUpdateConfiguration"] == {"maxSurge": 0, "maxUnavailable": 1,
+                                                                     "partition": 1}
 
 
 @pytest.mark.parametrize("stack", STACKS)

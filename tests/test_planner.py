@@ -149,8 +149,11 @@ def test_v3_on_h100_uses_two_nodes():
 
 
 def test_v3_fits_one_h200_node():
+    # The whole node, as eight data-parallel engines sharing the experts (DP8 + EP8): each
+    # H200 holds the attention and 32 of the 256 routed experts.
     p = plan(V3, get_gpu("H200"))
-    assert p.fits and p.nodes == 1 and p.tensor_parallel_size == 8
+    assert p.fits and p.nodes == 1 and p.total_gpus == 8
+    assert (p.parallelism, p.data_parallel_size, p.experts_per_gpu) == ("dp_ep", 8, 32)
     assert p.kv_cache_tokens >= 32768
 
 

@@ -103,8 +103,18 @@ def test_manifests_schema_valid(env):
     validate_all(platform.manifests(s), s.cluster.kubernetes_version)
 
 
+def test_argo_rollouts_only_where_a_stack_runs_canaries():
+    for env in ENVS:
+        s = stacks.load(env)
+        names = [r["name"] for r in platform.releases(s)]
+        assert ("argo-rollouts" in names) == s.uses_argo_rollouts, env
+    # prod's replicas span nodes (a LeaderWorkerSet, which Argo cannot manage): no controller
+    prod = stacks.load("prod")
+    assert prod.rollout.enabled and "argo-rollouts" not in [r["name"] for r in platform.releases(prod)]
+
+
 def test_rollouts_plugin_and_rbac():
-    (ar,) = [r for r in platform.releases(stacks.load("prod")) if r["name"] == "argo-rollouts"]
+    (ar,) = [r for r in platform.releases(stacks.load("staging")) if r["name"] == "argo-rollouts"]
     (plugin,) = ar["values"]["controller"]["trafficRouterPlugins"]
     assert plugin["name"] == "argoproj-labs/gatewayAPI"
     assert f"/download/{versions.ARGO_GATEWAYAPI_PLUGIN}/" in plugin["location"]

@@ -260,6 +260,15 @@ MATRIX: list[Case] = [
     Case("serving-pdb", "prod", "PodDisruptionBudget selects no serving pod",
          transform=on("PodDisruptionBudget", lambda p: p["spec"].update(
              selector={"matchLabels": {"app.kubernetes.io/name": "nothing"}}))),
+    Case("serving-pdb", "prod", "PodDisruptionBudget over group leaders only",
+         transform=on("PodDisruptionBudget", lambda p: p["spec"]["selector"]["matchLabels"].update(
+             {"deepseek-volc/role": "leader"}))),
+    Case("serving-drain", "prod", "vLLM without --shutdown-timeout (aborts in-flight requests)",
+         transform=serving(vllm_containers(lambda c: c.update(args=[
+             a for i, a in enumerate(c["args"]) if a != "--shutdown-timeout"
+             and (i == 0 or c["args"][i - 1] != "--shutdown-timeout")])))),
+    Case("serving-drain", "staging", "termination grace shorter than preStop + drain",
+         transform=serving(pod_specs(lambda s: s.update(terminationGracePeriodSeconds=180)))),
     Case("serving-min-replicas", "prod", "serving.replicas: 1",
          settings=setting("serving.replicas", 1)),
     Case("no-privileged-pods", "prod", "serving pods on the host network",

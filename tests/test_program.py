@@ -164,6 +164,7 @@ def test_edge_routes_to_the_in_cluster_entry(runs, stack):
 def test_edge_splits_by_weight_without_the_in_cluster_gateway():
     raw = json.loads(json.dumps(read_raw("staging")))
     raw["serving"]["in_cluster_gateway"] = False
+    raw.setdefault("gateway", {})["canary_weight"] = 10
     rec = engine.run("staging", raw, mode="existing")
     route = next(r.inputs for r in rec.resources if r.name.endswith("-route-default"))
     weights = [u["weight"] for u in route["upstreamLists"]]
@@ -321,3 +322,25 @@ def test_no_role_without_an_oidc_provider(new, existing, stack):
     (role,) = of(existing[stack], "iam/role:Role")
     principals = json.loads(role.inputs["trustPolicyDocument"])["Statement"][0]["Principal"]["Federated"]
     assert principals and all(p.startswith("trn:iam::") and ":oidc-provider/vke-" in p for p in principals)
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_pulumi_leaves_to_the_controllers_what_they_own(runs, stack):
+    """Registered with ignore_changes: the replica count of whatever KEDA scales, and, where
+    Argo Rollouts runs the canary, the weights of the HTTPRoute it moves, so `pulumi up`
+    during a rollout or a scale-out does not reset them."""
+    s = load(stack)
+    rec = runs[stack]
+    route = next(r for r in rec.resources if r.inputs.get("kind") == "HTTPRoute")
+    if s.uses_argo_rollouts:
+        assert route.ignore_changes == ["spec.rules[*].backendRefs[*].weight"]
+    else:
+        assert route.ignore_changes == []
+    scaled = next(r for r in rec.resources if r.inputs.get("kind") == "ScaledObject")
+    target = scaled.inputs["spec"]["scaleTargetRef"]
+    owner = next(r for r in rec.resources if r.inputs.get("kind", r.type.rsplit(":", 1)[-1]) == target["kind"]
+                 and r.inputs["metadata"]["name"] == target["name"] and "metadata" in r.inputs)
+    assert owner.ignore_changes == ["spec.replicas"]
+    # argo-rollouts is installed only where a stack runs its canaries
+    releases = {r.inputs["name"] for r in rec.resources if r.type == "kubernetes:helm.sh/v3:Release"}
+    assert ("argo-rollouts" in releases) == s.uses_argo_rollouts

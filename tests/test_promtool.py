@@ -163,7 +163,6 @@ def test_autoscaler_and_analysis_queries_compute_what_they_claim(promtool, tmp_p
     analysis = {m["name"]: m["provider"]["prometheus"]["query"] for m in tmpl["spec"]["metrics"]}
     canary, stable = "6c5d7f9b8", "84b6c9d7f"
     ns, sel = ctx.namespace, monitoring.vllm_selector(ctx)
-    gpu = monitoring.gpu_selector(ctx)
 
     def close_to(expr, value):
         return {"expr": f"abs(({expr}) - {value}) < bool 1e-9", "eval_time": "5m",
@@ -185,10 +184,11 @@ def test_autoscaler_and_analysis_queries_compute_what_they_claim(promtool, tmp_p
             # Finished requests: 60/min + 120/min = 3/s.
             series("vllm:request_success_total", pod("a", stable) + ',finished_reason="stop"', "0+60x10"),
             series("vllm:request_success_total", pod("b", canary) + ',finished_reason="length"', "0+120x10"),
-            # GPUs held by our pods at 100% and 50%; an idle GPU nobody holds is not ours.
-            series("DCGM_FI_DEV_GPU_UTIL", f'{gpu},pod="{ctx.release}-{stable}-a",gpu="0"', "100x10"),
-            series("DCGM_FI_DEV_GPU_UTIL", f'{gpu},pod="{ctx.release}-{canary}-b",gpu="1"', "50x10"),
-            series("DCGM_FI_DEV_GPU_UTIL", 'job="dcgm-exporter",namespace="monitoring",gpu="2"', "0x10"),
+            # KV cache usage of our engines at 0.9 and 0.5 (mean 0.7); another namespace's
+            # full cache is not ours.
+            series("vllm:kv_cache_usage_perc", pod("a", stable), "0.9x10"),
+            series("vllm:kv_cache_usage_perc", pod("b", canary), "0.5x10"),
+            series("vllm:kv_cache_usage_perc", 'namespace="other",job="vllm",pod="x"', "1x10"),
             # Canary: 90 ok + 10 failed per minute -> 0.1; the stable's 5xx are not the canary's.
             series("http_requests_total", pod("b", canary) + ',handler="/v1/completions",status="2xx"', "0+90x10"),
             series("http_requests_total", pod("b", canary) + ',handler="/v1/completions",status="5xx"', "0+10x10"),
@@ -203,7 +203,7 @@ def test_autoscaler_and_analysis_queries_compute_what_they_claim(promtool, tmp_p
         "promql_expr_test": [
             close_to(trig["waiting-requests"], 8),
             close_to(trig["request-rate"], 3),
-            close_to(trig["gpu-utilization"], 75),
+            close_to(trig["kv-cache-usage"], 0.7),
             close_to(rollout.with_args(analysis["error-rate"], canary), 0.1),
             close_to(rollout.with_args(analysis["p99-latency"], canary), 4.96),
         ],

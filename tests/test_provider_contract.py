@@ -6,7 +6,6 @@ provider refuses; the settings draw their accepted values from it."""
 from __future__ import annotations
 
 import copy
-import json
 import re
 import typing
 

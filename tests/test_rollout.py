@@ -36,13 +36,17 @@ def test_rollout_references_the_deployment_and_the_two_services():
     assert "template" not in spec  # the pod template lives only in the Deployment
     canary = spec["strategy"]["canary"]
     assert (canary["canaryService"], canary["stableService"]) == (ctx.canary_service, ctx.stable_service)
-    assert canary["trafficRouting"] == {
-        "plugins": {"argoproj-labs/gatewayAPI": {"httpRoute": ctx.release, "namespace": ctx.namespace}}}
+    assert canary["trafficRouting"]["plugins"] == {"argoproj-labs/gatewayAPI": {
+        "httpRoutes": [{"name": ctx.release, "useHeaderRoutes": True}], "namespace": ctx.namespace}}
+    # The stable shrinks as the canary grows: a rollout needs one replica of room, not two fleets.
+    assert canary["dynamicStableScale"] is True
 
 
 def test_steps_come_from_settings():
     ctx = ctx_for("dev", rollout__steps=[10, 25, 60, 100], rollout__pause_seconds=900)
-    assert objects(ctx)["Rollout"]["spec"]["strategy"]["canary"]["steps"] == [
+    steps = objects(ctx)["Rollout"]["spec"]["strategy"]["canary"]["steps"]
+    assert "setHeaderRoute" in steps.pop(1)  # the A/B route, once the first canary pods exist
+    assert steps == [
         {"setWeight": 10}, {"pause": {"duration": "900s"}},
         {"setWeight": 25}, {"pause": {"duration": "900s"}},
         {"setWeight": 60}, {"pause": {"duration": "900s"}},
@@ -97,7 +101,7 @@ def test_progress_deadline_covers_a_model_load():
 def test_no_rollout_when_disabled_or_multi_node():
     assert rollout.render(ctx_for("dev", rollout__enabled=False)) == []
     prod = ctx_for("prod")
-    assert prod.multi_node and prod.settings.rollout.enabled
+    assert prod.multi_node and prod.settings.rollout.enabled and not prod.settings.uses_argo_rollouts
     assert rollout.render(prod) == []
 
 
@@ -107,8 +111,35 @@ def test_the_route_argo_edits_exists_and_splits_between_the_two_services():
     ctx = ctx_for("dev")
     plugin = objects(ctx)["Rollout"]["spec"]["strategy"]["canary"]["trafficRouting"]["plugins"][
         rollout.GATEWAY_API_PLUGIN]
+    (ref,) = plugin["httpRoutes"]
     routes = [o for o in gateway.render(ctx) if o["kind"] == "HTTPRoute"
-              and o["metadata"]["name"] == plugin["httpRoute"] and o["metadata"]["namespace"] == plugin["namespace"]]
+              and o["metadata"]["name"] == ref["name"] and o["metadata"]["namespace"] == plugin["namespace"]]
     assert len(routes) == 1
     backends = [{b["name"] for b in rule.get("backendRefs", [])} for rule in routes[0]["spec"]["rules"]]
-    assert {ctx.stable_service, ctx.canary_service} in backends
+    assert backends == [{ctx.stable_service, ctx.canary_service}]
+
+
+@pytest.mark.parametrize("stack", ["dev", "staging"])
+def test_ab_header_routing_is_an_argo_managed_route_that_survives_a_rollout(stack):
+    """The A/B header reaches the canary through a header route Argo adds when a rollout
+    starts and removes when it ends (promoted or aborted): the header then follows the
+    weighted rule like any request, instead of hitting a canary backend Argo set to 0."""
+    from workloads import gateway
+
+    ctx = ctx_for(stack)
+    canary = objects(ctx)["Rollout"]["spec"]["strategy"]["canary"]
+    ab = ctx.settings.gateway.ab_header
+    assert canary["trafficRouting"]["managedRoutes"] == [{"name": gateway.AB_RULE}]
+    # right after the first weight, so the canary Service has pods when the header route appears
+    assert "setWeight" in canary["steps"][0]
+    assert canary["steps"][1] == {"setHeaderRoute": {"name": gateway.AB_RULE, "match": [
+        {"headerName": ab.name, "headerValue": {"exact": ab.value}}]}}
+    assert sum("setHeaderRoute" in st for st in canary["steps"]) == 1
+    assert canary["trafficRouting"]["plugins"][rollout.GATEWAY_API_PLUGIN]["httpRoutes"][0]["useHeaderRoutes"]
+    # Argo's header route copies the matches of the rule holding both backends: /v1/ plus the header.
+    route = next(o for o in gateway.render(ctx) if o["kind"] == "HTTPRoute")
+    (split,) = route["spec"]["rules"]
+    assert split["matches"] == [{"path": {"type": "PathPrefix", "value": gateway.API_PREFIX}}]
+    # The request timeout reaches Argo's rule too: it is a policy on the whole route.
+    btp = next(o for o in gateway.render(ctx) if o["kind"] == "BackendTrafficPolicy")
+    assert btp["spec"]["targetRefs"][0]["name"] == route["metadata"]["name"]

@@ -65,7 +65,7 @@ BAD = [
     ({"network__pod_subnets": {"cn-beijing-a": "10.10.0.0/24"}}, "network.subnets.cn-beijing-a", "overlaps"),
     ({"network__service_cidr": "10.10.200.0/24"}, "network.service_cidr", "overlaps"),
     ({"cluster__gpu_pools__a10__max_nodes": 0}, "cluster.gpu_pools.a10.max_nodes", "greater than or equal to 1"),
-    ({"cluster__gpu_pools__a10__min_nodes": 3}, "cluster.gpu_pools.a10", "min_nodes (3) must be <= max_nodes (2)"),
+    ({"cluster__gpu_pools__a10__min_nodes": 4}, "cluster.gpu_pools.a10", "min_nodes (4) must be <= max_nodes (3)"),
     ({"cluster__gpu_pools__a10__desired_nodes": 5}, "cluster.gpu_pools.a10", "desired_nodes (5)"),
     ({"cluster__gpu_pools__a10__gpus_per_node": 0, "cluster__gpu_pools__a10__gpu": "A10"},
      "cluster.gpu_pools.a10.gpus_per_node", "greater than or equal to 1"),
@@ -98,15 +98,32 @@ BAD = [
      "serving.engine", "needs kernels: true"),
     ({"serving__engine__awq_kernel": "marlin"}, "serving.engine.awq_kernel", "'vllm' or 'dsvolc'"),
     ({"serving__startup_timeout_seconds": 300}, "serving.startup_timeout_seconds", "greater than or equal to 1200"),
-    ({"serving__drain_seconds": 200, "serving__termination_grace_seconds": 150}, "serving",
-     "must exceed drain_seconds"),
+    ({"serving__drain_seconds": 200, "serving__termination_grace_seconds": 150},
+     "serving.termination_grace_seconds", "expected at least 800"),
+    ({"serving__termination_grace_seconds": 300}, "serving.termination_grace_seconds",
+     "+ gateway.request_timeout_seconds (600) = 620 s"),
+    ({"serving__drain_seconds": 0}, "serving.drain_seconds", "greater than or equal to 5"),
+    ({"serving__weights_sync_connections": 0}, "serving.weights_sync_connections", "greater than or equal to 1"),
+    ({"serving__weights_sync_mib_per_s": 1}, "serving.weights_sync_mib_per_s", "greater than or equal to 10"),
+    ({"gateway__canary_weight": 10}, "gateway.canary_weight", "Argo Rollouts owns the canary split"),
+    ({"autoscaling__max_replicas": 3}, "autoscaling.max_replicas", "pool a10 holds 3 at max_nodes 3"),
+    ({"autoscaling__enabled": False, "serving__replicas": 3}, "serving.replicas", "need room for 4 replicas"),
+    ({"autoscaling__kv_cache_usage": 1.5}, "autoscaling.kv_cache_usage", "less than or equal to 1"),
+    ({"autoscaling__gpu_utilization_percent": 90}, "autoscaling.gpu_utilization_percent", "unknown key"),
+    ({"rollout__max_surge": -1}, "rollout.max_surge", "greater than or equal to 0"),
+    ({"rollout__partition": 1}, "rollout.partition", "multi-node replicas"),
+    ({"serving__engine__parallelism": "ep"}, "serving.engine.parallelism", "'auto', 'tp_pp', 'tp_ep' or 'dp_ep'"),
+    ({"serving__engine__parallelism": "dp_ep"}, "serving.engine", "is dense"),
+    ({"serving__engine__data_parallel_size": 2}, "serving.engine", "data_parallel_size: 2 needs parallelism"),
+    ({"serving__engine__speculative_tokens": 1}, "serving.engine", "ships no MTP module"),
+    ({"serving__engine__speculative_tokens": 9}, "serving.engine.speculative_tokens", "less than or equal to 4"),
     ({"weights__sse_algorithm": "kms"}, "weights.kms_key_id", "required"),
     ({"weights__bucket_name": "Bad_Bucket"}, "weights.bucket_name", "pattern"),
     ({"gateway__canary_weight": 120}, "gateway.canary_weight", "less than or equal to 100"),
     ({"rollout__steps": [5, 50, 90]}, "rollout.steps", "last step to be 100"),
     ({"rollout__steps": [50, 5, 100]}, "rollout.steps", "strictly increasing"),
     ({"autoscaling__min_replicas": 5, "autoscaling__max_replicas": 2}, "autoscaling", "must be <= max_replicas"),
-    ({"serving__replicas": 3}, "cluster.gpu_pools.a10.max_nodes", "need 3 nodes"),
+    ({"serving__replicas": 4, "autoscaling__max_replicas": 4}, "cluster.gpu_pools.a10.max_nodes", "need 4 nodes"),
     ({"serving__rate_limits__requests": "many"}, "serving.rate_limits.requests", "valid integer"),
     ({"observability__tracing__sampling_percent": 150}, "observability.tracing.sampling_percent",
      "less than or equal to 100"),
@@ -261,6 +278,9 @@ def test_a_replica_spanning_nodes_is_refused_unless_multi_node_naming_a_pool_tha
     assert "smallest pool on which it fits on one node is A100-80G x 1 (ecs.pni2.3xlarge): TP1" in line
     assert "not in the catalog" not in line
     raw["serving"]["multi_node"] = True
+    # one two-node group fills the 3-node pool; updates replace it in place (no surge)
+    raw["autoscaling"] = {"max_replicas": 1}
+    raw["rollout"] = {"max_surge": 0}
     s = parse(raw, stack="dev")
     assert s.serving_plan.nodes == 2 and s.serving_plan.pipeline_parallel_size == 2
 

@@ -39,7 +39,8 @@ def test_json_answer_for_every_model_and_gpu(model):
         assert res.exit_code == (0 if data["fits"] else 1)
         # figures that cannot contradict each other
         r, node = data["replica"], data["node"]
-        assert r["gpus"] == r["tensor_parallel_size"] * r["pipeline_parallel_size"]
+        assert r["gpus"] == r["tensor_parallel_size"] * r["pipeline_parallel_size"] * r["data_parallel_size"]
+        assert r["expert_parallel_size"] in (1, r["tensor_parallel_size"] * r["data_parallel_size"])
         assert r["nodes"] == -(-r["gpus"] // node["gpus"])
         if data["fits"]:
             e = data["engine"]

@@ -11,14 +11,16 @@ Signals, in the order they matter (settings.autoscaling):
    signal that users are about to wait; it is zero while there is headroom.
 2. request rate per replica (finished requests/s, `vllm:request_success_total`): scales
    ahead of the queue when traffic ramps.
-3. GPU utilisation (`DCGM_FI_DEV_GPU_UTIL`), secondary only: a GPU reads near 100% with a
-   single request decoding (NVIDIA/dcgm-exporter#301), so alone it cannot tell one user
-   from a thousand; as a third trigger it only ever adds replicas.
+3. KV cache usage (`vllm:kv_cache_usage_perc`, the share of KV blocks held by running
+   requests), the saturation signal: it grows with the tokens in flight, and past ~90%
+   the engine stops admitting and starts preempting. GPU utilisation is no such signal:
+   vLLM keeps a GPU near 100% busy with a single request decoding
+   (NVIDIA/dcgm-exporter#301), so it cannot tell one user from a thousand.
 
 The HPA KEDA creates takes the largest replica count any trigger asks for. The first two
 are `AverageValue` targets: the query returns the release's total and the HPA divides by
-the current replica count, i.e. the threshold is per replica. The GPU trigger is a
-`Value` target on the mean over the release's GPUs (desired = current x mean / target).
+the current replica count, i.e. the threshold is per replica. The KV trigger is a `Value`
+target on the mean over the release's engines (desired = current x mean / target).
 
 A scale-down stabilisation window longer than a model load (settings default 30 min;
 a 671B model takes ~10-20 min to load) keeps a replica that is still loading, or just
@@ -30,7 +32,7 @@ not fit stay Pending and the pool grows up to its max_nodes.
 from __future__ import annotations
 
 from workloads.context import ServingContext
-from workloads.selectors import gpu_selector, hpa_name, vllm_selector
+from workloads.selectors import hpa_name, vllm_selector
 
 # Window of the request-rate query: long enough to hold 8 scrapes at 15 s, short enough
 # to follow a ramp within the scale-up stabilisation.
@@ -43,7 +45,7 @@ def scale_target(ctx: ServingContext) -> dict:
     Rollout when canaries are on, else the Deployment."""
     if ctx.multi_node:
         return {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet", "name": ctx.release}
-    if ctx.settings.rollout.enabled:
+    if ctx.settings.uses_argo_rollouts:
         return {"apiVersion": "argoproj.io/v1alpha1", "kind": "Rollout", "name": ctx.release}
     return {"apiVersion": "apps/v1", "kind": "Deployment", "name": ctx.release}
 
@@ -61,7 +63,7 @@ def _threshold(x: float) -> str:
 def triggers(ctx: ServingContext) -> list[dict]:
     a = ctx.settings.autoscaling
     server = ctx.settings.monitoring.prometheus_url
-    vllm, gpu = vllm_selector(ctx), gpu_selector(ctx)
+    vllm = vllm_selector(ctx)
 
     def prometheus(name: str, query: str, threshold: float, metric_type: str) -> dict:
         return {
@@ -84,13 +86,19 @@ def triggers(ctx: ServingContext) -> list[dict]:
         # vLLM's queue nor its per-request success counter.
         waiting = f"sum(nv_inference_pending_request_count{{{vllm}}})"
         rate = f"sum(rate(nv_inference_request_success{{{vllm}}}[{RATE_WINDOW}]))"
+        # nor vLLM's KV cache usage: behind Triton the pending count is the saturation signal
+        saturation = []
     else:
         waiting = f"sum(vllm:num_requests_waiting{{{vllm}}})"
         rate = f"sum(rate(vllm:request_success_total{{{vllm}}}[{RATE_WINDOW}]))"
+        # saturation: a replica whose KV cache is near full is about to queue and preempt
+        # (GPU utilisation reads ~100% at one request and cannot tell load apart)
+        saturation = [prometheus("kv-cache-usage", f"avg(vllm:kv_cache_usage_perc{{{vllm}}})", a.kv_cache_usage,
+                                 "Value")]
     return [
         prometheus("waiting-requests", waiting, a.waiting_per_replica, "AverageValue"),
         prometheus("request-rate", rate, a.requests_per_second_per_replica, "AverageValue"),
-        prometheus("gpu-utilization", f"avg(DCGM_FI_DEV_GPU_UTIL{{{gpu}}})", a.gpu_utilization_percent, "Value"),
+        *saturation,
     ]
 
 

@@ -66,9 +66,10 @@ class ServingContext:
 
     @property
     def gpus_per_pod(self) -> int:
-        """GPUs each serving pod requests: the whole TP group (one pipeline stage per pod
-        when multi-node)."""
-        return self.plan.tensor_parallel_size
+        """GPUs each serving pod requests: the replica's GPUs spread over its nodes (the TP
+        group; one pipeline stage, or the node's share of the data-parallel engines, per
+        pod when multi-node)."""
+        return self.plan.total_gpus // self.plan.nodes
 
     @property
     def gpu_pool(self) -> str:

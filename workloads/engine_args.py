@@ -8,11 +8,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from capacity.planner import speculative_config
 from stacks.constants import HTTP_PORT
 from workloads import telemetry
 from workloads.context import ServingContext
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+# The data-parallel engines of a multi-node replica coordinate over this port on the leader
+# (vLLM: "all nodes must use the same port"); the group NetworkPolicy admits every port.
+DP_RPC_PORT = 13345
 
 # Flags whose value only means something on a GPU build of vLLM. The real-engine test on
 # the CPU build drops exactly these (and says so); everything else must be accepted as is.
@@ -23,6 +27,9 @@ GPU_ONLY_FLAGS = frozenset(
         "--pipeline-parallel-size",
         "--quantization",  # fp8/awq kernels are CUDA kernels
         "--kv-cache-dtype",  # fp8 KV cache needs CUDA
+        "--data-parallel-size",  # one CPU engine in the test
+        "--enable-expert-parallel",
+        "--speculative-config",  # the tiny test model has no MTP module
     }
 )
 
@@ -43,9 +50,18 @@ class EngineArgs:
     quantization: str | None = None
     kv_cache_dtype: str = "auto"
     load_format: str = "auto"
+    # Seconds vLLM keeps serving in-flight requests after SIGTERM (0, vLLM's default,
+    # aborts them at once).
+    shutdown_timeout: int | None = None
     port: int = HTTP_PORT
     host: str = "0.0.0.0"
-    # multi-node (vLLM's multiprocessing executor across nodes, no Ray)
+    # expert / data parallelism (capacity.planner PARALLELISMS) and MTP speculative decoding
+    data_parallel_size: int = 1
+    expert_parallel: bool = False
+    speculative_config: str | None = None
+    # multi-node (vLLM's multiprocessing executor across nodes, no Ray): TP x PP groups use
+    # --nnodes/--node-rank/--master-addr; data-parallel engines use the --data-parallel-*
+    # flags (each node runs its local share of the engines; workers start at their rank)
     nnodes: int = 1
     node_rank: str | None = None  # a literal or "$(LWS_WORKER_INDEX)"
     master_addr: str | None = None
@@ -56,7 +72,12 @@ class EngineArgs:
     log_prompts: bool = False
     max_log_len: int | None = None
     json_logs: bool = False
+    data_parallel_start_rank: str | None = None  # a literal or a shell expression
     extra_args: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def data_parallel_size_local(self) -> int:
+        return max(self.data_parallel_size // self.nnodes, 1)
 
 
 def render(a: EngineArgs) -> list[str]:
@@ -85,7 +106,22 @@ def render(a: EngineArgs) -> list[str]:
         args += ["--quantization", a.quantization]
     if a.kv_cache_dtype != "auto":
         args += ["--kv-cache-dtype", a.kv_cache_dtype]
-    if a.nnodes > 1:
+    if a.shutdown_timeout is not None:
+        args += ["--shutdown-timeout", str(a.shutdown_timeout)]
+    if a.data_parallel_size > 1:
+        args += ["--data-parallel-size", str(a.data_parallel_size)]
+    if a.expert_parallel:
+        args.append("--enable-expert-parallel")
+    if a.speculative_config:
+        args += ["--speculative-config", a.speculative_config]
+    if a.nnodes > 1 and a.data_parallel_size > 1:
+        args += ["--data-parallel-size-local", str(a.data_parallel_size_local),
+                 "--data-parallel-rpc-port", str(DP_RPC_PORT)]
+        if a.master_addr is not None:
+            args += ["--data-parallel-address", a.master_addr]
+        if a.data_parallel_start_rank is not None:
+            args += ["--data-parallel-start-rank", a.data_parallel_start_rank]
+    elif a.nnodes > 1:
         args += ["--nnodes", str(a.nnodes), "--distributed-executor-backend", "mp"]
         if a.node_rank is not None:
             args += ["--node-rank", a.node_rank]
@@ -170,6 +206,12 @@ def from_context(ctx: ServingContext, model_path: str) -> EngineArgs:
         kv_cache_dtype=e.kv_cache_dtype,
         # runai_streamer reads safetensors straight from TOS's S3 endpoint into GPU memory
         load_format="runai_streamer" if stream else "safetensors",
+        # Drain on SIGTERM for as long as the edge lets a request run; the pod's termination
+        # grace covers it (StackSettings.termination_grace_seconds).
+        shutdown_timeout=ctx.settings.gateway.request_timeout_seconds,
+        data_parallel_size=p.data_parallel_size,
+        expert_parallel=p.expert_parallel,
+        speculative_config=speculative_config(p.speculative_tokens) if p.speculative_tokens else None,
         nnodes=p.nodes,
         otlp_traces_endpoint=telemetry.otlp_grpc_endpoint(s) if t.enabled else None,
         collect_detailed_traces=t.detailed if t.enabled else None,
@@ -181,5 +223,12 @@ def from_context(ctx: ServingContext, model_path: str) -> EngineArgs:
     )
 
 
-def for_rank(a: EngineArgs, *, node_rank: str, master_addr: str) -> EngineArgs:
-    return replace(a, node_rank=node_rank, master_addr=master_addr)
+def for_rank(a: EngineArgs, *, node_rank: str, master_addr: str, worker_index: str | None = None) -> EngineArgs:
+    """The arguments of one node of a multi-node replica. `worker_index`: a shell
+    expression of the node's index, for the first data-parallel rank it runs (workers
+    only; the leader runs ranks 0..local-1)."""
+    start = None
+    if a.data_parallel_size > 1 and worker_index is not None:
+        # `$$` is the kubelet's escape for `$`: the shell, not the kubelet, evaluates it.
+        start = f"$$(({worker_index} * {a.data_parallel_size_local}))"
+    return replace(a, node_rank=node_rank, master_addr=master_addr, data_parallel_start_rank=start)

@@ -42,9 +42,12 @@ OWNING_GATEWAY_NAMESPACE = "gateway.envoyproxy.io/owning-gateway-namespace"
 # before any filter runs.
 
 API_PREFIX = "/v1/"
+# The A/B header rule. Without Argo Rollouts it is a static rule to the canary Service.
+# With Argo it is a rule Argo manages (workloads/rollout.py `setHeaderRoute`): the
+# gatewayAPI plugin treats any rule whose only backend is the canary Service as its own
+# (it re-weights such rules, or deletes them when a rollout ends), so a static one would
+# send header-routed requests to a zero-weight backend, or vanish, after the first rollout.
 AB_RULE = "ab-canary"
-# Argo Rollouts' gatewayAPI plugin rewrites the weights of every rule holding both the
-# stable and the canary backend: only this one (the A/B rule holds the canary alone).
 SPLIT_RULE = "weighted"
 
 
@@ -147,31 +150,44 @@ def http_route(ctx: ServingContext) -> dict:
     stable, canary = route_weights(ctx)
     timeouts = {"request": _timeout(ctx)}
     path = {"type": "PathPrefix", "value": API_PREFIX}
+    rules = []
+    if not ctx.settings.uses_argo_rollouts:
+        # Requests that opt into the B variant always reach the canary track. (With Argo,
+        # Argo adds this rule for the length of a rollout: see AB_RULE.)
+        rules.append({
+            "name": AB_RULE,
+            "matches": [{"path": path, "headers": [{"type": "Exact", "name": ab.name, "value": ab.value}]}],
+            "backendRefs": [_backend(ctx.canary_service, 100)],
+            "timeouts": timeouts,
+        })
+    rules.append({
+        "name": SPLIT_RULE,
+        "matches": [{"path": path}],
+        # Both backends are always listed (weight 0 included) so a rollout only has to move
+        # weights, never add a backend; Argo's header rule copies this rule's matches.
+        "backendRefs": [_backend(ctx.stable_service, stable), _backend(ctx.canary_service, canary)],
+        "timeouts": timeouts,
+    })
     return {
         "apiVersion": GATEWAY_API,
         "kind": "HTTPRoute",
         "metadata": ctx.metadata(ctx.release, "gateway"),
-        "spec": {
-            "parentRefs": [{"name": gateway_name(ctx), "sectionName": LISTENER}],
-            "rules": [
-                {
-                    # Requests that opt into the B variant always reach the canary track.
-                    "name": AB_RULE,
-                    "matches": [{"path": path, "headers": [{"type": "Exact", "name": ab.name, "value": ab.value}]}],
-                    "backendRefs": [_backend(ctx.canary_service, 100)],
-                    "timeouts": timeouts,
-                },
-                {
-                    "name": SPLIT_RULE,
-                    "matches": [{"path": path}],
-                    # Both backends are always listed (weight 0 included) so a rollout only
-                    # has to move weights, never add a backend.
-                    "backendRefs": [_backend(ctx.stable_service, stable), _backend(ctx.canary_service, canary)],
-                    "timeouts": timeouts,
-                },
-            ],
-        },
+        "spec": {"parentRefs": [{"name": gateway_name(ctx), "sectionName": LISTENER}], "rules": rules},
     }
+
+
+# Fields of the HTTPRoute that Argo Rollouts owns while it manages the canary. `pulumi up`
+# leaves them as they are live (ignore_changes), so an update during a rollout does not
+# reset the weights Argo is moving.
+ARGO_MANAGED_ROUTE_FIELDS = ("spec.rules[*].backendRefs[*].weight",)
+
+
+def ignored_changes(ctx: ServingContext, obj: dict) -> list[str]:
+    """Fields of a rendered object that `pulumi up` must not reset (owned by a controller)."""
+    if (ctx.settings.uses_argo_rollouts and obj["kind"] == "HTTPRoute"
+            and obj["metadata"]["name"] == ctx.release):
+        return list(ARGO_MANAGED_ROUTE_FIELDS)
+    return []
 
 
 def client_traffic_policy(ctx: ServingContext) -> dict:

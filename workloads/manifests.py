@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import json
 import shlex
+from dataclasses import replace
 
-from stacks.regions import tos_internal_endpoint, tos_internal_s3_host
+from capacity.planner import checkpoint_bytes
+from stacks.regions import tos_internal_s3_host
 from workloads import engine_args, rdma, telemetry, triton
 from stacks.constants import (
     GPU_RESOURCE,
     HTTP_PORT,
+    MODEL_CACHE_DIR,
     MODEL_CACHE_HOST_PATH,
-    MODEL_DIR,
     POOL_LABEL,
     ROLE_LABEL,
     SERVING_UID,
@@ -73,9 +75,23 @@ def weights_uri(ctx: ServingContext) -> str:
     return f"s3://{ctx.weights_bucket}/{ctx.model_key}"
 
 
+def model_dir(ctx: ServingContext) -> str:
+    """The model's directory in the node cache, as the pod sees it."""
+    return f"{MODEL_CACHE_DIR}/{ctx.model.name}"
+
+
 def model_path(ctx: ServingContext) -> str:
     """What vLLM's --model gets: the S3 URI when streaming, the synced directory otherwise."""
-    return weights_uri(ctx) if ctx.settings.serving.weights_mode == "stream" else MODEL_DIR
+    return weights_uri(ctx) if ctx.settings.serving.weights_mode == "stream" else model_dir(ctx)
+
+
+def sync_seconds(ctx: ServingContext) -> int:
+    """How long copying the checkpoint into an empty node cache may take, at the throughput
+    the settings assume (serving.weights_sync_mib_per_s)."""
+    if ctx.settings.serving.weights_mode != "sync":
+        return 0
+    size = checkpoint_bytes(ctx.model, ctx.settings.serving.engine.quantization)
+    return -(-size // (ctx.settings.serving.weights_sync_mib_per_s * 1024 * 1024))
 
 
 def _irsa(ctx: ServingContext) -> bool:
@@ -113,22 +129,49 @@ def container_security() -> dict:
     }
 
 
+def startup_budget_seconds(ctx: ServingContext) -> int:
+    """What the serving container's startupProbe allows: the model load
+    (`startup_timeout_seconds`), plus, for a multi-node leader in sync mode, a worker's
+    whole sync: the leader's engine waits for every worker to join, and a worker on a fresh
+    node is still copying the checkpoint when the leader's own copy is done."""
+    budget = ctx.settings.serving.startup_timeout_seconds
+    if ctx.multi_node:
+        budget += sync_seconds(ctx)
+    return budget
+
+
 def probes(ctx: ServingContext) -> dict:
-    """startupProbe gives the model load `startup_timeout_seconds` (>= 20 min; a 671B
-    checkpoint takes ~10 min from local NVMe) before liveness may kill the pod (kserve#5062);
-    every probe has an explicit timeout, not the kubelet's 1 s default."""
+    """startupProbe gives the model load its budget (`startup_timeout_seconds` >= 20 min; a
+    671B checkpoint takes ~10 min from local NVMe; plus a worker's sync when multi-node)
+    before liveness may kill the pod (kserve#5062); every probe has an explicit timeout, not
+    the kubelet's 1 s default."""
     period = 10
-    startup_failures = -(-ctx.settings.serving.startup_timeout_seconds // period)
+    startup_failures = -(-startup_budget_seconds(ctx) // period)
     http = {"path": "/health", "port": "http"}
     return {
         "startupProbe": {"httpGet": http, "periodSeconds": period, "timeoutSeconds": 5,
                          "failureThreshold": startup_failures},
+        # A stopping pod leaves the Services' endpoints when deletion starts (not through
+        # this probe); readiness covers an engine that stops answering while running.
         "readinessProbe": {"httpGet": http, "periodSeconds": 10, "timeoutSeconds": 5,
                            "failureThreshold": 3, "successThreshold": 1},
         # /health answers 503 once the engine is dead; 6 x 20 s tolerates a long GC or a
         # step stuck behind a huge prefill without restarting a healthy engine.
         "livenessProbe": {"httpGet": http, "periodSeconds": 20, "timeoutSeconds": 10,
                           "failureThreshold": 6},
+    }
+
+
+def worker_probes(ctx: ServingContext) -> dict:
+    """A headless worker has no HTTP server: the probes count its live vLLM engine
+    processes (runtime/health.py), one per GPU of the pod. A dead one fails liveness; the
+    kubelet restarts the container and the LeaderWorkerSet recreates the group."""
+    check = {"exec": {"command": ["python3", "-m", "runtime.health", "workers", "--expect", str(ctx.gpus_per_pod)]}}
+    return {
+        # The processes start within a minute of the container (the sync ran before it).
+        "startupProbe": {**check, "periodSeconds": 10, "timeoutSeconds": 10, "failureThreshold": 30},
+        "readinessProbe": {**check, "periodSeconds": 20, "timeoutSeconds": 10, "failureThreshold": 3},
+        "livenessProbe": {**check, "periodSeconds": 20, "timeoutSeconds": 10, "failureThreshold": 3},
     }
 
 
@@ -151,10 +194,12 @@ def volumes(ctx: ServingContext) -> list[dict]:
         {"name": "run", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}},
     ]
     if ctx.settings.serving.weights_mode == "sync":
-        # The node's data disk (infra: GPU pools mount it at /mnt/model-cache): weights
-        # survive pod restarts and reschedules onto the same node (vllm#15862, llm-d#2216).
-        vols.append({"name": "model-cache", "hostPath": {
-            "path": f"{MODEL_CACHE_HOST_PATH}/{ctx.model.name}", "type": "DirectoryOrCreate"}})
+        # The node's data disk (infra: GPU pools mount it at /mnt/model-cache and hand it to
+        # the serving uid): weights survive pod restarts and reschedules onto the same node
+        # (vllm#15862, llm-d#2216). The whole cache is mounted and must already exist
+        # (Directory): a per-model path with DirectoryOrCreate is made by the kubelet,
+        # root-owned 0755, and the init container (uid 1000) could not write it.
+        vols.append({"name": "model-cache", "hostPath": {"path": MODEL_CACHE_HOST_PATH, "type": "Directory"}})
     else:
         vols.append({"name": "model-meta", "emptyDir": {"sizeLimit": "1Gi"}})
     if triton.enabled(ctx):
@@ -173,6 +218,7 @@ def init_containers(ctx: ServingContext, role_trn_env: dict) -> list[dict]:
     """Weights before the engine: sync (copy once per node, verify tokenizer) or stream
     (fetch credentials for the S3 client and verify the tokenizer from the small files)."""
     region = ctx.settings.region
+    sv = ctx.settings.serving
     tool = ["python3", "-m", "runtime.weights"]
     common = {
         "image": ctx.image,
@@ -182,14 +228,16 @@ def init_containers(ctx: ServingContext, role_trn_env: dict) -> list[dict]:
                                                      {"name": "HF_HUB_OFFLINE", "value": "1"}],
         "resources": {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"cpu": "4", "memory": "8Gi"}},
     }
-    endpoint = tos_internal_endpoint(region)
-    if ctx.settings.serving.weights_mode == "sync":
+    # TOS's S3-compatible endpoint inside the VPC (bucket in the host name).
+    endpoint = f"https://{tos_internal_s3_host(region)}"
+    source = ["--bucket", ctx.weights_bucket, "--prefix", ctx.model_key, "--endpoint", endpoint, "--region", region,
+              "--connections", str(sv.weights_sync_connections)]
+    if sv.weights_mode == "sync":
         return [{
             **common,
             "name": "weights-sync",
-            "command": tool + ["sync", "--bucket", ctx.weights_bucket, "--prefix", ctx.model_key,
-                               "--endpoint", endpoint, "--region", region, "--dest", MODEL_DIR, "--verify"],
-            "volumeMounts": [{"name": "model-cache", "mountPath": MODEL_DIR},
+            "command": tool + ["sync", *source, "--dest", model_dir(ctx), "--verify"],
+            "volumeMounts": [{"name": "model-cache", "mountPath": MODEL_CACHE_DIR},
                              {"name": "home", "mountPath": "/home/vllm"}] + _token_mount(ctx),
         }]
     return [
@@ -197,14 +245,13 @@ def init_containers(ctx: ServingContext, role_trn_env: dict) -> list[dict]:
             **common,
             "name": "tos-credentials",
             "command": tool + ["credentials", "--out", f"{CREDENTIALS_DIR}/s3.env",
-                               "--s3-endpoint", f"https://{tos_internal_s3_host(region)}", "--region", region],
+                               "--s3-endpoint", endpoint, "--region", region],
             "volumeMounts": [{"name": "run", "mountPath": CREDENTIALS_DIR}] + _token_mount(ctx),
         },
         {
             **common,
             "name": "tokenizer-check",
-            "command": tool + ["sync", "--bucket", ctx.weights_bucket, "--prefix", ctx.model_key,
-                               "--endpoint", endpoint, "--region", region, "--dest", "/model-meta",
+            "command": tool + ["sync", *source, "--dest", f"/model-meta/{ctx.model.name}",
                                "--metadata-only", "--verify"],
             "volumeMounts": [{"name": "model-meta", "mountPath": "/model-meta"},
                              {"name": "home", "mountPath": "/home/vllm"}] + _token_mount(ctx),
@@ -225,44 +272,64 @@ def engine_env(ctx: ServingContext) -> list[dict]:
 
 
 def engine_command(ctx: ServingContext, args: list[str], *, headless: bool = False,
-                   program: list[str] | None = None) -> dict:
+                   program: list[str] | None = None, shell_args: list[str] | None = None) -> dict:
     """Program and arguments. In stream mode the S3 credentials written by the init
-    container are sourced first; `exec` keeps vLLM as PID 1's child for signal delivery.
-    `program` replaces vLLM's server (Triton's frontend)."""
+    container are sourced first; `shell_args` are appended by the shell, which evaluates
+    them (a data-parallel worker's first rank from its index); `exec` keeps vLLM as the
+    container's main process for signal delivery. `program` replaces vLLM's server
+    (Triton's frontend)."""
     if program is None and headless:
         # Workers of a multi-node group run no API server (vLLM's `serve --headless`).
         program = ["python3", "-m", "vllm.entrypoints.cli.main", "serve"]
         args = args + ["--headless"]
     elif program is None:
         program = ["python3", "-m", engine_args.API_SERVER_MODULE]
-    if ctx.settings.serving.weights_mode == "stream":
-        script = f". {CREDENTIALS_DIR}/s3.env && exec {' '.join(program)} \"$@\""
+    stream = ctx.settings.serving.weights_mode == "stream"
+    if stream or shell_args:
+        script = (f". {CREDENTIALS_DIR}/s3.env && " if stream else "") + f"exec {' '.join(program)} \"$@\""
+        if shell_args:
+            script += " " + " ".join(shell_args)
         return {"command": ["/bin/sh", "-c", script, "vllm"], "args": args}
     return {"command": program, "args": args}
 
 
-def engine_container(ctx: ServingContext, args: list[str], *, serving: bool, headless: bool = False) -> dict:
+def pre_stop_seconds(ctx: ServingContext, *, serving: bool) -> int:
+    """How long a stopping container waits before vLLM gets SIGTERM. A serving container
+    waits `drain_seconds`: its pod has left the Services' endpoints when deletion began, and
+    this is the time for the gateway to stop sending to it; then vLLM drains in-flight
+    requests (`--shutdown-timeout`). A headless worker of a multi-node group must outlive
+    its leader's drain (the leader's requests run through it), so it waits that long too."""
+    sv = ctx.settings.serving
+    if serving:
+        return sv.drain_seconds
+    return sv.drain_seconds + ctx.settings.gateway.request_timeout_seconds
+
+
+def engine_container(ctx: ServingContext, args: list[str], *, serving: bool, headless: bool = False,
+                     shell_args: list[str] | None = None) -> dict:
     mounts = [{"name": "dshm", "mountPath": "/dev/shm"}, {"name": "home", "mountPath": "/home/vllm"}]
     if ctx.settings.serving.weights_mode == "sync":
-        mounts.append({"name": "model-cache", "mountPath": MODEL_DIR, "readOnly": True})
+        mounts.append({"name": "model-cache", "mountPath": MODEL_CACHE_DIR, "readOnly": True})
     else:
         mounts.append({"name": "run", "mountPath": CREDENTIALS_DIR, "readOnly": True})
     c = {
         "name": "vllm",
         "image": ctx.image,
         "imagePullPolicy": "IfNotPresent",
-        **engine_command(ctx, args, headless=headless),
+        **engine_command(ctx, args, headless=headless, shell_args=shell_args),
         "env": engine_env(ctx),
         "resources": resources(ctx),
         "volumeMounts": mounts,
         "securityContext": container_security(),
-        # Give the gateway time to stop routing here before SIGTERM; in-flight generations
-        # then finish within terminationGracePeriodSeconds.
-        "lifecycle": {"preStop": {"sleep": {"seconds": ctx.settings.serving.drain_seconds}}},
+        # The gateway stops routing here before SIGTERM; in-flight generations then finish
+        # (vLLM's drain) within terminationGracePeriodSeconds.
+        "lifecycle": {"preStop": {"sleep": {"seconds": pre_stop_seconds(ctx, serving=serving)}}},
     }
     if serving:
         c["ports"] = [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"}]
         c.update(probes(ctx))
+    else:
+        c.update(worker_probes(ctx))
     return c
 
 
@@ -299,7 +366,8 @@ def pod_spec(ctx: ServingContext, containers: list[dict], init: list[dict], comp
         **pull_secrets(ctx),
         # vLLM never talks to the Kubernetes API; the IRSA token is projected explicitly.
         "automountServiceAccountToken": False,
-        "terminationGracePeriodSeconds": ctx.settings.serving.termination_grace_seconds,
+        # preStop + vLLM's drain of the longest request the edge allows (+ a margin).
+        "terminationGracePeriodSeconds": ctx.settings.termination_grace_seconds,
         "securityContext": {"runAsNonRoot": True, "runAsUser": SERVING_UID, "fsGroup": SERVING_UID,
                             "seccompProfile": {"type": "RuntimeDefault"}},
         "initContainers": init,
@@ -355,9 +423,17 @@ def template_metadata(ctx: ServingContext, args: list[str]) -> dict:
     return md
 
 
+def rolling_update(ctx: ServingContext) -> dict:
+    """Surge `rollout.max_surge` replicas (whole groups when multi-node) and take none down
+    before its successor is Ready; with no surge, replace one replica at a time. The
+    settings refuse a surge the GPU pool cannot hold at max_replicas (a stalled update)."""
+    surge = ctx.settings.rollout.max_surge
+    return {"maxSurge": surge, "maxUnavailable": 0 if surge else 1}
+
+
 def deployment(ctx: ServingContext, role_trn_env: dict) -> dict:
     args = engine_args.render(engine_args.from_context(ctx, model_path(ctx)))
-    rollout = ctx.settings.rollout.enabled
+    rollout = ctx.settings.uses_argo_rollouts
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -368,9 +444,7 @@ def deployment(ctx: ServingContext, role_trn_env: dict) -> dict:
             "replicas": 0 if rollout else ctx.settings.serving.replicas,
             "revisionHistoryLimit": 3,
             "selector": {"matchLabels": ctx.selector("server")},
-            # One extra replica at a time: GPUs are the scarce resource, and no replica is
-            # taken down before its successor is Ready.
-            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": rolling_update(ctx)},
             "progressDeadlineSeconds": ctx.settings.serving.startup_timeout_seconds + 600,
             "template": {
                 "metadata": template_metadata(ctx, args),
@@ -382,13 +456,22 @@ def deployment(ctx: ServingContext, role_trn_env: dict) -> dict:
 
 def leader_worker_set(ctx: ServingContext, role_trn_env: dict) -> dict:
     """Several nodes per replica: pipeline parallel across nodes, tensor parallel within.
-    Leader = node rank 0 with the API server and probes; workers join it headless. Any pod
-    failing recreates the whole group (a partial group cannot serve)."""
+    Leader = node rank 0 with the API server and HTTP probes; workers join it headless and
+    are probed on their engine processes. Any pod failing recreates the whole group (a
+    partial group cannot serve). Updates roll group by group within the pool's room
+    (`rollout.max_surge`); `rollout.partition` holds groups back for a staged release."""
     base = engine_args.from_context(ctx, model_path(ctx))
     leader_addr = "$(LWS_LEADER_ADDRESS)"
     leader_args = engine_args.render(engine_args.for_rank(base, node_rank="0", master_addr=leader_addr))
-    worker_args = engine_args.render(
-        engine_args.for_rank(base, node_rank="$(LWS_WORKER_INDEX)", master_addr=leader_addr))
+    worker = engine_args.for_rank(base, node_rank="$(LWS_WORKER_INDEX)", master_addr=leader_addr,
+                                  worker_index="LWS_WORKER_INDEX")
+    # A data-parallel worker's first rank is its index times the engines per node: the
+    # shell computes it (the kubelet's $(VAR) expansion cannot).
+    shell_args = []
+    if worker.data_parallel_start_rank is not None:
+        shell_args = ["--data-parallel-start-rank", worker.data_parallel_start_rank]
+        worker = replace(worker, data_parallel_start_rank=None)
+    worker_args = engine_args.render(worker)
     init = init_containers(ctx, role_trn_env)
     leader_labels = {**ctx.labels("server"), LEADER_LABEL: "leader"}
     worker_labels = {**ctx.labels("server"), LEADER_LABEL: "worker"}
@@ -399,8 +482,8 @@ def leader_worker_set(ctx: ServingContext, role_trn_env: dict) -> dict:
         "spec": {
             "replicas": ctx.settings.serving.replicas,
             "startupPolicy": "LeaderCreated",
-            "rolloutStrategy": {"type": "RollingUpdate",
-                                "rollingUpdateConfiguration": {"maxUnavailable": 0, "maxSurge": 1}},
+            "rolloutStrategy": {"type": "RollingUpdate", "rollingUpdateConfiguration": {
+                **rolling_update(ctx), "partition": ctx.settings.rollout.partition}},
             "leaderWorkerTemplate": {
                 "size": ctx.plan.nodes,
                 "restartPolicy": "RecreateGroupOnPodRestart",
@@ -410,7 +493,8 @@ def leader_worker_set(ctx: ServingContext, role_trn_env: dict) -> dict:
                 }),
                 "workerTemplate": with_rdma(ctx, {
                     "metadata": {"labels": worker_labels},
-                    "spec": pod_spec(ctx, [engine_container(ctx, worker_args, serving=False, headless=True)],
+                    "spec": pod_spec(ctx, [engine_container(ctx, worker_args, serving=False, headless=True,
+                                                            shell_args=shell_args)],
                                      init, "server"),
                 }),
             },
@@ -460,12 +544,18 @@ def services(ctx: ServingContext) -> list[dict]:
 
 
 def pod_disruption_budget(ctx: ServingContext) -> dict:
-    """Node drains and autoscaler scale-downs take one replica at a time."""
+    """Node drains and autoscaler scale-downs take one replica at a time. Multi-node: over
+    every pod of every group, leaders and workers: evicting any one pod takes its whole
+    group down (it is recreated), and while that group is not back no other pod may go, so
+    at most one group is ever down by a voluntary disruption. Pods that are not Ready
+    (loading, crash-looping) may be evicted anyway: they serve nothing, and a stuck group
+    must not block node drains forever."""
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
         "metadata": ctx.metadata(ctx.release, "server"),
-        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": serving_selector(ctx)}},
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": ctx.selector("server")},
+                 "unhealthyPodEvictionPolicy": "AlwaysAllow"},
     }
 
 

@@ -158,7 +158,7 @@ def releases(settings: StackSettings, trace_topic_id=None) -> list[dict]:
         out.append(envoy_gateway(settings))
     if settings.autoscaling.enabled:
         out.append(keda(settings))
-    if settings.rollout.enabled:
+    if settings.uses_argo_rollouts:  # not for multi-node stacks: Argo cannot manage a LeaderWorkerSet
         out.append(argo_rollouts(settings))
     if settings.serving_plan.nodes > 1:  # LeaderWorkerSet only runs multi-node replicas
         out.append(leader_worker_set(settings))

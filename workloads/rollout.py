@@ -15,7 +15,13 @@ pods, which were never scaled down, serving everything.
 The Rollout points at the serving Deployment (`workloadRef`), so the pod template lives
 in one place (workloads/manifests.py); Argo scales that Deployment down as the Rollout
 takes over (`scaleDown: progressively`). Multi-node models run as a LeaderWorkerSet,
-which Argo cannot manage: they use LWS's own rolling update, and no canary.
+which Argo cannot manage: they use LWS's own rolling update, group by group, with
+`rollout.partition` for a staged release (docs/operations.md).
+
+The A/B header (`gateway.ab_header`) reaches the canary through a header route Argo adds
+after its first canary weight and removes at its end (`setHeaderRoute`, `managedRoutes`);
+`pulumi up` leaves the route's weights to Argo (workloads/gateway.py
+`ignored_changes`).
 
 What the analysis measures, on the canary's pods only (Prometheus label
 `rollouts_pod_template_hash`, copied from Argo's pod label by the vLLM PodMonitor):
@@ -36,6 +42,7 @@ fail a healthy canary. The next, larger step gets the traffic and the verdict.
 from __future__ import annotations
 
 from workloads.context import ServingContext
+from workloads.gateway import AB_RULE
 from workloads.selectors import ROLLOUT_HASH_LABEL, vllm_selector
 
 GATEWAY_API_PLUGIN = "argoproj-labs/gatewayAPI"
@@ -114,11 +121,24 @@ def analysis_template(ctx: ServingContext) -> dict:
     }
 
 
+def header_route_step(ctx: ServingContext) -> dict:
+    """The A/B rule, as a route Argo manages: from the first canary weight on, requests with
+    the A/B header go to the canary pods; when the rollout ends (promoted or aborted) Argo
+    removes the rule and they follow the weighted split again (all stable)."""
+    ab = ctx.settings.gateway.ab_header
+    return {"setHeaderRoute": {"name": AB_RULE, "match": [{"headerName": ab.name, "headerValue": {"exact": ab.value}}]}}
+
+
 def steps(ctx: ServingContext) -> list[dict]:
+    """setWeight / pause per rollout.steps, with the A/B header route added right after the
+    first weight: by then the canary pods exist (Argo scales them with the first weight
+    and waits for them), so header requests never meet an empty canary Service."""
     r = ctx.settings.rollout
     out: list[dict] = []
     for i, weight in enumerate(r.steps):
         out.append({"setWeight": weight})
+        if i == 0:
+            out.append(header_route_step(ctx))
         if i < len(r.steps) - 1:  # after the last (100%) step the Rollout is promoted
             out.append({"pause": {"duration": f"{r.pause_seconds}s"}})
     return out
@@ -139,11 +159,19 @@ def rollout(ctx: ServingContext) -> dict:
                 "canaryService": ctx.canary_service,
                 "stableService": ctx.stable_service,
                 "trafficRouting": {
-                    "plugins": {GATEWAY_API_PLUGIN: {"httpRoute": ctx.release, "namespace": ctx.namespace}}
+                    "managedRoutes": [{"name": AB_RULE}],
+                    "plugins": {GATEWAY_API_PLUGIN: {
+                        "httpRoutes": [{"name": ctx.release, "useHeaderRoutes": True}],
+                        "namespace": ctx.namespace,
+                    }},
                 },
+                # Scale the stable down as its traffic share falls, so a rollout needs one
+                # replica of room in the GPU pool, not a second fleet (settings check it).
+                "dynamicStableScale": True,
                 "analysis": {
                     "templates": [{"templateName": template_name(ctx)}],
-                    # Start once the first weight is set: step 0 is setWeight, step 1 its pause.
+                    # Start once the first weight is set: step 0 is that setWeight, step 1 the
+                    # header route, step 2 the pause.
                     "startingStep": 1,
                     "args": [{"name": HASH_ARG, "valueFrom": {"podTemplateHashValue": "Latest"}}],
                 },
@@ -163,6 +191,6 @@ def rollout(ctx: ServingContext) -> dict:
 
 
 def render(ctx: ServingContext) -> list[dict]:
-    if not ctx.settings.rollout.enabled or ctx.multi_node:
+    if not ctx.settings.uses_argo_rollouts:
         return []
     return [rollout(ctx), analysis_template(ctx)]

@@ -50,7 +50,7 @@ def renderers(ctx: ServingContext) -> list[Renderer]:
     """Every renderer whose objects join the serving objects, in dependency order."""
     out: list[Renderer] = [network_policy.render, gateway.render]
     s = ctx.settings
-    if s.rollout.enabled and not ctx.multi_node:
+    if s.uses_argo_rollouts:
         out.append(rollout.render)
     if s.autoscaling.enabled:
         out.append(autoscaling.render)
@@ -140,7 +140,7 @@ class Serving(pulumi.ComponentResource):
             ns = obj["metadata"].get("namespace")
             if ns in namespaces:
                 deps.append(namespaces[ns])
-            ignore = []
+            ignore = gateway.ignored_changes(ctx, obj)
             if (obj["kind"], obj["metadata"]["name"]) in scaled:
                 # The autoscaler owns the replica count after creation; re-applying the
                 # configured count on every `pulumi up` would fight it.

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 
-from stacks.constants import ENGINE_ARGS_ANNOTATION, HTTP_PORT, MODEL_DIR
+from stacks.constants import ENGINE_ARGS_ANNOTATION, HTTP_PORT, MODEL_CACHE_DIR
 from workloads import engine_args
 
 __all__ = ["ENGINE_ARGS_ANNOTATION"]
@@ -104,6 +104,8 @@ def model_json(a: engine_args.EngineArgs) -> dict:
             out[key] = round(value, 2) if key == "gpu_memory_utilization" else value
     if a.kv_cache_dtype != "auto":
         out["kv_cache_dtype"] = a.kv_cache_dtype
+    if a.shutdown_timeout is not None:
+        out["shutdown_timeout"] = a.shutdown_timeout
     # the engine's own spans (its observability config), under the incoming traceparent
     if a.otlp_traces_endpoint:
         out["otlp_traces_endpoint"] = a.otlp_traces_endpoint
@@ -180,7 +182,8 @@ def frontend_args(ctx: ServingContext, tokenizer: str) -> list[str]:
 def tokenizer_dir(ctx: ServingContext) -> str:
     """Local tokenizer files for the frontend's chat template: the synced model directory,
     or, when streaming, the metadata the tokenizer-check init container fetched."""
-    return MODEL_DIR if ctx.settings.serving.weights_mode == "sync" else "/model-meta"
+    root = MODEL_CACHE_DIR if ctx.settings.serving.weights_mode == "sync" else "/model-meta"
+    return f"{root}/{ctx.model.name}"
 
 
 def probes(ctx: ServingContext) -> dict:

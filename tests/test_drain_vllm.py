@@ -1,0 +1,90 @@
+"""A real vLLM told to stop, as the kubelet tells it after the preStop delay (SIGTERM to
+the container's main process), finishes the generation in flight when it runs with the
+rendered arguments (`--shutdown-timeout` = the edge's request timeout), and cuts it with
+vLLM's default (0). This is what the termination grace has to cover.
+
+Same differences from the GPU deployment as tests/test_serving_vllm.py (GPU-only flags
+dropped, the tiny model's own context, the test server's host and port).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import signal
+import threading
+import time
+import urllib.request
+
+import pytest
+
+from stacks import load
+from vllm_harness import VllmServer
+from workloads import engine_args
+from workloads.context import build_context
+
+pytestmark = pytest.mark.integration
+MAX_TOKENS = 400
+
+
+def rendered_args(model_dir, shutdown_timeout=None) -> tuple[object, list[str]]:
+    s = load("dev")
+    ctx = build_context(s, image_repository="r.example/ns/repo", weights_bucket=s.bucket_name)
+    a = engine_args.from_context(ctx, str(model_dir))
+    cfg = json.loads((model_dir / "config.json").read_text())
+    a = dataclasses.replace(a, max_model_len=cfg["max_position_embeddings"])
+    if shutdown_timeout is not None:
+        a = dataclasses.replace(a, shutdown_timeout=shutdown_timeout)
+    return ctx, engine_args.without_flags(engine_args.render(a), engine_args.GPU_ONLY_FLAGS | {"--host", "--port"})
+
+
+def stream_while_stopping(srv: VllmServer, model: str) -> dict:
+    """Start a long streamed generation, SIGTERM the server once tokens flow, and report how
+    the stream ended."""
+    body = {"model": model, "prompt": "the quick brown fox", "max_tokens": MAX_TOKENS, "temperature": 0,
+            "ignore_eos": True, "stream": True}
+    req = urllib.request.Request(srv.url + "/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    out = {"chunks": 0, "finish_reason": None, "error": None}
+    first = threading.Event()
+
+    def read():
+        try:
+            with urllib.request.urlopen(req, timeout=300) as r:
+                for line in r:
+                    if not line.startswith(b"data:") or line.strip() == b"data: [DONE]":
+                        continue
+                    choice = json.loads(line[5:])["choices"][0]
+                    out["chunks"] += 1
+                    out["finish_reason"] = choice.get("finish_reason") or out["finish_reason"]
+                    first.set()
+        except Exception as exc:  # noqa: BLE001 - a cut stream is the outcome under test
+            out["error"] = repr(exc)
+        finally:
+            first.set()
+
+    t = threading.Thread(target=read)
+    t.start()
+    assert first.wait(120), "no token streamed"
+    time.sleep(0.5)
+    srv.proc.send_signal(signal.SIGTERM)  # the kubelet signals the container's main process
+    t.join(300)
+    out["exit_code"] = srv.proc.wait(120)
+    return out
+
+
+def test_a_stopping_vllm_finishes_the_request_in_flight(tiny_deepseek_v2):
+    ctx, args = rendered_args(tiny_deepseek_v2)
+    assert args[args.index("--shutdown-timeout") + 1] == str(ctx.settings.gateway.request_timeout_seconds)
+    with VllmServer(tiny_deepseek_v2, args=args) as srv:
+        out = stream_while_stopping(srv, ctx.served_model_name)
+    assert out["error"] is None and out["finish_reason"] == "length", out
+    assert out["chunks"] >= MAX_TOKENS - 1, out
+
+
+def test_with_vllms_default_the_request_is_cut(tiny_deepseek_v2):
+    """The control: without the rendered drain, the same request does not finish."""
+    ctx, args = rendered_args(tiny_deepseek_v2, shutdown_timeout=0)
+    with VllmServer(tiny_deepseek_v2, args=args) as srv:
+        out = stream_while_stopping(srv, ctx.served_model_name)
+    assert out["finish_reason"] != "length" or out["chunks"] < MAX_TOKENS - 1, out

@@ -1,0 +1,175 @@
+"""Every engine command line the renderer emits is accepted by vLLM 0.32's own parser.
+
+For each shipped stack and the parallel layouts the planner can choose (TP x PP, TP + EP,
+DP + EP, with and without MTP, single- and multi-node), every vLLM container of the
+rendered workload (leader and workers) is run the way its pod runs it: `$(VAR)` expanded
+as the kubelet does (the LeaderWorkerSet's LWS_* variables included), then through
+/bin/sh where the command is a shell script, with `python3` on PATH replaced by a stub that
+hands back the final argument vector. That vector goes through vLLM's `vllm serve` parser
+(`make_arg_parser`), `validate_parsed_serve_args` and `AsyncEngineArgs.from_cli_args`,
+and the parsed values are checked against the capacity plan. No server is started.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from stacks import parse, read_raw
+from workloads import engine_args, manifests
+from workloads.context import build_context
+
+LWS_ENV = {"LWS_LEADER_ADDRESS": "deepseek-0.deepseek.deepseek-serving", "LWS_GROUP_SIZE": "2"}
+_REF = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
+
+
+@pytest.fixture(scope="module")
+def vllm_parser():
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
+
+    def parse_argv(argv: list[str]):
+        args = parser.parse_args(argv)
+        validate_parsed_serve_args(args)
+        return args, AsyncEngineArgs.from_cli_args(args)
+
+    return parse_argv
+
+
+@pytest.fixture(scope="module")
+def stub_dir(tmp_path_factory) -> Path:
+    """A `python3` that prints its arguments, NUL-separated, instead of running vLLM."""
+    d = tmp_path_factory.mktemp("stub")
+    stub = d / "python3"
+    stub.write_text("#!/bin/sh\nprintf '%s\\0' \"$@\"\n")
+    stub.chmod(stub.stat().st_mode | stat.S_IXUSR)
+    (d / "s3.env").write_text("export AWS_ACCESS_KEY_ID=x\n")
+    return d
+
+
+def kubelet_expand(value: str, env: dict[str, str]) -> str:
+    """Kubernetes' $(VAR) expansion of command and args: defined references are replaced,
+    `$$` is an escaped `$`, anything else is left as written."""
+    return _REF.sub(lambda m: "$" if m.group(0) == "$$" else env.get(m.group(1), m.group(0)), value)
+
+
+def final_argv(container: dict, env: dict[str, str], stub_dir: Path) -> list[str]:
+    """The program's argument vector after the kubelet and, if any, the shell."""
+    cmd = [kubelet_expand(c, env) for c in container["command"]]
+    args = [kubelet_expand(a, env) for a in container.get("args", [])]
+    if cmd[:2] == ["/bin/sh", "-c"]:
+        script = cmd[2].replace(f"{manifests.CREDENTIALS_DIR}/s3.env", str(stub_dir / "s3.env"))
+        out = subprocess.run(["/bin/sh", "-c", script, *cmd[3:], *args], capture_output=True, check=True,
+                             env={**os.environ, **env, "PATH": f"{stub_dir}:{os.environ['PATH']}"})
+        argv = out.stdout.decode().split("\0")[:-1]
+    else:
+        argv = cmd[1:] + args
+    assert argv[0] == "-m", argv
+    module, rest = argv[1], argv[2:]
+    if module == "vllm.entrypoints.cli.main":
+        assert rest[0] == "serve"
+        rest = rest[1:]
+    else:
+        assert module == engine_args.API_SERVER_MODULE
+    return rest
+
+
+def containers(ctx) -> list[tuple[str, dict, dict[str, str]]]:
+    """(role, container, environment) of every vLLM container of the rendered workload."""
+    objs = manifests.render(ctx, "trn:iam::2100000000:role/reader")
+    w = next(o for o in objs if o["kind"] in ("Deployment", "LeaderWorkerSet"))
+    if w["kind"] == "Deployment":
+        return [("server", w["spec"]["template"]["spec"]["containers"][0], {})]
+    t = w["spec"]["leaderWorkerTemplate"]
+    return [("leader", t["leaderTemplate"]["spec"]["containers"][0], {**LWS_ENV, "LWS_WORKER_INDEX": "0"}),
+            ("worker", t["workerTemplate"]["spec"]["containers"][0], {**LWS_ENV, "LWS_WORKER_INDEX": "1"})]
+
+
+def ctx_for(stack: str, engine: dict | None = None, **sections):
+    """A shipped stack with its engine settings replaced or amended (None removes a key)."""
+    raw = copy.deepcopy(read_raw(stack))
+    for k, v in (engine or {}).items():
+        if v is None:
+            raw["serving"]["engine"].pop(k, None)
+        else:
+            raw["serving"]["engine"][k] = v
+    for path, value in sections.items():
+        doc, keys = raw, path.split("__")
+        for k in keys[:-1]:
+            doc = doc.setdefault(k, {})
+        doc[keys[-1]] = value
+    s = parse(raw, stack=stack)
+    return build_context(s, image_repository="cr.example/ns/repo", weights_bucket=s.bucket_name)
+
+
+VARIANTS = {
+    "dev": ("dev", {}, {}),
+    "staging": ("staging", {}, {}),  # TP4, weights streamed (the shell sources credentials)
+    "prod": ("prod", {}, {}),  # DP16 + EP16 over two nodes, MTP
+    "prod-no-mtp": ("prod", {"speculative_tokens": 0}, {}),
+    "prod-tp-ep": ("prod", {"parallelism": "tp_ep", "data_parallel_size": 2}, {}),  # TP8 per node, DP2, EP16
+    "prod-tp-pp": ("prod", {"parallelism": "tp_pp", "tensor_parallel_size": 8, "pipeline_parallel_size": 2,
+                            "speculative_tokens": 0}, {}),  # TP8 x PP2 (the layout without RDMA)
+    # one node: DeepSeek-V2-Lite as eight data-parallel engines sharing its experts
+    "staging-v2-lite-dp-ep": ("staging", {"parallelism": "dp_ep", "tensor_parallel_size": None,
+                                          "max_model_len": 16384},
+                              {"serving__model": "deepseek-v2-lite", "autoscaling__max_replicas": 2}),
+}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_every_rendered_flag_is_accepted_by_vllm(variant, vllm_parser, stub_dir):
+    stack, engine, sections = VARIANTS[variant]
+    ctx = ctx_for(stack, engine, **sections)
+    p = ctx.plan
+    assert p.fits
+    for role, container, env in containers(ctx):
+        argv = final_argv(container, env, stub_dir)
+        args, ea = vllm_parser(argv)
+        assert ea.tensor_parallel_size == p.tensor_parallel_size, role
+        assert ea.pipeline_parallel_size == p.pipeline_parallel_size, role
+        assert ea.data_parallel_size == p.data_parallel_size, role
+        assert ea.enable_expert_parallel is p.expert_parallel, role
+        assert ea.max_model_len == p.max_model_len and ea.max_num_seqs == p.max_num_seqs
+        assert ea.shutdown_timeout == ctx.settings.gateway.request_timeout_seconds
+        assert args.headless is (role == "worker")
+        spec = ea.speculative_config
+        if p.speculative_tokens:
+            spec = spec if isinstance(spec, dict) else json.loads(spec)
+            assert spec == {"method": "deepseek_mtp", "num_speculative_tokens": p.speculative_tokens}
+        else:
+            assert spec is None
+        if p.nodes > 1 and p.data_parallel_size > 1:
+            local = p.data_parallel_size // p.nodes
+            assert ea.data_parallel_size_local == local
+            assert ea.data_parallel_address == LWS_ENV["LWS_LEADER_ADDRESS"]
+            # worker 1 runs the second node's engines: its first rank is computed by the shell
+            assert (ea.data_parallel_start_rank or 0) == (local if role == "worker" else 0)
+        elif p.nodes > 1:
+            assert (ea.nnodes, ea.node_rank) == (p.nodes, 1 if role == "worker" else 0)
+            assert ea.master_addr == LWS_ENV["LWS_LEADER_ADDRESS"]
+
+
+def test_the_layouts_tested_are_the_ones_the_planner_offers():
+    seen = {(ctx.plan.parallelism, ctx.plan.nodes > 1)
+            for ctx in (ctx_for(stack, engine, **sections) for stack, engine, sections in VARIANTS.values())}
+    assert seen >= {("dp_ep", True), ("tp_ep", True), ("tp_pp", True), ("dp_ep", False), ("tp_pp", False)}
+
+
+def test_a_flag_vllm_does_not_know_is_caught(vllm_parser, stub_dir, capsys):
+    ctx = ctx_for("dev")
+    (_, container, env) = containers(ctx)[0]
+    argv = final_argv(container, env, stub_dir) + ["--enable-expert-parallelism"]
+    with pytest.raises(SystemExit):
+        vllm_parser(argv)
+    assert "--enable-expert-parallelism" in capsys.readouterr().err
