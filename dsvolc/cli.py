@@ -48,6 +48,8 @@ def preview(
             console.print(f"engine plan {p['workload']}: {_plan_line(p)}", highlight=False)
         console.print(f"policy verdict: {len(result.mandatory)} mandatory, "
                       f"{len(result.violations) - len(result.mandatory)} advisory violation(s)")
+        for v in result.mandatory:  # what stands between this stack and `pulumi up`
+            console.print(f"mandatory {v['policy']}: {v['message']}", highlight=False, markup=False)
     else:
         render(result, console)
     if json_out is not None:

@@ -250,13 +250,41 @@ class ImageSettings(_Model):
 
 
 class AuthSettings(_Model):
+    """The identity provider whose tokens the gateway accepts. No defaults: every stack names
+    its own issuer, audiences and key set (a placeholder in an RFC 2606 example domain is
+    refused for staging and prod by the `identity-provider-not-placeholder` policy)."""
+
     enabled: bool = Field(True, description="require a JWT on every request")
-    issuer: str = Field("https://auth.example.com/", description="expected `iss` claim")
-    audiences: list[str] = Field(default_factory=lambda: ["deepseek-api"], description="accepted `aud` values")
-    jwks_uri: str = Field(
-        "https://auth.example.com/.well-known/jwks.json", pattern=r"^https://", description="JWKS endpoint (https)"
+    issuer: str | None = Field(
+        None, min_length=1, description="expected `iss` claim, exactly as the identity provider writes it"
     )
-    consumer_claim: str = Field("sub", description="claim that names the consumer (rate-limit key)")
+    audiences: list[Annotated[str, Field(min_length=1)]] | None = Field(
+        None, description="accepted `aud` values (at least one)"
+    )
+    jwks_uri: str | None = Field(
+        None, pattern=r"^https://[^/\s]+", description="JWKS endpoint (https) the proxies fetch the signing keys from"
+    )
+    jwks_configmap: Name | None = Field(
+        None,
+        description="instead of jwks_uri: a ConfigMap in the serving namespace whose key `jwks` holds the key set "
+        "(for providers the proxies cannot reach; Envoy Gateway's localJWKS reads a ConfigMap)",
+    )
+    consumer_claim: str = Field("sub", min_length=1, description="claim that names the consumer (rate-limit key)")
+
+    @model_validator(mode="after")
+    def _provider(self):
+        if not self.enabled:
+            return self
+        if self.issuer is None:
+            raise ValueError("issuer: required when auth is enabled; expected the identity provider's `iss` "
+                             "value, e.g. https://login.your-company.cn/")
+        if not self.audiences:
+            raise ValueError("audiences: required when auth is enabled; expected at least one `aud` value "
+                             "your tokens carry")
+        if (self.jwks_uri is None) == (self.jwks_configmap is None):
+            raise ValueError("jwks_uri: expected exactly one of jwks_uri (an https URL) or jwks_configmap "
+                             "(a ConfigMap holding the key set)")
+        return self
 
 
 class ConsumerLimit(_Model):
@@ -299,7 +327,9 @@ class ServingSettings(_Model):
     )
     in_cluster_gateway: bool = Field(True, description="Envoy Gateway in the cluster with JWT and rate limits")
     gateway_replicas: int = Field(2, ge=1, le=20, description="Envoy proxy replicas of the in-cluster gateway")
-    auth: AuthSettings = Field(default_factory=AuthSettings, description="JWT authentication")
+    auth: AuthSettings = Field(
+        description="JWT authentication: the identity provider (issuer, audiences, JWKS) this stack trusts"
+    )
     rate_limits: RateLimitSettings = Field(default_factory=RateLimitSettings, description="per-consumer rate limits")
 
     @model_validator(mode="after")

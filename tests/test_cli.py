@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 
 from dsvolc.cli import app
 from stacks import load, read_raw
+from tests.stack_fixtures import filled_raw
 
 runner = CliRunner()
 
@@ -24,8 +25,11 @@ def test_preview_dev_prints_tree_and_counts():
 def test_preview_prod_json_lists_the_foundation(tmp_path):
     out = tmp_path / "plan.json"
     result = runner.invoke(app, ["preview", "prod", "--json", str(out), "--quiet"])
-    assert result.exit_code == 0, result.output
+    # shipped prod names a placeholder identity provider: exit 1, the JSON still written
+    assert result.exit_code == 1, result.output
     plan = json.loads(out.read_text())
+    assert {v["policy"] for v in plan["violations"] if v["enforcement_level"] == "mandatory"} == {
+        "identity-provider-not-placeholder"}
     assert plan["stack"] == "prod"
     assert set(plan) == {"stack", "environment_class", "policy_config", "plans", "resources", "violations"}
     assert plan["environment_class"] == "prod" and plan["policy_config"] == "policies/config/prod.json"
@@ -55,15 +59,16 @@ def test_preview_prod_json_lists_the_foundation(tmp_path):
 
 def test_preview_prints_the_engine_plan_and_the_policy_config():
     result = runner.invoke(app, ["preview", "prod"])
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 1, result.output  # the placeholder identity provider
     out = " ".join(result.output.split())  # rich wraps long lines
+    assert "policy verdict: 2 mandatory, 0 advisory violation(s)" in out
     assert "stack prod: class prod, policy config policies/config/prod.json" in out
     assert "deepseek-r1 on H20 x 8" in out and "TP8 x PP2" in out and "2 nodes per replica" in out
     assert f"context {load('prod').serving.engine.max_model_len:,}" in out
 
 
 def test_a_copied_stack_previews_under_its_own_name_and_class(tmp_path):
-    raw = read_raw("prod")
+    raw = filled_raw("prod")
     path = tmp_path / "Pulumi.mytest.yaml"
     path.write_text(yaml.safe_dump({"config": {"deepseek-volc:settings": raw}}))
     result = runner.invoke(app, ["preview", str(path), "--json", str(tmp_path / "p.json"), "--quiet"])

@@ -190,6 +190,16 @@ def client_traffic_policy(ctx: ServingContext) -> dict:
     }
 
 
+def jwks_source(ctx: ServingContext) -> dict:
+    """Where the proxies get the provider's signing keys: fetched from `jwks_uri`, or read
+    from a ConfigMap of the serving namespace (Envoy Gateway localJWKS, key `jwks`)."""
+    auth = ctx.settings.serving.auth
+    if auth.jwks_configmap is not None:
+        return {"localJWKS": {"type": "ValueRef",
+                              "valueRef": {"group": "", "kind": "ConfigMap", "name": auth.jwks_configmap}}}
+    return {"remoteJWKS": {"uri": auth.jwks_uri}}
+
+
 def security_policy(ctx: ServingContext) -> dict:
     auth = ctx.settings.serving.auth
     return {
@@ -204,7 +214,7 @@ def security_policy(ctx: ServingContext) -> dict:
                         "name": "issuer",
                         "issuer": auth.issuer,
                         "audiences": list(auth.audiences),
-                        "remoteJWKS": {"uri": auth.jwks_uri},
+                        **jwks_source(ctx),
                         "claimToHeaders": [{"claim": auth.consumer_claim, "header": CONSUMER_HEADER}],
                     }
                 ]

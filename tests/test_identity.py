@@ -1,0 +1,157 @@
+"""Identity: no provider defaults in code, placeholders refused where it matters.
+
+The shipped staging and prod stacks name a placeholder identity provider in an RFC 2606
+example domain, on purpose: they are templates, and an unfilled one must not reach
+`pulumi up`. So their previews exit 1 naming exactly that policy and those fields, and
+nothing else; the same stacks with a provider filled in preview clean
+(tests/stack_fixtures.py), and dev tolerates the placeholder with an advisory.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from ruamel.yaml import YAML
+from typer.testing import CliRunner
+
+from dsvolc import preview
+from dsvolc.cli import app
+from policies.gateway import reserved_domain
+from stacks import SettingsError, parse, read_raw
+from tests.k8s_schema import validate_all
+from tests.stack_fixtures import FILLED_IDENTITY, filled_raw, filled_stack_file
+from workloads import gateway
+from workloads.context import build_context
+
+POLICY = "identity-provider-not-placeholder"
+PLACEHOLDER_FIELDS = ("serving.auth.issuer", "serving.auth.jwks_uri")
+
+
+@pytest.mark.parametrize("stack", ["staging", "prod"])
+def test_shipped_staging_and_prod_stop_at_the_placeholder_and_nothing_else(stack):
+    result = runner_preview(stack)
+    assert result.exit_code == 1, result.output
+    out = " ".join(result.output.split())
+    for field in PLACEHOLDER_FIELDS:
+        assert f"mandatory {POLICY}: {field} is 'https://fill-in-your-issuer.example/" in out, field
+    r = preview.run_preview(stack)
+    assert {v["policy"] for v in r.mandatory} == {POLICY}
+    named = sorted(v["message"].split(" ", 1)[0] for v in r.mandatory)
+    assert named == sorted(PLACEHOLDER_FIELDS)  # the audience deepseek-api is no domain
+    assert r.violations == r.mandatory  # no advisory either
+
+
+def runner_preview(stack):
+    return CliRunner().invoke(app, ["preview", stack, "--quiet"], env={"COLUMNS": "400"})
+
+
+def test_dev_may_keep_the_placeholder_with_an_advisory():
+    r = preview.run_preview("dev")
+    mine = [v for v in r.violations if v["policy"] == POLICY]
+    assert {v["enforcement_level"] for v in mine} == {"advisory"} and len(mine) == 2
+    assert r.mandatory == []
+
+
+@pytest.mark.parametrize("stack", ["staging", "prod"])
+def test_filled_in_stacks_preview_clean(stack, tmp_path):
+    result = CliRunner().invoke(app, ["preview", str(filled_stack_file(stack, tmp_path)), "--quiet"])
+    assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize("value, domain", [
+    ("https://auth.example.com/", "example.com"),
+    ("https://EXAMPLE.org", "example.org"),
+    ("https://id.corp.example.net:8443/realms/x", "example.net"),
+    ("https://fill-in-your-issuer.example/", ".example"),
+    ("https://idp.test/.well-known/jwks.json", ".test"),
+    ("https://keys.invalid", ".invalid"),
+    ("http://localhost:8080/", ".localhost"),
+    ("auth.example.com", "example.com"),
+    ("https://login.deepseek-volc.internal/", None),
+    ("https://example.com.cn/", None),  # a real registrable name under .cn
+    ("https://notexample.com/", None),
+    ("https://examples.test.cn/", None),
+    ("deepseek-api", None),
+    ("", None),
+])
+def test_reserved_domains(value, domain):
+    assert reserved_domain(value) == domain
+
+
+def _with_auth(stack: str, **auth) -> dict:
+    raw = filled_raw(stack)
+    raw["serving"]["auth"] = auth
+    return raw
+
+
+BAD = [
+    ({"audiences": ["a"], "jwks_uri": "https://k.internal/j"}, "serving.auth.issuer", "required when auth is enabled"),
+    ({"issuer": "https://i.internal/", "jwks_uri": "https://k.internal/j"}, "serving.auth.audiences", "at least one"),
+    ({"issuer": "https://i.internal/", "audiences": [], "jwks_uri": "https://k.internal/j"},
+     "serving.auth.audiences", "at least one"),
+    ({"issuer": "https://i.internal/", "audiences": ["a"]}, "serving.auth.jwks_uri", "exactly one of jwks_uri"),
+    ({"issuer": "https://i.internal/", "audiences": ["a"], "jwks_uri": "https://k.internal/j",
+      "jwks_configmap": "jwks"}, "serving.auth.jwks_uri", "exactly one of jwks_uri"),
+    ({"issuer": "https://i.internal/", "audiences": ["a"], "jwks_uri": "http://k.internal/j"},
+     "serving.auth.jwks_uri", "pattern"),
+    ({"issuer": "https://i.internal/", "audiences": ["a"], "jwks_configmap": "Bad_Name"},
+     "serving.auth.jwks_configmap", "pattern"),
+]
+
+
+@pytest.mark.parametrize("auth, path, expected", BAD, ids=[b[1] + ":" + b[2][:16] for b in BAD])
+def test_bad_identity_settings_name_the_field(auth, path, expected):
+    with pytest.raises(SettingsError) as info:
+        parse(_with_auth("prod", **auth), "prod", stack="prod")
+    line = next((p for p in info.value.problems if p.startswith(path)), None)
+    assert line is not None and expected in line, info.value.problems
+
+
+def test_no_identity_provider_defaults_in_code():
+    """A stack that names no provider is refused: nothing falls back to a default."""
+    raw = copy.deepcopy(read_raw("prod"))
+    del raw["serving"]["auth"]
+    with pytest.raises(SettingsError) as info:
+        parse(raw, "prod", stack="prod")
+    assert "serving.auth: required value is missing" in info.value.problems
+    # auth off needs nothing else (the gateway policies refuse it instead)
+    raw["serving"]["auth"] = {"enabled": False}
+    assert parse(raw, "prod", stack="prod").serving.auth.issuer is None
+
+
+def _jwt_provider(raw: dict) -> dict:
+    s = parse(raw, "prod", stack="prod")
+    ctx = build_context(s, image_repository="r.internal/x/y", weights_bucket=s.bucket_name)
+    (policy,) = [o for o in gateway.render(ctx) if o["kind"] == "SecurityPolicy"]
+    validate_all([policy], s.cluster.kubernetes_version)
+    (provider,) = policy["spec"]["jwt"]["providers"]
+    return provider
+
+
+def test_the_gateway_trusts_exactly_the_named_provider():
+    p = _jwt_provider(filled_raw("prod"))
+    assert p["issuer"] == FILLED_IDENTITY["issuer"] and p["audiences"] == FILLED_IDENTITY["audiences"]
+    assert p["remoteJWKS"] == {"uri": FILLED_IDENTITY["jwks_uri"]} and "localJWKS" not in p
+
+
+def test_a_key_set_from_a_configmap():
+    raw = _with_auth("prod", issuer="https://login.deepseek-volc.internal/", audiences=["deepseek-api"],
+                     jwks_configmap="idp-jwks")
+    p = _jwt_provider(raw)
+    assert "remoteJWKS" not in p
+    assert p["localJWKS"] == {"type": "ValueRef", "valueRef": {"group": "", "kind": "ConfigMap", "name": "idp-jwks"}}
+    r = preview.run_preview("prod", raw=raw)
+    assert r.mandatory == [], r.mandatory
+
+
+def test_offline_preview_workflow_accepts_only_the_placeholder_verdict():
+    """The pull-request check previews the shipped templates: it passes on exit 0, or on
+    exit 1 whose mandatory violations all come from the placeholder identity provider."""
+    from pathlib import Path
+
+    wf = YAML(typ="safe").load((Path(__file__).resolve().parent.parent / ".github/workflows/offline-preview.yml")
+                               .read_text())
+    steps = wf["jobs"]["dsvolc-preview"]["steps"]
+    (run,) = [s for s in steps if s.get("name") == "Preview and policy verdict"]
+    assert "dsvolc.cli preview" in run["run"] and POLICY in run["run"]
