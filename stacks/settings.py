@@ -70,6 +70,12 @@ class NetworkSettings(_Model):
         "Small", description="NAT gateway specification"
     )
     egress_bandwidth_mbps: int = Field(100, ge=1, le=10000, description="EIP bandwidth for egress through NAT")
+    endpoint_cidrs: list[Cidr] = Field(
+        default_factory=list,
+        description="address ranges of the TOS and STS endpoints the serving pods reach over HTTPS (what "
+        "tos-<region>.ivolces.com and the STS endpoint resolve to in the VPC); when set, the serving pods' "
+        "HTTPS egress is limited to them, else it may reach any address outside the cluster's ranges",
+    )
 
 
 # --------------------------------------------------------------------------- cluster

@@ -239,6 +239,9 @@ MATRIX: list[Case] = [
          transform=serving(vllm_containers(lambda c: c["env"].append({"name": "HF_TOKEN", "value": "hf_x"})))),
     Case("serving-default-deny-network", "prod", "default-deny NetworkPolicy admits all ingress",
          transform=on("NetworkPolicy", lambda p: p["spec"].update(ingress=[{}]), name_has="default-deny")),
+    Case("serving-ingress-scoped", "prod", "the whole monitoring namespace may reach vLLM",
+         transform=on("NetworkPolicy", lambda p: [peer.pop("podSelector", None) for r in p["spec"]["ingress"]
+                                                  for peer in r["from"]], name_has="ingress-http")),
     Case("recommended-labels", "prod", "stable Service without app.kubernetes.io/part-of",
          transform=on("core/v1:Service", _drop_label("app.kubernetes.io/part-of"), name_has="stable")),
     # gateway
