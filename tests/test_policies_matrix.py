@@ -260,6 +260,8 @@ MATRIX: list[Case] = [
          transform=on("ScaledObject", lambda p: p["spec"].update(minReplicaCount=5, maxReplicaCount=4))),
     Case("alerts-latency-and-errors", "prod", "monitoring.enabled: false",
          settings=setting("monitoring.enabled", False)),
+    Case("alerts-delivered", "prod", "alerting.critical: [] (criticals go nowhere)",
+         settings=setting("alerting.critical", [])),
     # capacity
     Case("engine-fits-gpu", "dev", "--max-model-len 131072 on one A10",
          transform=serving(vllm_containers(set_flag("--max-model-len", "131072")))),

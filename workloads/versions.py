@@ -42,3 +42,7 @@ KUBE_PROMETHEUS_STACK = Chart(
 # Counter store of Envoy Gateway's global rate-limit service (plain manifests, see
 # workloads/platform.py: no maintained Redis chart without a vendor image licence).
 REDIS_IMAGE = "docker.io/library/redis:7.4.2-alpine"
+
+# Runs the alert relay (runtime/alert_relay.py, standard library only, from a ConfigMap):
+# the Docker official Python image.
+ALERT_RELAY_IMAGE = "docker.io/library/python:3.12-slim"
