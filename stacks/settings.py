@@ -10,6 +10,8 @@ production ends up with a public API server.
 from __future__ import annotations
 
 import ipaddress
+import re
+from dataclasses import dataclass
 from typing import Annotated, Literal
 
 from pydantic import (
@@ -382,7 +384,11 @@ class RolloutSettings(_Model):
     steps: list[int] = Field(default_factory=lambda: [5, 50, 100], description="canary traffic percentages, ending at 100")
     pause_seconds: int = Field(600, ge=60, le=86400, description="time at each step while analysis runs")
     max_error_rate: float = Field(0.01, gt=0, lt=1, description="abort when the canary's 5xx ratio exceeds this")
-    max_p99_latency_seconds: float = Field(30.0, gt=0, description="abort when the canary's P99 end-to-end latency exceeds this")
+    max_p99_latency_seconds: float | None = Field(
+        None, gt=0,
+        description="abort when the canary's P99 end-to-end latency exceeds this; the model class's end-to-end "
+        "budget (monitoring.e2e_p99_seconds) when unset",
+    )
     analysis_interval_seconds: int = Field(60, ge=10, le=3600, description="how often the analysis queries Prometheus")
     failure_limit: int = Field(2, ge=0, le=20, description="failed measurements tolerated before abort")
 
@@ -406,8 +412,21 @@ class MonitoringSettings(_Model):
     prometheus_url: str = Field(
         "http://prometheus-operated.monitoring.svc:9090", description="Prometheus the autoscaler and analysis query"
     )
+    model_class: Literal["chat", "reasoning"] | None = Field(
+        None,
+        description="SLO class of the served model (sets the defaults of e2e_p99_seconds and "
+        "min_tokens_per_second): reasoning models (DeepSeek-R1 and its distills) think for minutes before they "
+        "answer; inferred from serving.model when unset",
+    )
     ttft_p99_seconds: float = Field(2.0, gt=0, description="alert when P99 time to first token exceeds this")
-    e2e_p99_seconds: float = Field(30.0, gt=0, description="alert when P99 end-to-end latency exceeds this")
+    e2e_p99_seconds: float | None = Field(
+        None, gt=0, description="alert when P99 end-to-end latency exceeds this; the model class's default when unset"
+    )
+    min_tokens_per_second: float | None = Field(
+        None, gt=0, le=1000,
+        description="token-rate objective: alert when the P99 time between two output tokens of a request exceeds "
+        "1/this; the model class's default when unset",
+    )
     p99_regression_ratio: float = Field(1.5, gt=1, description="alert when P99 is this many times last day's")
     error_rate: float = Field(0.02, gt=0, lt=1, description="alert when the failed-request ratio exceeds this")
     kv_cache_usage: float = Field(0.9, gt=0, le=1, description="alert when KV cache usage exceeds this")
@@ -430,6 +449,41 @@ class MonitoringSettings(_Model):
         None, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
         description="StorageClass of Prometheus' volume; the cluster's default when unset",
     )
+
+# --------------------------------------------------------------------------- SLO classes
+
+
+@dataclass(frozen=True)
+class Slo:
+    """The latency objectives the alerts and the canary analysis use, resolved."""
+
+    model_class: str
+    ttft_p99_seconds: float
+    e2e_p99_seconds: float
+    min_tokens_per_second: float
+    canary_p99_seconds: float
+
+    @property
+    def max_inter_token_seconds(self) -> float:
+        return 1.0 / self.min_tokens_per_second
+
+
+# Defaults per model class (docs/operations.md, "Objectives per model class"). A chat model
+# answers in seconds: 30 s covers a long answer at interactive speed. A reasoning model
+# writes thousands of thinking tokens first (R1's answers run to minutes), so its
+# end-to-end budget is long (8 min, under the gateway's 10 min request timeout) and what
+# is held tight is the rate at which tokens flow.
+SLO_CLASS_DEFAULTS = {
+    "chat": {"e2e_p99_seconds": 30.0, "min_tokens_per_second": 20.0},
+    "reasoning": {"e2e_p99_seconds": 480.0, "min_tokens_per_second": 10.0},
+}
+REASONING_MODEL = re.compile(r"(^|[-_/])r1([-_/.]|$)", re.I)
+
+
+def infer_model_class(model: str) -> str:
+    """`reasoning` for DeepSeek-R1 and the R1 distills, `chat` otherwise."""
+    return "reasoning" if REASONING_MODEL.search(model) else "chat"
+
 
 # --------------------------------------------------------------------------- alert delivery
 
@@ -566,6 +620,7 @@ class StackSettings(_Model):
                 f"{', '.join(self.cluster.gpu_pools)}"
             )
         self._plan_serving()
+        self._check_slo()
         return self
 
     # -- capacity -----------------------------------------------------------------------
@@ -635,6 +690,30 @@ class StackSettings(_Model):
                 f"PP{p.pipeline_parallel_size}); set serving.multi_node: true to run each replica across "
                 f"nodes (a LeaderWorkerSet, pipeline parallel over the network), or serve it from a larger "
                 f"pool: {where}")
+
+    @property
+    def slo(self) -> Slo:
+        """Latency objectives: the settings where given, else the model class's defaults."""
+        m = self.monitoring
+        cls = m.model_class or infer_model_class(self.serving.model)
+        d = SLO_CLASS_DEFAULTS[cls]
+        e2e = m.e2e_p99_seconds if m.e2e_p99_seconds is not None else d["e2e_p99_seconds"]
+        return Slo(
+            model_class=cls, ttft_p99_seconds=m.ttft_p99_seconds, e2e_p99_seconds=e2e,
+            min_tokens_per_second=m.min_tokens_per_second or d["min_tokens_per_second"],
+            canary_p99_seconds=self.rollout.max_p99_latency_seconds or e2e,
+        )
+
+    def _check_slo(self) -> None:
+        timeout = self.gateway.request_timeout_seconds
+        slo = self.slo
+        if slo.e2e_p99_seconds >= timeout:
+            given = self.monitoring.e2e_p99_seconds is not None
+            raise ValueError(
+                f"monitoring.e2e_p99_seconds: {slo.e2e_p99_seconds:g}"
+                + ("" if given else f" (the {slo.model_class} class default)")
+                + f" must be below gateway.request_timeout_seconds ({timeout}): requests are cut at the timeout, "
+                "so the alert could never fire")
 
     @property
     def serving_plan(self):

@@ -105,6 +105,11 @@ BAD = [
     ({"serving__replicas": 3}, "cluster.gpu_pools.a10.max_nodes", "need 3 nodes"),
     ({"serving__rate_limits__requests": "many"}, "serving.rate_limits.requests", "valid integer"),
     ({"cluster": _DELETE}, "cluster", "required value is missing"),
+    ({"monitoring__e2e_p99_seconds": 900}, "monitoring.e2e_p99_seconds", "below gateway.request_timeout_seconds"),
+    ({"gateway__request_timeout_seconds": 300}, "monitoring.e2e_p99_seconds", "reasoning class default"),
+    ({"monitoring__model_class": "poetry"}, "monitoring.model_class", "'chat' or 'reasoning'"),
+    ({"monitoring__retention_days": 1}, "monitoring.retention_days", "greater than or equal to 2"),
+    ({"network__endpoint_cidrs": ["tos"]}, "network.endpoint_cidrs.0", "IPv4"),
 ]
 
 

@@ -55,6 +55,8 @@ DEPENDENTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     # Slow first tokens make whole requests slow and look like a regression.
     "VllmTimeToFirstTokenP99High": (("VllmEndToEndLatencyP99High", "VllmLatencyP99Regression"),
                                     ("namespace", "model_name")),
+    # Slowly flowing tokens make whole requests slow.
+    "VllmTokenRateLow": (("VllmEndToEndLatencyP99High",), ("namespace", "model_name")),
     # An OOM kill is a restart with its reason.
     "VllmPodOOMKilled": (("VllmPodRestarting",), ("namespace", "pod", "container")),
 }
