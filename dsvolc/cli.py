@@ -3,6 +3,7 @@
   dsvolc preview STACK [--json FILE]   every resource of a stack, its engine plan and every policy verdict
   dsvolc size --model M --gpu G ...     engine settings that fit a model on a GPU
   dsvolc policy-config STACK            the policy pack config the stack is judged by
+  dsvolc images STACK                   what to mirror into the stack's registry, and its digests
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ from typing import Optional
 import typer
 from rich.console import Console
 
+from dsvolc.images import images
 from dsvolc.size import size
 from stacks.loader import SettingsError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 app.command("size")(size)
+app.command("images")(images)
 
 
 @app.command("preview")

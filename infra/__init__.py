@@ -128,6 +128,7 @@ def build_infra(s: StackSettings) -> Infra:
             namespace=s.registry.namespace,
             repository=s.registry.repository,
             region=s.region,
+            mirror_namespace=s.registry.mirror_namespace,
             project_name=s.project_name,
             tags=tags,
         ),

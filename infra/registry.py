@@ -1,6 +1,8 @@
-"""CR Enterprise registry: a namespace and a private repository for the serving image.
+"""CR Enterprise registry: a namespace and a private repository for the serving image, and
+a private mirror namespace for copies of every upstream image and chart the stack deploys
+(workloads/mirror.py; `dsvolc images <stack>` lists them).
 
-Nodes pull through the VPC; the repository is private, so the image (which carries our
+Nodes pull through the VPC; the repositories are private, so the image (which carries our
 kernels) is never anonymously readable.
 """
 
@@ -23,6 +25,7 @@ class RegistryArgs:
     region: str
     project_name: str
     tags: dict[str, str]
+    mirror_namespace: str | None = None
 
 
 class Registry(pulumi.ComponentResource):
@@ -57,6 +60,15 @@ class Registry(pulumi.ComponentResource):
             description="vLLM serving image with the deepseek-volc kernels",
             opts=child(self),
         )
+        if args.mirror_namespace:
+            volc.cr.Namespace(
+                f"{name}-mirror-namespace",
+                registry=registry.name,
+                name=args.mirror_namespace,
+                project=args.project_name,
+                repository_default_access_level="Private",
+                opts=child(self),
+            )
         host = cr_registry_host(args.registry_name, args.region)
         self.registry_name = registry.name
         self.image_repository = pulumi.Output.concat(host, "/", namespace.name, "/", repo.name)

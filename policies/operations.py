@@ -111,8 +111,9 @@ def _alerts_delivered(args, report):
     if not of_kind(args.resources, "PrometheusRule"):
         return  # nothing alerts (alerts-latency-and-errors says so)
     for rel in args.resources:
-        if rel.resource_type != HELM_RELEASE or dig(rel.props, "chart") != "kube-prometheus-stack":
-            continue
+        chart = str(dig(rel.props, "chart", default=""))
+        if rel.resource_type != HELM_RELEASE or chart.rsplit("/", 1)[-1] != "kube-prometheus-stack":
+            continue  # (the chart is named, or referenced in an OCI registry)
         route = dig(rel.props, "values", "alertmanager", "config", "route")
         receivers = _critical_receivers(route) - {"null", ""} if route is not None else set()
         if not receivers:

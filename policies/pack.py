@@ -6,11 +6,11 @@ from pathlib import Path
 
 import yaml
 
-from . import capacity, cluster, gateway, identity, network, operations, storage, workload
+from . import capacity, cluster, gateway, identity, network, operations, storage, supply_chain, workload
 
 PACK_DIR = Path(__file__).resolve().parent
 PACK_NAME = "deepseek-volc"
-MODULES = (storage, identity, network, cluster, workload, gateway, operations, capacity)
+MODULES = (storage, identity, network, cluster, workload, gateway, operations, capacity, supply_chain)
 POLICIES = [p for m in MODULES for p in m.POLICIES]
 
 

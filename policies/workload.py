@@ -93,7 +93,10 @@ def _stack_repository(resources) -> str | None:
     if not region:
         return None
     host = cr_registry_host(str(dig(reg.props, "name")), str(region))
-    return f"{host}/{dig(nss[0].props, 'name')}/{dig(repos[0].props, 'name')}"
+    repo = repos[0]
+    # the repository's own namespace (the registry also holds the mirror namespace)
+    ns = dig(repo.props, "namespace") or dig(nss[0].props, "name")
+    return f"{host}/{ns}/{dig(repo.props, 'name')}"
 
 
 def _image_registry(args, report):

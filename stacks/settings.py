@@ -199,6 +199,17 @@ class RegistrySettings(_Model):
     name: Name | None = Field(None, description="CR Enterprise instance name; deepseek-<env> when unset")
     namespace: Name = Field("deepseek", description="CR namespace")
     repository: Name = Field("vllm-serving", description="repository of the serving image")
+    mirror_namespace: Name = Field(
+        "mirror",
+        description="CR namespace holding copies of every upstream image and chart the stack deploys "
+        "(`dsvolc images <stack>` lists them); nothing is pulled from outside the stack's registry",
+    )
+    mirror_lock: str = Field(
+        "stacks/mirror.lock.yaml",
+        pattern=r"^[A-Za-z0-9_./-]+\.ya?ml$",
+        description="digests of the mirrored artifacts, recorded at mirror time (`dsvolc images <stack> --record`); "
+        "relative to the repository root",
+    )
 
 
 class ObservabilitySettings(_Model):

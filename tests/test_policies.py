@@ -136,7 +136,7 @@ def test_edge_straight_to_vllm_is_unauthenticated_and_unlimited():
 
 def test_auth_off_also_drops_the_per_consumer_rate_limit():
     """Rate limits key on the JWT's consumer claim, so turning auth off leaves both gaps."""
-    raw = copy.deepcopy(read_raw("prod"))
+    raw = filled_raw("prod")
     raw["serving"]["auth"] = {"enabled": False}
     fired = {v["policy"] for v in preview.run_preview("prod", raw=raw).mandatory}
     assert fired == {"gateway-jwt-auth", "gateway-rate-limits"}

@@ -262,6 +262,13 @@ MATRIX: list[Case] = [
          settings=setting("monitoring.enabled", False)),
     Case("alerts-delivered", "prod", "alerting.critical: [] (criticals go nowhere)",
          settings=setting("alerting.critical", [])),
+    # supply chain
+    Case("images-from-stack-mirror", "prod", "envoy-gateway chart from docker.io at deploy time",
+         transform=on("helm.sh/v3:Release", lambda p: p.update(chart="oci://docker.io/envoyproxy/gateway-helm"),
+                      name_has="envoy-gateway")),
+    Case("images-by-digest", "prod", "dcgm-exporter by tag (digest dropped)",
+         transform=on("apps/v1:DaemonSet", lambda p: [c.update(image=c["image"].split("@")[0])
+                                                      for c in p["spec"]["template"]["spec"]["containers"]])),
     # capacity
     Case("engine-fits-gpu", "dev", "--max-model-len 131072 on one A10",
          transform=serving(vllm_containers(set_flag("--max-model-len", "131072")))),

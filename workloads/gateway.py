@@ -16,6 +16,7 @@ splits traffic itself (`StackSettings.edge_upstreams`).
 from __future__ import annotations
 
 from stacks.constants import ENTRY_NAMESPACE, HTTP_PORT, entry_service
+from workloads import mirror
 from workloads.context import ServingContext
 
 GATEWAY_API = "gateway.networking.k8s.io/v1"
@@ -98,7 +99,10 @@ def envoy_proxy(ctx: ServingContext) -> dict:
             "provider": {
                 "type": "Kubernetes",
                 "kubernetes": {
-                    "envoyDeployment": {"replicas": ctx.settings.serving.gateway_replicas},
+                    # The proxies' image from the stack's mirror (workloads/mirror.py): a
+                    # Gateway's EnvoyProxy replaces Envoy Gateway's defaults, so it is set here.
+                    "envoyDeployment": {"replicas": ctx.settings.serving.gateway_replicas,
+                                        "container": {"image": mirror.ref(ctx.settings, "envoy-proxy")}},
                     "envoyService": {"type": "ClusterIP"},
                 },
             },

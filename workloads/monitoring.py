@@ -38,6 +38,7 @@ from typing import Any
 import yaml
 
 from stacks.constants import GPU_MODEL_LABEL, GPU_RESOURCE, HTTP_PORT, MANAGED_BY, PART_OF
+from workloads import mirror, versions
 from workloads.context import ServingContext
 from workloads.manifests import serving_selector
 from workloads.selectors import (  # noqa: F401  (re-exported: the selectors the rules use)
@@ -51,9 +52,8 @@ from workloads.selectors import (  # noqa: F401  (re-exported: the selectors the
     vllm_selector,
 )
 
-# nvcr.io tag of the upstream manifest (NVIDIA/dcgm-exporter dcgm-exporter.yaml: DCGM
-# 4.2.3, exporter 4.1.3). Pinned: a floating tag would change the metric set under us.
-DCGM_EXPORTER_IMAGE = "nvcr.io/nvidia/k8s/dcgm-exporter:4.2.3-4.1.3-ubuntu22.04"
+# Upstream image (workloads/versions.py); pods pull the stack mirror's copy (workloads/mirror.py).
+DCGM_EXPORTER_IMAGE = versions.DCGM_EXPORTER_IMAGE
 DCGM_PORT = 9400
 # Node labels and taint of the GPU pools (infra/cluster.py).
 GPU_TAINT_KEY = GPU_RESOURCE
@@ -300,7 +300,7 @@ def dcgm_exporter(ctx: ServingContext) -> list[dict]:
                     "containers": [
                         {
                             "name": DCGM_NAME,
-                            "image": DCGM_EXPORTER_IMAGE,
+                            "image": mirror.ref(ctx.settings, "dcgm-exporter"),
                             "env": [
                                 {"name": "DCGM_EXPORTER_LISTEN", "value": f":{DCGM_PORT}"},
                                 # Label each GPU's series with the pod holding it.

@@ -43,11 +43,6 @@ RATELIMIT_POD_LABELS = {"app.kubernetes.io/name": "envoy-ratelimit", "app.kubern
                         "app.kubernetes.io/managed-by": "envoy-gateway"}
 # The environment variable envoyproxy/ratelimit authenticates to Redis with.
 RATELIMIT_REDIS_AUTH_ENV = "REDIS_AUTH"
-# Where the Rollouts controller finds the traffic-router plugin (Linux nodes, amd64).
-GATEWAYAPI_PLUGIN_URL = (
-    "https://github.com/argoproj-labs/rollouts-plugin-trafficrouter-gatewayapi/releases/download/"
-    f"{versions.ARGO_GATEWAYAPI_PLUGIN}/gatewayapi-plugin-linux-amd64"
-)
 GATEWAYAPI_PLUGIN = "argoproj-labs/gatewayAPI"
 
 
@@ -61,15 +56,23 @@ def global_rate_limit(settings: StackSettings) -> bool:
     return sv.in_cluster_gateway and sv.auth.enabled and sv.rate_limits.enabled
 
 
-def _release(name: str, namespace: str, chart: versions.Chart, values: dict) -> dict:
-    return {
-        "name": name,
-        "namespace": namespace,
-        "chart": chart.chart,
-        "version": chart.version,
-        "repository_url": chart.repository_url,
-        "values": values,
-    }
+def _release(name: str, namespace: str, chart: versions.Chart, values: dict,
+             settings: StackSettings | None = None) -> dict:
+    if settings is None:  # as published upstream
+        return {"name": name, "namespace": namespace, "chart": chart.chart, "version": chart.version,
+                "repository_url": chart.repository_url, "values": values}
+    return mirrored_release(name, namespace, chart, values, settings)
+
+
+def mirrored_release(name: str, namespace: str, chart: versions.Chart, values: dict,
+                     settings: StackSettings) -> dict:
+    """The release from the stack's own registry: the chart's mirror copy (OCI), and its
+    images pointed at the mirror (workloads/mirror.py)."""
+    from workloads import mirror
+
+    return {"name": name, "namespace": namespace, "chart": mirror.chart_ref(settings, chart),
+            "version": chart.version, "repository_url": None,
+            "values": merge_values(values, mirror.release_values(settings, name))}
 
 
 def rate_limit_config() -> dict:
@@ -91,18 +94,18 @@ def envoy_gateway(settings: StackSettings) -> dict:
         # (controllerName, ...) instead of replacing it. Envoy Gateway then runs its
         # rate-limit service (envoy-ratelimit) against this Redis.
         values["config"] = {"envoyGateway": rate_limit_config()}
-    return _release("envoy-gateway", ENTRY_NAMESPACE, versions.ENVOY_GATEWAY, values)
+    return _release("envoy-gateway", ENTRY_NAMESPACE, versions.ENVOY_GATEWAY, values, settings)
 
 
 def keda(settings: StackSettings) -> dict:
-    return _release("keda", "keda", versions.KEDA, {})
+    return _release("keda", "keda", versions.KEDA, {}, settings)
 
 
 def argo_rollouts(settings: StackSettings) -> dict:
     values = {
-        "controller": {
-            "trafficRouterPlugins": [{"name": GATEWAYAPI_PLUGIN, "location": GATEWAYAPI_PLUGIN_URL}],
-        },
+        # The Gateway API traffic-router plugin comes from the mirror (workloads/mirror.py
+        # argo_plugin_values), not from GitHub at start.
+        "controller": {},
         # RBAC for the Gateway API plugin only; the chart grants every mesh by default.
         "providerRBAC": {
             "enabled": True,
@@ -113,11 +116,11 @@ def argo_rollouts(settings: StackSettings) -> dict:
             },
         },
     }
-    return _release("argo-rollouts", "argo-rollouts", versions.ARGO_ROLLOUTS, values)
+    return _release("argo-rollouts", "argo-rollouts", versions.ARGO_ROLLOUTS, values, settings)
 
 
 def leader_worker_set(settings: StackSettings) -> dict:
-    return _release("lws", "lws-system", versions.LWS, {})
+    return _release("lws", "lws-system", versions.LWS, {}, settings)
 
 
 def kube_prometheus_stack(settings: StackSettings) -> dict:
@@ -144,7 +147,8 @@ def kube_prometheus_stack(settings: StackSettings) -> dict:
     for extra in (prometheus_storage_values(settings), grafana_admin_values(settings),
                   alertmanager_values(settings)):
         values = merge_values(values, extra)
-    return _release("kube-prometheus-stack", settings.monitoring.namespace, versions.KUBE_PROMETHEUS_STACK, values)
+    return _release("kube-prometheus-stack", settings.monitoring.namespace, versions.KUBE_PROMETHEUS_STACK, values,
+                    settings)
 
 
 def merge_values(base: dict, extra: dict) -> dict:
@@ -240,7 +244,7 @@ def redis(settings: StackSettings) -> list[dict]:
     md = {"name": REDIS_NAME, "namespace": ENTRY_NAMESPACE, "labels": labels}
     container = {
         "name": "redis",
-        "image": versions.REDIS_IMAGE,
+        "image": _mirror_ref(settings, "redis"),
         "args": ["--save", "", "--appendonly", "no", "--requirepass", "$(REDIS_PASSWORD)"],
         "env": [{"name": "REDIS_PASSWORD",
                  "valueFrom": {"secretKeyRef": {"name": REDIS_AUTH_SECRET, "key": REDIS_AUTH_KEY}}}],
@@ -291,6 +295,12 @@ def redis(settings: StackSettings) -> list[dict]:
     ]
 
 
+def _mirror_ref(settings: StackSettings, key: str) -> str:
+    from workloads import mirror
+
+    return mirror.ref(settings, key)
+
+
 def redis_network_policy(settings: StackSettings) -> dict:
     """Only Envoy Gateway's rate-limit pods reach Redis, on its port; Redis reaches nothing."""
     labels = _labels()
@@ -314,4 +324,4 @@ def manifests(settings: StackSettings) -> list[dict]:
     from workloads import alerting
 
     out = [*redis(settings), redis_network_policy(settings)] if global_rate_limit(settings) else []
-    return out + alerting.relay(settings)
+    return out + alerting.relay(settings, _mirror_ref(settings, "alert-relay"))
