@@ -174,7 +174,9 @@ def images(
         settings = loader.load(stack)
     except SettingsError as exc:
         _fail(str(exc), 2)
-    entries = mirror.entries(settings)
+    from workloads import inventory
+
+    entries = inventory.entries(settings)
     console = Console(soft_wrap=True)
     if ref is not None:
         if ref == "serving":

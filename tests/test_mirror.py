@@ -18,7 +18,7 @@ from dsvolc.cli import app
 from stacks import parse, read_raw
 from stacks.loader import SETTINGS_KEY
 from tests.stack_fixtures import filled_raw, recorded_lock, synthetic_digest
-from workloads import mirror, platform, versions
+from workloads import inventory, mirror, platform, versions
 
 ROOT = Path(__file__).resolve().parent.parent
 runner = CliRunner()
@@ -107,7 +107,7 @@ def test_shipped_lock_records_no_digest_it_could_not_resolve():
     assert all(v is None for section in doc.values() for v in section.values())
     keys = {k for section in doc.values() for k in section}
     for st in ("dev", "staging", "prod"):
-        assert {e.lock_key for e in mirror.entries(_settings(st))} <= keys, st
+        assert {e.lock_key for e in inventory.entries(_settings(st))} <= keys, st
     assert "digest" not in read_raw("prod")["serving"]["image"]  # written by the build, not by hand
 
 
@@ -156,7 +156,7 @@ def test_copy_script_writes_a_digest_file_for_every_artifact(tmp_path):
     res = runner.invoke(app, ["images", "prod", "--script"])
     assert res.exit_code == 0, res.output
     script = res.output
-    entries = mirror.entries(_settings("prod"))
+    entries = inventory.entries(_settings("prod"))
     for e in entries:
         if e.source.startswith("built by"):
             assert f"runtime/build.sh plugin prod" in script

@@ -49,8 +49,9 @@ def test_dcgm_exporter_runs_on_gpu_nodes_only_with_a_pinned_image():
     assert any(t["key"] == GPU_TAINT["key"] and t["effect"] == GPU_TAINT["effect"]
                and (t["operator"] == "Exists" or t.get("value") == GPU_TAINT["value"]) for t in tol)
     (c,) = ds["containers"]
+    # the stack mirror's copy of the upstream image, by its pinned tag (digest once recorded)
     repo, _, tag = c["image"].rpartition(":")
-    assert repo == "nvcr.io/nvidia/k8s/dcgm-exporter" and tag and tag != "latest"
+    assert repo.endswith("/mirror/nvidia/k8s/dcgm-exporter") and tag == "4.2.3-4.1.3-ubuntu22.04"
     assert {"name": "DCGM_EXPORTER_KUBERNETES", "value": "true"} in c["env"]
 
 

@@ -37,10 +37,11 @@ from typing import Any
 
 import yaml
 
-from stacks.constants import GPU_MODEL_LABEL, GPU_RESOURCE, HTTP_PORT, MANAGED_BY, PART_OF
+from stacks.constants import ENTRY_NAMESPACE, GPU_MODEL_LABEL, GPU_RESOURCE, HTTP_PORT, MANAGED_BY, PART_OF
 from workloads import mirror, versions
 from workloads.context import ServingContext
 from workloads.manifests import serving_selector
+from workloads.platform import REDIS_NAME, global_rate_limit
 from workloads.selectors import (  # noqa: F401  (re-exported: the selectors the rules use)
     DCGM_NAME,
     ROLLOUT_HASH_LABEL,
@@ -89,6 +90,8 @@ def template_values(ctx: ServingContext) -> dict[str, str]:
         "error_rate": _num(m.error_rate),
         "kv_cache_usage": _num(m.kv_cache_usage),
         "at_max_for": _fmt_duration(m.at_max_replicas_minutes),
+        "entry_ns": ENTRY_NAMESPACE,
+        "redis": REDIS_NAME,
     }
 
 
@@ -128,13 +131,16 @@ def _package_text(*parts: str) -> str:
 def rule_groups(ctx: ServingContext) -> dict[str, list[dict]]:
     """The rule groups of each file in workloads/rules/, filled from the settings.
 
-    Without autoscaling there is no HPA, so the replicas-at-max group is left out."""
+    Without autoscaling there is no HPA, so the replicas-at-max group is left out; without
+    the global rate limit there is no Redis to watch."""
     values = template_values(ctx)
     out = {}
     for name in RULE_FILES:
         groups = fill(yaml.safe_load(_package_text("rules", f"{name}.yaml"))["groups"], values)
         if not ctx.settings.autoscaling.enabled:
             groups = [g for g in groups if g["name"] != "serving.autoscaling"]
+        if not global_rate_limit(ctx.settings):  # no Redis without the global rate limit
+            groups = [g for g in groups if g["name"] != "gateway.ratelimit"]
         out[name] = groups
     return out
 

@@ -25,7 +25,8 @@ our tests validate against (tests/data/crds, sources in tests/data/SOURCES.md).
 from __future__ import annotations
 
 from stacks.settings import StackSettings
-from workloads import versions
+from workloads import mirror, versions
+from workloads.features import global_rate_limit  # noqa: F401  (re-exported)
 from workloads.secrets import (
     GRAFANA_ADMIN_SECRET,
     GRAFANA_PASSWORD_KEY,
@@ -50,12 +51,6 @@ def redis_url() -> str:
     return f"{REDIS_NAME}.{ENTRY_NAMESPACE}.svc.cluster.local:{REDIS_PORT}"
 
 
-def global_rate_limit(settings: StackSettings) -> bool:
-    """Envoy Gateway's global rate limit is in use (needs Redis and the EnvoyGateway config)."""
-    sv = settings.serving
-    return sv.in_cluster_gateway and sv.auth.enabled and sv.rate_limits.enabled
-
-
 def _release(name: str, namespace: str, chart: versions.Chart, values: dict,
              settings: StackSettings | None = None) -> dict:
     if settings is None:  # as published upstream
@@ -68,8 +63,6 @@ def mirrored_release(name: str, namespace: str, chart: versions.Chart, values: d
                      settings: StackSettings) -> dict:
     """The release from the stack's own registry: the chart's mirror copy (OCI), and its
     images pointed at the mirror (workloads/mirror.py)."""
-    from workloads import mirror
-
     return {"name": name, "namespace": namespace, "chart": mirror.chart_ref(settings, chart),
             "version": chart.version, "repository_url": None,
             "values": merge_values(values, mirror.release_values(settings, name))}
@@ -296,8 +289,6 @@ def redis(settings: StackSettings) -> list[dict]:
 
 
 def _mirror_ref(settings: StackSettings, key: str) -> str:
-    from workloads import mirror
-
     return mirror.ref(settings, key)
 
 

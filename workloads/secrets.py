@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from stacks.constants import ENTRY_NAMESPACE
 from stacks.settings import StackSettings
+from workloads.features import global_rate_limit
 
 PASSWORD_LENGTH = 32
 
@@ -52,8 +53,6 @@ def grafana_admin(settings: StackSettings) -> GeneratedSecret:
 
 def generated(settings: StackSettings) -> list[GeneratedSecret]:
     """The Secrets this stack generates, given what it deploys."""
-    from workloads.platform import global_rate_limit  # platform reads the names above
-
     out = []
     if global_rate_limit(settings):
         out.append(redis_auth())
