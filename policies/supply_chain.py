@@ -23,6 +23,7 @@ from .common import (
     name_of,
     of_kind,
     of_type,
+    serving_workloads,
     stack_policy,
 )
 
@@ -62,9 +63,14 @@ def _value_images(values, path: str = "values"):
             yield from _value_images(v, f"{path}[{i}]")
 
 
-def _pulled(resources):
-    """(resource, where, reference, pinned) of everything the stack pulls."""
+def _pulled(resources, serving: bool = True):
+    """(resource, where, reference, pinned) of everything the stack pulls; without the
+    model server's workloads when `serving` is false (image-from-stack-registry holds every
+    container of those to the stack's serving repository, a stricter rule)."""
+    skip = set() if serving else {w.urn for w in serving_workloads(resources)}
     for r in resources:
+        if r.urn in skip:
+            continue
         kind = k8s_kind(r.resource_type)
         if r.resource_type == HELM_RELEASE:
             name = dig(r.props, "name", default=r.name)
@@ -84,7 +90,7 @@ def _pulled(resources):
 
 def _mirrored(args, report):
     host = _registry_host(args.resources)
-    for r, where, ref, _ in _pulled(args.resources):
+    for r, where, ref, _ in _pulled(args.resources, serving=False):
         bare = ref.removeprefix("oci://")
         if host is None or not bare.startswith(host + "/"):
             registry = host or "no CR registry in the stack"

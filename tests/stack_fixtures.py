@@ -55,11 +55,12 @@ def recorded_lock() -> Path:
 
 def filled(raw: dict) -> dict:
     """A deep copy of raw settings with the identity provider filled in, the mirror's
-    digests recorded and the serving image built (synthetic digests, see above)."""
+    digests recorded and, for prod, the serving image built (synthetic digests, see above)."""
     out = copy.deepcopy(raw)
     out["serving"]["auth"] = {**out["serving"].get("auth", {}), **FILLED_IDENTITY}
     out.setdefault("registry", {})["mirror_lock"] = str(recorded_lock())
-    out["serving"]["image"] = {**out["serving"]["image"], "digest": synthetic_digest("serving image")}
+    if out.get("environment_class") == "prod":  # built and recorded (prod runs digests only)
+        out["serving"]["image"] = {**out["serving"]["image"], "digest": synthetic_digest("serving image")}
     return out
 
 

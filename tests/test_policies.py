@@ -111,7 +111,7 @@ def _case(policy: str, stack: str = "prod"):
 def test_an_unsafe_prod_is_refused_naming_each_fix():
     """Public bucket, wildcard IAM, `latest` image, no probes and infeasible engine
     settings at once: each is reported, mandatory, with its fix."""
-    cases = [_case("tos-bucket-not-public"), _case("iam-no-wildcard-actions"), _case("image-pinned"),
+    cases = [_case("tos-bucket-not-public"), _case("iam-no-wildcard-actions"), _case("image-pinned", "dev"),
              _case("serving-probes"), _case("engine-fits-gpu")]
     calls: list = []
     result = preview.run_preview("prod", raw=filled_raw("prod"),

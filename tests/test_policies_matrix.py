@@ -209,12 +209,12 @@ MATRIX: list[Case] = [
     Case("vke-audit-logging", "prod", "cluster.control_plane_logging: false",
          settings=setting("cluster.control_plane_logging", False)),
     # workloads
-    Case("image-pinned", "prod", "serving image :latest",
+    Case("image-pinned", "dev", "serving image :latest",
          transform=serving(vllm_containers(lambda c: c.update(
-             image=c["image"].split("@")[0] + ":latest")))),
+             image=c["image"].split("@")[0].rsplit(":", 1)[0] + ":latest")))),
     Case("image-pinned", "staging", "serving image without a tag",
          transform=serving(vllm_containers(lambda c: c.update(image=c["image"].rsplit(":", 1)[0])))),
-    Case("image-from-stack-registry", "prod", "serving.image.repository docker.io/vllm/vllm-openai",
+    Case("image-from-stack-registry", "staging", "serving.image.repository docker.io/vllm/vllm-openai",
          settings=setting("serving.image.repository", "docker.io/vllm/vllm-openai")),
     Case("container-resources", "prod", "vLLM container without limits",
          transform=serving(vllm_containers(lambda c: c["resources"].pop("limits")))),
