@@ -46,6 +46,7 @@ ALLOWED = {
     "kube_pod_container_status_last_terminated_reason": "kube-state-metrics",
     "kube_horizontalpodautoscaler_status_current_replicas": "kube-state-metrics",
     "kube_horizontalpodautoscaler_spec_max_replicas": "kube-state-metrics",
+    "kube_deployment_status_replicas_available": "kube-state-metrics",
 }
 
 

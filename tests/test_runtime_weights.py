@@ -145,7 +145,8 @@ def test_the_tool_runs_in_the_serving_image_without_the_project_dependencies():
             "raise SystemExit(wt.main(['sync', '--source-dir', sys.argv[1], '--dest', sys.argv[2]]))\n")
     src = Path(__file__).resolve().parents[1]
     dockerfile = (src / "runtime" / "Dockerfile").read_text()
-    assert "COPY runtime ./runtime" in dockerfile and "tos==" in dockerfile
+    assert "COPY runtime ./runtime" in dockerfile and "-r runtime/requirements.txt" in dockerfile
+    assert "tos==" in (src / "runtime" / "requirements.txt").read_text()
     import tempfile
     with tempfile.TemporaryDirectory() as d:
         (Path(d) / "src").mkdir()
