@@ -149,9 +149,10 @@ def test_a_key_set_from_a_configmap():
     assert r.mandatory == [], r.mandatory
 
 
-def test_offline_preview_workflow_accepts_only_the_placeholder_verdict():
+def test_offline_preview_workflow_accepts_only_the_fill_in_verdicts(tmp_path):
     """The pull-request check previews the shipped templates: it passes on exit 0, or on
-    exit 1 whose mandatory violations all come from the placeholder identity provider."""
+    exit 1 whose mandatory violations all are fill-ins (the placeholder identity provider,
+    prod's unrecorded digests); any other mandatory violation fails it."""
     from pathlib import Path
 
     wf = YAML(typ="safe").load((Path(__file__).resolve().parent.parent / ".github/workflows/offline-preview.yml")
@@ -159,3 +160,22 @@ def test_offline_preview_workflow_accepts_only_the_placeholder_verdict():
     steps = wf["jobs"]["dsvolc-preview"]["steps"]
     (run,) = [s for s in steps if s.get("name") == "Preview and policy verdict"]
     assert "dsvolc.cli preview" in run["run"] and POLICY in run["run"]
+    # run the step's shell as the runner would, on the shipped prod and on an unsafe copy
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
+    root = Path(__file__).resolve().parent.parent
+
+    def step(stack: str) -> int:
+        script = run["run"].replace("${{ matrix.stack }}", stack)
+        return subprocess.run(["bash", "-e", "-c", script], cwd=tmp_path, env={**env, "PYTHONPATH": str(root)},
+                              capture_output=True, text=True, timeout=300).returncode
+
+    assert step("prod") == 0  # stack names resolve to stacks/ from any directory
+    raw = read_raw("prod")
+    raw["cluster"]["api_server_public"] = True
+    unsafe = tmp_path / "Pulumi.unsafe.yaml"
+    unsafe.write_text(__import__("yaml").safe_dump({"config": {"deepseek-volc:settings": raw}}))
+    assert step(unsafe.name) == 1
