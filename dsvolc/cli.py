@@ -3,6 +3,7 @@
   dsvolc preview STACK [--json FILE] [--existing]   every resource of a stack, its engine plan and every policy verdict
   dsvolc size --model M --gpu G ...     engine settings that fit a model on a GPU
   dsvolc policy-config STACK            the policy pack config the stack is judged by
+  dsvolc images STACK                   what to mirror into the stack's registry, and its digests
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ from typing import Optional
 import typer
 from rich.console import Console
 
+from dsvolc.images import images
 from dsvolc.size import EPILOG, size
 from stacks.loader import SettingsError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 app.command("size", epilog=EPILOG)(size)
+app.command("images")(images)
 
 
 @app.command("preview")
@@ -70,6 +73,8 @@ def preview(
             console.print(f"first `pulumi up`: {phase_line(f)}; {len(f.recording.resources)} resources; "
                           f"{verdict_line(f)}", highlight=False, markup=False, soft_wrap=True)
         console.print(verdict_line(result), soft_wrap=True)
+        for v in result.all_mandatory:  # what stands between this stack and `pulumi up`
+            console.print(f"mandatory {v['policy']}: {v['message']}", highlight=False, markup=False, soft_wrap=True)
     else:
         render(result, console)
     if json_out is not None:

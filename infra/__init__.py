@@ -166,6 +166,7 @@ def build_infra(s: StackSettings) -> Infra:
             repository=s.registry.repository,
             region=s.region,
             vpc_id=network.vpc_id,
+            mirror_namespace=s.registry.mirror_namespace,
             project_name=s.project_name,
             tags=tags,
         ),

@@ -11,6 +11,9 @@ readable; a private repository needs two things before a pod can pull from it:
   pulls the account's CR credentials, or a `kubernetes.io/dockerconfigjson` Secret named
   in the pods' `imagePullSecrets` (`registry.pull_credentials`).
 The policy `image-pullable` checks at preview that every pod image has both.
+
+A private mirror namespace holds copies of every upstream image and chart the stack deploys
+(workloads/mirror.py; `dsvolc images <stack>` lists them).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ class RegistryArgs:
     vpc_id: pulumi.Input[str]
     project_name: str
     tags: dict[str, str]
+    mirror_namespace: str | None = None
 
 
 class Registry(pulumi.ComponentResource):
@@ -78,6 +82,15 @@ class Registry(pulumi.ComponentResource):
         )
         # The pull credential: VKE's cr-credential-controller add-on is one of the cluster's
         # add-ons (StackSettings.vke_addons); a pull Secret is named by the pods.
+        if args.mirror_namespace:
+            volc.cr.Namespace(
+                f"{name}-mirror-namespace",
+                registry=registry.name,
+                name=args.mirror_namespace,
+                project=args.project_name,
+                repository_default_access_level="Private",
+                opts=child(self),
+            )
         self.registry_host = cr_registry_host(args.registry_name, args.region)
         self.registry_name = registry.name
         self.image_repository = pulumi.Output.concat(self.registry_host, "/", namespace.name, "/", repo.name)

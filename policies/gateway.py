@@ -8,6 +8,8 @@ upstream that skips them is a public, unauthenticated model endpoint.
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 from .common import (
     APIG_SERVICE,
     APIG_UPSTREAM,
@@ -16,8 +18,10 @@ from .common import (
     mapping,
     name_of,
     number,
+    k8s_kind,
     of_kind,
     of_type,
+    resource_policy,
     stack_policy,
 )
 
@@ -112,7 +116,50 @@ def _rate_limited(args, report):
                "that rate-limits. Fix: set serving.in_cluster_gateway: true.", up.urn)
 
 
+# RFC 2606 (and RFC 6761) reserves these names for documentation and testing: no real
+# identity provider lives there, so a JWT provider naming one rejects every token.
+RESERVED_TLDS = ("example", "test", "invalid", "localhost")
+RESERVED_DOMAINS = ("example.com", "example.net", "example.org")
+
+
+def reserved_domain(value: str) -> str | None:
+    """The reserved name `value` (a URL, or a bare host) lies in, or None."""
+    text = str(value).strip()
+    host = urlsplit(text).hostname if "://" in text else text.split("/", 1)[0].split(":", 1)[0]
+    host = (host or "").lower().rstrip(".")
+    if not host:
+        return None
+    for d in RESERVED_DOMAINS:
+        if host == d or host.endswith("." + d):
+            return d
+    tld = host.rsplit(".", 1)[-1]
+    return f".{tld}" if tld in RESERVED_TLDS else None
+
+
+def _identity_provider(args, report):
+    if k8s_kind(args.resource_type) != "SecurityPolicy":
+        return
+    for p in items(dig(args.props, "spec", "jwt", "providers")):
+        fields = [("serving.auth.issuer", dig(p, "issuer", default="")),
+                  ("serving.auth.jwks_uri", dig(p, "remoteJWKS", "uri", default=""))]
+        fields += [(f"serving.auth.audiences[{i}]", a) for i, a in enumerate(items(dig(p, "audiences")))]
+        for field, value in fields:
+            domain = reserved_domain(str(value)) if value else None
+            if domain:
+                report(f"{field} is {value!r}, in the reserved example domain {domain} (RFC 2606): no real identity "
+                       f"provider answers there, so the gateway of {name_of(args.props)} would reject every token. "
+                       f"Fix: set {field} in the stack file to your identity provider's value "
+                       "(docs/serving.md, Identity).")
+
+
 POLICIES = [
+    resource_policy(
+        "identity-provider-not-placeholder",
+        "The JWT provider is a real one: no issuer, JWKS URL or audience in an RFC 2606 example domain.",
+        _identity_provider,
+        fix="Set serving.auth.issuer, audiences and jwks_uri (or jwks_configmap) to your identity provider's.",
+        tags=["gateway", "identity"],
+    ),
     stack_policy(
         "gateway-jwt-auth",
         "Every public route requires a JWT (Envoy Gateway SecurityPolicy), and the edge only forwards to it.",

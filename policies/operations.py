@@ -86,7 +86,50 @@ def _alerts(args, report):
                    "alerts).")
 
 
+HELM_RELEASE = "kubernetes:helm.sh/v3:Release"
+
+
+def _critical_receivers(route, inherited: str | None = None) -> set[str]:
+    """Receivers a `severity="critical"` alert reaches in an Alertmanager route tree."""
+    receiver = str(dig(route, "receiver", default=inherited or ""))
+    found: set[str] = set()
+    for child in items(dig(route, "routes")):
+        matchers = [str(m).replace(" ", "") for m in items(dig(child, "matchers"))]
+        if any(m.startswith("severity") and m not in ('severity="critical"', 'severity=~"critical"',
+                                                         "severity=critical") for m in matchers):
+            continue  # a route for another severity
+        if any(not m.startswith("severity") for m in matchers):
+            continue  # narrower than "every critical" (Watchdog, one alert)
+        got = _critical_receivers(child, receiver)
+        found |= got
+        if got and dig(child, "continue") is not True:
+            return found
+    return found or ({receiver} if receiver else set())
+
+
+def _alerts_delivered(args, report):
+    if not of_kind(args.resources, "PrometheusRule"):
+        return  # nothing alerts (alerts-latency-and-errors says so)
+    for rel in args.resources:
+        chart = str(dig(rel.props, "chart", default=""))
+        if rel.resource_type != HELM_RELEASE or chart.rsplit("/", 1)[-1] != "kube-prometheus-stack":
+            continue  # (the chart is named, or referenced in an OCI registry)
+        route = dig(rel.props, "values", "alertmanager", "config", "route")
+        receivers = _critical_receivers(route) - {"null", ""} if route is not None else set()
+        if not receivers:
+            report("Alertmanager routes critical alerts to no receiver (\"null\"): the alerts fire and nobody "
+                   "is paged. Fix: define alerting.receivers and list the pager in alerting.critical "
+                   "(docs/operations.md, Alert delivery).", rel.urn)
+
+
 POLICIES = [
+    stack_policy(
+        "alerts-delivered",
+        "Alertmanager sends critical alerts to at least one receiver.",
+        _alerts_delivered,
+        fix="Set alerting.receivers and alerting.critical.",
+        tags=["operations"],
+    ),
     stack_policy(
         "autoscaler-present",
         "The model server has an autoscaler with min <= max and a trigger.",

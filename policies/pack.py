@@ -6,11 +6,25 @@ from pathlib import Path
 
 import yaml
 
-from . import capacity, cluster, edge, gateway, identity, metrics, network, operations, pulls, storage, workload
+from . import (
+    capacity,
+    cluster,
+    edge,
+    gateway,
+    identity,
+    metrics,
+    network,
+    operations,
+    pulls,
+    storage,
+    supply_chain,
+    workload,
+)
 
 PACK_DIR = Path(__file__).resolve().parent
 PACK_NAME = "deepseek-volc"
-MODULES = (storage, identity, network, cluster, workload, pulls, gateway, edge, operations, metrics, capacity)
+MODULES = (storage, identity, network, cluster, workload, pulls, gateway, edge, operations, metrics, capacity,
+           supply_chain)
 POLICIES = [p for m in MODULES for p in m.POLICIES]
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 
+from stacks.constants import ENTRY_NAMESPACE
 from stacks.regions import cr_registry_host
 
 from .common import (
@@ -97,7 +98,10 @@ def _stack_repository(resources) -> str | None:
     if not region:
         return None
     host = cr_registry_host(str(dig(reg.props, "name")), str(region))
-    return f"{host}/{dig(nss[0].props, 'name')}/{dig(repos[0].props, 'name')}"
+    repo = repos[0]
+    # the repository's own namespace (the registry also holds the mirror namespace)
+    ns = dig(repo.props, "namespace") or dig(nss[0].props, "name")
+    return f"{host}/{ns}/{dig(repo.props, 'name')}"
 
 
 def _image_registry(args, report):
@@ -425,6 +429,35 @@ def _default_deny(args, report):
                    "Prometheus explicitly.")
 
 
+NS_NAME_LABEL = "kubernetes.io/metadata.name"
+
+
+def _ingress_scoped(args, report):
+    """Who may reach the serving pods: the gateway's namespace, named pods of another
+    namespace (Prometheus), address blocks (the edge) or the serving pods themselves; never
+    a whole other namespace, where any pod (Grafana, a debug shell) would bypass the JWT."""
+    namespaces = {str(dig(w.props, "metadata", "namespace", default="default"))
+                  for w in serving_workloads(args.resources)}
+    for p in of_kind(args.resources, "NetworkPolicy"):
+        if str(dig(p.props, "metadata", "namespace", default="default")) not in namespaces:
+            continue
+        for rule in items(dig(p.props, "spec", "ingress")):
+            for peer in items(dig(rule, "from")):
+                ns_sel = dig(peer, "namespaceSelector")
+                if ns_sel is None:
+                    continue
+                ns = mapping(dig(ns_sel, "matchLabels", default={})).get(NS_NAME_LABEL)
+                pods = dig(peer, "podSelector")
+                scoped = pods is not None and (mapping(dig(pods, "matchLabels", default={}))
+                                               or items(dig(pods, "matchExpressions")))
+                if ns == ENTRY_NAMESPACE or scoped:
+                    continue
+                who = f"namespace {ns!r}" if ns else "every namespace the selector matches"
+                report(f"NetworkPolicy {name_of(p.props)} admits every pod of {who} to the model server, past "
+                       "the gateway's JWT and rate limits. Fix: add a podSelector naming the pods that need it "
+                       "(Prometheus by its operator's labels, workloads/network_policy.py).", p.urn)
+
+
 def _labels(args, report):
     kind = k8s_kind(args.resource_type)
     if kind is None or dig(args.props, "metadata") is None:
@@ -537,6 +570,13 @@ POLICIES = [
         "The serving namespace has a default-deny NetworkPolicy.",
         _default_deny,
         fix="Add a NetworkPolicy with an empty podSelector and no rules.",
+        tags=["workloads", "network"],
+    ),
+    stack_policy(
+        "serving-ingress-scoped",
+        "Only the gateway's namespace, named pods or address blocks may reach the model server; no whole namespace.",
+        _ingress_scoped,
+        fix="Give every namespaceSelector peer of the serving NetworkPolicies a podSelector.",
         tags=["workloads", "network"],
     ),
     resource_policy(

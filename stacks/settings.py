@@ -10,7 +10,8 @@ production ends up with a public API server.
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import replace
+import re
+from dataclasses import dataclass, replace
 from typing import Annotated, Literal
 
 from pydantic import (
@@ -101,6 +102,12 @@ class NetworkSettings(_Model):
     )
     nat_spec: NatSpec = Field("Small", description="NAT gateway specification (as the provider accepts it)")
     egress_bandwidth_mbps: int = Field(100, ge=1, le=10000, description="EIP bandwidth for egress through NAT")
+    endpoint_cidrs: list[Cidr] = Field(
+        default_factory=list,
+        description="address ranges of the TOS and STS endpoints the serving pods reach over HTTPS (what "
+        "tos-<region>.ivolces.com and the STS endpoint resolve to in the VPC); when set, the serving pods' "
+        "HTTPS egress is limited to them, else it may reach any address outside the cluster's ranges",
+    )
 
 
 # --------------------------------------------------------------------------- cluster
@@ -289,6 +296,17 @@ class RegistrySettings(_Model):
     name: Name | None = Field(None, description="CR Enterprise instance name; deepseek-<env> when unset")
     namespace: Name = Field("deepseek", description="CR namespace")
     repository: Name = Field("vllm-serving", description="repository of the serving image")
+    mirror_namespace: Name = Field(
+        "mirror",
+        description="CR namespace holding copies of every upstream image and chart the stack deploys "
+        "(`dsvolc images <stack>` lists them); nothing is pulled from outside the stack's registry",
+    )
+    mirror_lock: str = Field(
+        "stacks/mirror.lock.yaml",
+        pattern=r"^[A-Za-z0-9_./-]+\.ya?ml$",
+        description="digests of the mirrored artifacts, recorded at mirror time (`dsvolc images <stack> --record`); "
+        "relative to the repository root",
+    )
     pull_credentials: Literal["cr-credential-controller", "image-pull-secret"] = Field(
         "cr-credential-controller",
         description="how nodes authenticate pulls from the private repository: VKE's cr-credential-controller "
@@ -556,13 +574,41 @@ class ImageSettings(_Model):
 
 
 class AuthSettings(_Model):
+    """The identity provider whose tokens the gateway accepts. No defaults: every stack names
+    its own issuer, audiences and key set (a placeholder in an RFC 2606 example domain is
+    refused for staging and prod by the `identity-provider-not-placeholder` policy)."""
+
     enabled: bool = Field(True, description="require a JWT on every request")
-    issuer: str = Field("https://auth.example.com/", description="expected `iss` claim")
-    audiences: list[str] = Field(default_factory=lambda: ["deepseek-api"], description="accepted `aud` values")
-    jwks_uri: str = Field(
-        "https://auth.example.com/.well-known/jwks.json", pattern=r"^https://", description="JWKS endpoint (https)"
+    issuer: str | None = Field(
+        None, min_length=1, description="expected `iss` claim, exactly as the identity provider writes it"
     )
-    consumer_claim: str = Field("sub", description="claim that names the consumer (rate-limit key)")
+    audiences: list[Annotated[str, Field(min_length=1)]] | None = Field(
+        None, description="accepted `aud` values (at least one)"
+    )
+    jwks_uri: str | None = Field(
+        None, pattern=r"^https://[^/\s]+", description="JWKS endpoint (https) the proxies fetch the signing keys from"
+    )
+    jwks_configmap: Name | None = Field(
+        None,
+        description="instead of jwks_uri: a ConfigMap in the serving namespace whose key `jwks` holds the key set "
+        "(for providers the proxies cannot reach; Envoy Gateway's localJWKS reads a ConfigMap)",
+    )
+    consumer_claim: str = Field("sub", min_length=1, description="claim that names the consumer (rate-limit key)")
+
+    @model_validator(mode="after")
+    def _provider(self):
+        if not self.enabled:
+            return self
+        if self.issuer is None:
+            raise ValueError("issuer: required when auth is enabled; expected the identity provider's `iss` "
+                             "value, e.g. https://login.your-company.cn/")
+        if not self.audiences:
+            raise ValueError("audiences: required when auth is enabled; expected at least one `aud` value "
+                             "your tokens carry")
+        if (self.jwks_uri is None) == (self.jwks_configmap is None):
+            raise ValueError("jwks_uri: expected exactly one of jwks_uri (an https URL) or jwks_configmap "
+                             "(a ConfigMap holding the key set)")
+        return self
 
 
 class ConsumerLimit(_Model):
@@ -647,7 +693,9 @@ class ServingSettings(_Model):
     triton: TritonSettings = Field(default_factory=TritonSettings, description="Triton front (server: triton)")
     in_cluster_gateway: bool = Field(True, description="Envoy Gateway in the cluster with JWT and rate limits")
     gateway_replicas: int = Field(2, ge=1, le=20, description="Envoy proxy replicas of the in-cluster gateway")
-    auth: AuthSettings = Field(default_factory=AuthSettings, description="JWT authentication")
+    auth: AuthSettings = Field(
+        description="JWT authentication: the identity provider (issuer, audiences, JWKS) this stack trusts"
+    )
     rate_limits: RateLimitSettings = Field(default_factory=RateLimitSettings, description="per-consumer rate limits")
 
 
@@ -687,7 +735,11 @@ class RolloutSettings(_Model):
     steps: list[int] = Field(default_factory=lambda: [5, 50, 100], description="canary traffic percentages, ending at 100")
     pause_seconds: int = Field(600, ge=60, le=86400, description="time at each step while analysis runs")
     max_error_rate: float = Field(0.01, gt=0, lt=1, description="abort when the canary's 5xx ratio exceeds this")
-    max_p99_latency_seconds: float = Field(30.0, gt=0, description="abort when the canary's P99 end-to-end latency exceeds this")
+    max_p99_latency_seconds: float | None = Field(
+        None, gt=0,
+        description="abort when the canary's P99 end-to-end latency exceeds this; the model class's end-to-end "
+        "budget (monitoring.e2e_p99_seconds) when unset",
+    )
     analysis_interval_seconds: int = Field(60, ge=10, le=3600, description="how often the analysis queries Prometheus")
     failure_limit: int = Field(2, ge=0, le=20, description="failed measurements tolerated before abort")
     max_surge: int = Field(
@@ -722,8 +774,21 @@ class MonitoringSettings(_Model):
     prometheus_url: str = Field(
         "http://prometheus-operated.monitoring.svc:9090", description="Prometheus the autoscaler and analysis query"
     )
+    model_class: Literal["chat", "reasoning"] | None = Field(
+        None,
+        description="SLO class of the served model (sets the defaults of e2e_p99_seconds and "
+        "min_tokens_per_second): reasoning models (DeepSeek-R1 and its distills) think for minutes before they "
+        "answer; inferred from serving.model when unset",
+    )
     ttft_p99_seconds: float = Field(2.0, gt=0, description="alert when P99 time to first token exceeds this")
-    e2e_p99_seconds: float = Field(30.0, gt=0, description="alert when P99 end-to-end latency exceeds this")
+    e2e_p99_seconds: float | None = Field(
+        None, gt=0, description="alert when P99 end-to-end latency exceeds this; the model class's default when unset"
+    )
+    min_tokens_per_second: float | None = Field(
+        None, gt=0, le=1000,
+        description="token-rate objective: alert when the P99 time between two output tokens of a request exceeds "
+        "1/this; the model class's default when unset",
+    )
     p99_regression_ratio: float = Field(1.5, gt=1, description="alert when P99 is this many times last day's")
     error_rate: float = Field(0.02, gt=0, lt=1, description="alert when the failed-request ratio exceeds this")
     kv_cache_usage: float = Field(0.9, gt=0, le=1, description="alert when KV cache usage exceeds this")
@@ -735,6 +800,127 @@ class MonitoringSettings(_Model):
         default_factory=dict,
         description="labels added to monitors and rules so the Prometheus selects them (e.g. release: kube-prometheus-stack)",
     )
+    retention_days: int = Field(
+        15, ge=2, le=365,
+        description="days Prometheus keeps samples (at least 2: the regression alert compares with the same hour "
+        "a day earlier); sizes its persistent volume",
+    )
+    samples_per_second: int = Field(
+        20000, ge=1000, le=10_000_000,
+        description="samples Prometheus ingests per second (prometheus_tsdb_head_samples_appended_total rate); "
+        "sizes its persistent volume",
+    )
+    storage_class: str | None = Field(
+        None, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        description="StorageClass of Prometheus' volume; the cluster's default when unset",
+    )
+
+# --------------------------------------------------------------------------- SLO classes
+
+
+@dataclass(frozen=True)
+class Slo:
+    """The latency objectives the alerts and the canary analysis use, resolved."""
+
+    model_class: str
+    ttft_p99_seconds: float
+    e2e_p99_seconds: float
+    min_tokens_per_second: float
+    canary_p99_seconds: float
+
+    @property
+    def max_inter_token_seconds(self) -> float:
+        return 1.0 / self.min_tokens_per_second
+
+
+# Defaults per model class (docs/operations.md, "Objectives per model class"). A chat model
+# answers in seconds: 30 s covers a long answer at interactive speed. A reasoning model
+# writes thousands of thinking tokens first (R1's answers run to minutes), so its
+# end-to-end budget is long (8 min, under the gateway's 10 min request timeout) and what
+# is held tight is the rate at which tokens flow.
+SLO_CLASS_DEFAULTS = {
+    "chat": {"e2e_p99_seconds": 30.0, "min_tokens_per_second": 20.0},
+    "reasoning": {"e2e_p99_seconds": 480.0, "min_tokens_per_second": 10.0},
+}
+REASONING_MODEL = re.compile(r"(^|[-_/])r1([-_/.]|$)", re.I)
+
+
+def infer_model_class(model: str) -> str:
+    """`reasoning` for DeepSeek-R1 and the R1 distills, `chat` otherwise."""
+    return "reasoning" if REASONING_MODEL.search(model) else "chat"
+
+
+# --------------------------------------------------------------------------- alert delivery
+
+
+class SecretKey(_Model):
+    """A key of a Secret in the monitoring namespace, created by the operator
+    (`kubectl -n monitoring create secret generic NAME --from-literal=KEY=...`)."""
+
+    secret: Name = Field(description="Secret name (in monitoring.namespace)")
+    key: str = Field(pattern=r"^[-._a-zA-Z0-9]+$", description="key within the Secret")
+
+
+class WebhookReceiver(_Model):
+    url: SecretKey = Field(description="Secret key holding the URL that receives Alertmanager's webhook JSON")
+
+
+class FeishuReceiver(_Model):
+    """A Feishu (Lark) group bot: its webhook URL, and its signing secret when the bot has
+    signature verification on."""
+
+    webhook: SecretKey = Field(description="Secret key holding the bot's webhook URL (.../open-apis/bot/v2/hook/...)")
+    signing_key: SecretKey | None = Field(None, description="Secret key holding the bot's signing secret")
+
+
+class EmailReceiver(_Model):
+    to: list[Annotated[str, Field(pattern=r"^[^@\s]+@[^@\s]+$")]] = Field(min_length=1, description="recipients")
+    sender: str = Field(pattern=r"^[^@\s]+@[^@\s]+$", description="From address")
+    smarthost: str = Field(pattern=r"^[A-Za-z0-9.-]+:[0-9]{1,5}$", description="SMTP server as host:port")
+    username: str | None = Field(None, min_length=1, description="SMTP login; none when unset")
+    password: SecretKey | None = Field(None, description="Secret key holding the SMTP password")
+    require_tls: bool = Field(True, description="require STARTTLS")
+
+    @model_validator(mode="after")
+    def _login(self):
+        if (self.username is None) != (self.password is None):
+            raise ValueError("password: username and password go together; set both, or neither")
+        return self
+
+
+class ReceiverSettings(_Model):
+    webhook: WebhookReceiver | None = Field(None, description="a generic webhook (Alertmanager's JSON)")
+    feishu: FeishuReceiver | None = Field(None, description="a Feishu/Lark group bot")
+    email: EmailReceiver | None = Field(None, description="e-mail through an SMTP server")
+
+    @model_validator(mode="after")
+    def _one(self):
+        if sum(x is not None for x in (self.webhook, self.feishu, self.email)) != 1:
+            raise ValueError("webhook: expected exactly one of webhook, feishu or email")
+        return self
+
+
+class AlertingSettings(_Model):
+    """Where Alertmanager sends alerts. Routing is by severity: `critical` (users hurt now,
+    page) and `warning` (look in working hours) each name the receivers they go to."""
+
+    receivers: dict[Name, ReceiverSettings] = Field(default_factory=dict, description="receivers by name")
+    critical: list[Name] = Field(default_factory=list, description="receivers of critical alerts (the pager)")
+    warning: list[Name] = Field(default_factory=list, description="receivers of warnings (never a pager)")
+    critical_repeat_minutes: int = Field(60, ge=5, le=1440, description="re-notify a firing critical this often")
+    warning_repeat_minutes: int = Field(720, ge=30, le=10080, description="re-notify a firing warning this often")
+
+    @model_validator(mode="after")
+    def _known(self):
+        for sev in ("critical", "warning"):
+            for i, name in enumerate(getattr(self, sev)):
+                if name not in self.receivers:
+                    known = ", ".join(self.receivers) or "none defined"
+                    raise ValueError(f"{sev}[{i}]: {name!r} is not a receiver; expected one of {known}")
+            if len(set(getattr(self, sev))) != len(getattr(self, sev)):
+                raise ValueError(f"{sev}: expected distinct receivers")
+        return self
+
 
 class GpuHealthSettings(_Model):
     enabled: bool = Field(
@@ -807,6 +993,7 @@ class StackSettings(_Model):
     resilience: ResilienceSettings = Field(
         default_factory=ResilienceSettings, description="GPU node health, pre-warm and warm capacity"
     )
+    alerting: AlertingSettings = Field(default_factory=AlertingSettings, description="alert receivers and routing")
 
     _derived: dict = PrivateAttr(default_factory=dict)
 
@@ -849,6 +1036,7 @@ class StackSettings(_Model):
         self._plan_serving()
         self._check_lifecycle()
         self._check_pool_capacity()
+        self._check_slo()
         return self
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -1048,6 +1236,30 @@ class StackSettings(_Model):
     def pool_rdma(self, pool: str) -> bool:
         """Whether the pool's nodes reach each other over RDMA."""
         return instance_type_rdma(self.cluster.gpu_pools[pool].instance_type)
+
+    @property
+    def slo(self) -> Slo:
+        """Latency objectives: the settings where given, else the model class's defaults."""
+        m = self.monitoring
+        cls = m.model_class or infer_model_class(self.serving.model)
+        d = SLO_CLASS_DEFAULTS[cls]
+        e2e = m.e2e_p99_seconds if m.e2e_p99_seconds is not None else d["e2e_p99_seconds"]
+        return Slo(
+            model_class=cls, ttft_p99_seconds=m.ttft_p99_seconds, e2e_p99_seconds=e2e,
+            min_tokens_per_second=m.min_tokens_per_second or d["min_tokens_per_second"],
+            canary_p99_seconds=self.rollout.max_p99_latency_seconds or e2e,
+        )
+
+    def _check_slo(self) -> None:
+        timeout = self.gateway.request_timeout_seconds
+        slo = self.slo
+        if slo.e2e_p99_seconds >= timeout:
+            given = self.monitoring.e2e_p99_seconds is not None
+            raise ValueError(
+                f"monitoring.e2e_p99_seconds: {slo.e2e_p99_seconds:g}"
+                + ("" if given else f" (the {slo.model_class} class default)")
+                + f" must be below gateway.request_timeout_seconds ({timeout}): requests are cut at the timeout, "
+                "so the alert could never fire")
 
     @property
     def serving_plan(self):

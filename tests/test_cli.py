@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 
 import yaml
 from typer.testing import CliRunner
 
 from dsvolc.cli import app
 from stacks import load, read_raw
+from tests.stack_fixtures import filled_raw
 
 runner = CliRunner()
 
@@ -24,8 +26,12 @@ def test_preview_dev_prints_tree_and_counts():
 def test_preview_prod_json_lists_the_foundation(tmp_path):
     out = tmp_path / "plan.json"
     result = runner.invoke(app, ["preview", "prod", "--json", str(out), "--quiet"])
-    assert result.exit_code == 0, result.output
+    # shipped prod names a placeholder identity provider and has no recorded image digest
+    # yet: exit 1, the JSON still written
+    assert result.exit_code == 1, result.output
     plan = json.loads(out.read_text())
+    assert {v["policy"] for v in plan["violations"] if v["enforcement_level"] == "mandatory"} == {
+        "identity-provider-not-placeholder", "images-by-digest"}
     assert plan["stack"] == "prod"
     assert set(plan) == {"stack", "environment_class", "policy_config", "mode", "deploy_phase", "first_apply",
                          "plans", "resources", "violations"}
@@ -68,8 +74,9 @@ def test_preview_prod_json_lists_the_foundation(tmp_path):
 
 def test_preview_prints_the_engine_plan_and_the_policy_config():
     result = runner.invoke(app, ["preview", "prod"])
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 1, result.output  # the placeholder identity provider, no digests yet
     out = " ".join(result.output.replace("│", " ").split())  # rich wraps long lines inside the tree
+    assert re.search(r"policy verdict: \d+ mandatory, 0 advisory violation\(s\)", out)
     assert "stack prod: class prod, policy config policies/config/prod.json" in out
     assert "deepseek-r1 on H20 x 8" in out and "DP16+EP16 + MTP 1" in out and "2 nodes per replica" in out
     assert "expert all-to-all over RDMA" in out
@@ -77,7 +84,7 @@ def test_preview_prints_the_engine_plan_and_the_policy_config():
 
 
 def test_a_copied_stack_previews_under_its_own_name_and_class(tmp_path):
-    raw = read_raw("prod")
+    raw = filled_raw("prod")
     path = tmp_path / "Pulumi.mytest.yaml"
     path.write_text(yaml.safe_dump({"config": {"deepseek-volc:settings": raw}}))
     result = runner.invoke(app, ["preview", str(path), "--json", str(tmp_path / "p.json"), "--quiet"])
@@ -133,7 +140,7 @@ def test_unknown_stack_exit_2_lists_known_stacks():
 
 def test_preview_existing_sees_what_the_program_builds_from_computed_outputs(tmp_path):
     out = tmp_path / "plan.json"
-    result = runner.invoke(app, ["preview", "prod", "--existing", "--json", str(out), "--quiet"])
+    result = runner.invoke(app, ["preview", "dev", "--existing", "--json", str(out), "--quiet"])
     assert result.exit_code == 0, result.output
     assert "(existing stack)" in result.output
     plan = json.loads(out.read_text())

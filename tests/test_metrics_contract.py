@@ -47,6 +47,7 @@ ALLOWED = {
     "kube_horizontalpodautoscaler_status_current_replicas": "kube-state-metrics",
     "kube_horizontalpodautoscaler_spec_max_replicas": "kube-state-metrics",
     "kube_node_spec_taint": "kube-state-metrics",
+    "kube_deployment_status_replicas_available": "kube-state-metrics",
 }
 
 

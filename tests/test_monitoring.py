@@ -49,8 +49,9 @@ def test_dcgm_exporter_runs_on_gpu_nodes_only_with_a_pinned_image():
     assert any(t["key"] == GPU_TAINT["key"] and t["effect"] == GPU_TAINT["effect"]
                and (t["operator"] == "Exists" or t.get("value") == GPU_TAINT["value"]) for t in tol)
     (c,) = ds["containers"]
+    # the stack mirror's copy of the upstream image, by its pinned tag (digest once recorded)
     repo, _, tag = c["image"].rpartition(":")
-    assert repo == "nvcr.io/nvidia/k8s/dcgm-exporter" and tag and tag != "latest"
+    assert repo.endswith("/mirror/nvidia/k8s/dcgm-exporter") and tag == "4.2.3-4.1.3-ubuntu22.04"
     assert {"name": "DCGM_EXPORTER_KUBERNETES", "value": "true"} in c["env"]
 
 
@@ -182,3 +183,30 @@ def test_operations_doc_lists_exactly_the_alerts():
     listed = set(re.findall(r"^### `?(\w+)`?", section, re.M))
     shipped = set(_alerts(ctx_for("dev")))
     assert listed == shipped, f"missing from doc: {shipped - listed}; not shipped: {listed - shipped}"
+
+
+@pytest.mark.parametrize("model, cls, e2e, tps", [
+    ("deepseek-r1", "reasoning", 480.0, 10.0),
+    ("deepseek-r1-distill-qwen-7b", "reasoning", 480.0, 10.0),
+    ("deepseek-coder-v2-lite", "chat", 30.0, 20.0),
+    ("deepseek-v2-lite", "chat", 30.0, 20.0),
+])
+def test_objectives_follow_the_model_class(model, cls, e2e, tps):
+    from stacks.settings import SLO_CLASS_DEFAULTS, infer_model_class
+
+    assert infer_model_class(model) == cls
+    assert SLO_CLASS_DEFAULTS[cls] == {"e2e_p99_seconds": e2e, "min_tokens_per_second": tps}
+
+
+def test_reasoning_alerts_get_the_long_budget_and_the_token_rate_objective():
+    a = _alerts(ctx_for("dev"))  # an R1 distill
+    assert a["VllmEndToEndLatencyP99High"]["expr"].endswith("> 480")
+    assert a["VllmTokenRateLow"]["expr"].endswith("> 0.1")
+    c = _alerts(ctx_for("dev", monitoring__model_class="chat"))
+    assert c["VllmEndToEndLatencyP99High"]["expr"].endswith("> 30")
+    assert c["VllmTokenRateLow"]["expr"].endswith("> 0.05")
+    # explicit settings win over the class, and the canary analysis follows the budget
+    x = ctx_for("dev", monitoring__e2e_p99_seconds=200, monitoring__min_tokens_per_second=8)
+    assert _alerts(x)["VllmEndToEndLatencyP99High"]["expr"].endswith("> 200")
+    assert _alerts(x)["VllmTokenRateLow"]["expr"].endswith("> 0.125")
+    assert x.settings.slo.canary_p99_seconds == 200

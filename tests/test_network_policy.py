@@ -53,6 +53,32 @@ def test_ingress_only_8000_from_gateway_and_monitoring(ctx):
     namespaces = {p["namespaceSelector"]["matchLabels"][NS] for p in rule["from"]}
     assert namespaces == {ENTRY_NAMESPACE, ctx.settings.monitoring.namespace}
     assert pol["spec"]["podSelector"]["matchLabels"] == ctx.selector("server")
+    # From the monitoring namespace only the Prometheus server pods, by the operator's labels
+    (mon,) = [p for p in rule["from"] if p["namespaceSelector"]["matchLabels"][NS] == ctx.settings.monitoring.namespace]
+    assert mon["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "prometheus",
+                                                  "app.kubernetes.io/managed-by": "prometheus-operator"}}
+
+
+def _admitted(rule: dict, ns_labels: dict, pod_labels: dict) -> bool:
+    """NetworkPolicy peer semantics: namespaceSelector AND podSelector within one peer."""
+    for peer in rule["from"]:
+        ns_ok = all(ns_labels.get(k) == v for k, v in peer.get("namespaceSelector", {}).get("matchLabels", {}).items())
+        pod_ok = all(pod_labels.get(k) == v for k, v in peer.get("podSelector", {}).get("matchLabels", {}).items())
+        if "ipBlock" not in peer and ns_ok and pod_ok:
+            return True
+    return False
+
+
+def test_grafana_cannot_reach_vllm_but_prometheus_can(ctx):
+    (rule,) = _by_suffix(network_policy.render(ctx), "-ingress-http")["spec"]["ingress"]
+    mon = {NS: ctx.settings.monitoring.namespace}
+    prometheus = {"app.kubernetes.io/name": "prometheus", "app.kubernetes.io/managed-by": "prometheus-operator",
+                  "prometheus": "kube-prometheus-stack-prometheus"}
+    grafana = {"app.kubernetes.io/name": "grafana", "app.kubernetes.io/instance": "kube-prometheus-stack"}
+    assert _admitted(rule, mon, prometheus)
+    assert not _admitted(rule, mon, grafana)
+    assert not _admitted(rule, {NS: "default"}, prometheus)  # a look-alike elsewhere
+    assert _admitted(rule, {NS: ENTRY_NAMESPACE}, {"app.kubernetes.io/name": "envoy"})
 
 
 def test_without_in_cluster_gateway_the_edge_subnets_are_admitted():
@@ -108,3 +134,14 @@ def test_group_traffic_only_when_multi_node():
 
 def test_prod_is_two_nodes_per_replica():
     assert _ctx(stacks.load("prod")).plan.nodes == 2
+
+
+def test_https_egress_narrows_to_the_endpoint_ranges_when_given():
+    base = stacks.load("staging")
+    data = base.model_dump()
+    data["network"]["endpoint_cidrs"] = ["100.96.0.0/12", "10.20.200.0/24"]
+    s = type(base).model_validate(data)
+    (rule,) = _by_suffix(network_policy.render(_ctx(s)), "-egress-https")["spec"]["egress"]
+    assert rule["to"] == [{"ipBlock": {"cidr": "100.96.0.0/12"}}, {"ipBlock": {"cidr": "10.20.200.0/24"}}]
+    assert rule["ports"] == [{"protocol": "TCP", "port": 443}]
+    validate_all(network_policy.render(_ctx(s)), s.cluster.kubernetes_version)

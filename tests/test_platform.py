@@ -8,7 +8,7 @@ import pytest
 
 import stacks
 from tests.k8s_schema import CRD_DIR, validate_all
-from workloads import platform, versions
+from workloads import platform, secrets, versions
 from stacks.constants import ENTRY_NAMESPACE
 
 ENVS = ("dev", "staging", "prod")
@@ -56,8 +56,8 @@ def test_release_shape(env):
     for r in rels:
         assert set(r) == {"name", "namespace", "chart", "version", "repository_url", "values"}
         assert re.fullmatch(r"v?\d+\.\d+\.\d+", r["version"]), r
-        # OCI charts carry their registry in the chart reference, others need a repository.
-        assert (r["repository_url"] is None) == r["chart"].startswith("oci://"), r
+        # every chart is the stack mirror's OCI copy (workloads/mirror.py): no repository
+        assert r["repository_url"] is None and r["chart"].startswith("oci://"), r
 
 
 def test_lws_only_for_multi_node():
@@ -92,9 +92,81 @@ def test_envoy_gateway_uses_redis_for_global_rate_limit():
 
 def test_no_redis_without_rate_limits():
     s = _with(stacks.load("staging"), "serving.rate_limits", enabled=False)
-    assert platform.manifests(s) == []
+    assert not [o for o in platform.manifests(s) if o["metadata"]["name"] == platform.REDIS_NAME]
+    assert secrets.REDIS_AUTH_SECRET not in {g.name for g in secrets.generated(s)}
     (eg,) = [r for r in platform.releases(s) if r["name"] == "envoy-gateway"]
     assert "config" not in eg["values"]
+
+
+def _redis(s):
+    objs = [o for o in platform.manifests(s) if o["metadata"]["name"] == platform.REDIS_NAME]
+    return {o["kind"]: o for o in objs}
+
+
+def test_redis_requires_the_generated_password():
+    s = stacks.load("staging")
+    dep = _redis(s)["Deployment"]
+    (c,) = dep["spec"]["template"]["spec"]["containers"]
+    assert c["args"][-2:] == ["--requirepass", "$(REDIS_PASSWORD)"]
+    (env,) = c["env"]
+    ref = {"name": secrets.REDIS_AUTH_SECRET, "key": secrets.REDIS_AUTH_KEY}
+    assert env == {"name": "REDIS_PASSWORD", "valueFrom": {"secretKeyRef": ref}}
+    (gen,) = [g for g in secrets.generated(s) if g.name == secrets.REDIS_AUTH_SECRET]
+    assert gen.namespace == ENTRY_NAMESPACE and gen.random_keys == (secrets.REDIS_AUTH_KEY,)
+    # ... and Envoy Gateway's rate-limit service authenticates with the same Secret
+    (eg,) = [r for r in platform.releases(s) if r["name"] == "envoy-gateway"]
+    deploy = eg["values"]["config"]["envoyGateway"]["provider"]["kubernetes"]["rateLimitDeployment"]
+    assert deploy["container"]["env"] == [{"name": "REDIS_AUTH", "valueFrom": {"secretKeyRef": ref}}]
+    assert dep["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+
+
+def test_the_rate_limit_fails_closed():
+    (eg,) = [r for r in platform.releases(stacks.load("prod")) if r["name"] == "envoy-gateway"]
+    assert eg["values"]["config"]["envoyGateway"]["rateLimit"]["failClosed"] is True
+
+
+def test_only_the_rate_limit_service_reaches_redis():
+    s = stacks.load("staging")
+    pol = _redis(s)["NetworkPolicy"]
+    assert pol["metadata"]["namespace"] == ENTRY_NAMESPACE
+    assert pol["spec"]["podSelector"]["matchLabels"].items() <= \
+        _redis(s)["Deployment"]["spec"]["template"]["metadata"]["labels"].items()
+    assert pol["spec"]["policyTypes"] == ["Ingress", "Egress"] and "egress" not in pol["spec"]
+    (rule,) = pol["spec"]["ingress"]
+    assert rule["from"] == [{"podSelector": {"matchLabels": {
+        "app.kubernetes.io/name": "envoy-ratelimit", "app.kubernetes.io/component": "ratelimit",
+        "app.kubernetes.io/managed-by": "envoy-gateway"}}}]
+    assert rule["ports"] == [{"protocol": "TCP", "port": platform.REDIS_PORT}]
+
+
+@pytest.mark.parametrize("days, sps, gib", [(15, 20000, 61), (2, 1000, 10), (30, 100000, 604)])
+def test_prometheus_volume_is_sized_from_retention(days, sps, gib):
+    """retention x samples/s x 2 bytes x 1.25, in GiB rounded up: 15 d at 20k/s is
+    15*86400*20000*2*1.25 = 64.8e9 B = 60.35 GiB -> 61; at least 10 GiB."""
+    s = _with(stacks.load("prod"), "monitoring", retention_days=days, samples_per_second=sps)
+    assert platform.prometheus_volume_gib(s) == gib
+    (kps,) = [r for r in platform.releases(s) if r["name"] == "kube-prometheus-stack"]
+    spec = kps["values"]["prometheus"]["prometheusSpec"]
+    assert spec["retention"] == f"{days}d" and spec["retentionSize"] == f"{int(gib * 0.85)}GB"
+    claim = spec["storageSpec"]["volumeClaimTemplate"]["spec"]
+    assert claim["resources"]["requests"]["storage"] == f"{gib}Gi" and "storageClassName" not in claim
+    # the chart's own selectors are still there: the merge adds, it does not replace
+    assert spec["ruleSelectorNilUsesHelmValues"] is False
+
+
+def test_prometheus_retention_must_cover_the_regression_baseline():
+    with pytest.raises(Exception, match="greater than or equal to 2"):
+        _with(stacks.load("prod"), "monitoring", retention_days=1)
+
+
+def test_grafana_admin_comes_from_a_generated_secret():
+    s = stacks.load("prod")
+    (kps,) = [r for r in platform.releases(s) if r["name"] == "kube-prometheus-stack"]
+    admin = kps["values"]["grafana"]["admin"]
+    (gen,) = [g for g in secrets.generated(s) if g.name == admin["existingSecret"]]
+    assert gen.namespace == s.monitoring.namespace
+    assert admin["passwordKey"] in gen.random_keys and admin["userKey"] in gen.fixed
+    assert "adminPassword" not in kps["values"]["grafana"]
 
 
 @pytest.mark.parametrize("env", ENVS)
@@ -117,7 +189,7 @@ def test_rollouts_plugin_and_rbac():
     (ar,) = [r for r in platform.releases(stacks.load("staging")) if r["name"] == "argo-rollouts"]
     (plugin,) = ar["values"]["controller"]["trafficRouterPlugins"]
     assert plugin["name"] == "argoproj-labs/gatewayAPI"
-    assert f"/download/{versions.ARGO_GATEWAYAPI_PLUGIN}/" in plugin["location"]
+    assert plugin["location"].startswith("file://")  # from the mirror (tests/test_mirror.py)
     providers = ar["values"]["providerRBAC"]["providers"]
     assert [k for k, v in providers.items() if v] == ["gatewayAPI"]
 

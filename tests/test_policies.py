@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 from dsvolc import engine, policy_runner, preview
 from dsvolc.cli import app
 from policies.pack import MODULES, PACK_DIR, POLICIES
-from stacks import read_raw
+from tests.stack_fixtures import filled_raw
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_policies_matrix import MATRIX, _pulumi_transform  # noqa: E402
@@ -88,7 +88,7 @@ def test_pack_serves_like_the_cli_runs_it():
 
 @pytest.fixture(scope="module")
 def prod() -> engine.Recording:
-    return engine.run("prod", read_raw("prod"), mode="existing")
+    return engine.run("prod", filled_raw("prod"), mode="existing")
 
 
 @pytest.mark.parametrize("action", ["*", "tos:*", "iam:*"])
@@ -110,10 +110,11 @@ def _case(policy: str, stack: str = "prod"):
 def test_an_unsafe_prod_is_refused_naming_each_fix():
     """Public bucket, wildcard IAM, `latest` image, no probes and infeasible engine
     settings at once: each is reported, mandatory, with its fix."""
-    cases = [_case("tos-bucket-not-public"), _case("iam-no-wildcard-actions"), _case("image-pinned"),
+    cases = [_case("tos-bucket-not-public"), _case("iam-no-wildcard-actions"), _case("image-pinned", "dev"),
              _case("serving-probes"), _case("engine-fits-gpu")]
     calls: list = []
-    result = preview.run_preview("prod", transforms=[_pulumi_transform(c.transform, calls) for c in cases], mode="existing")
+    result = preview.run_preview("prod", raw=filled_raw("prod"),
+                                 transforms=[_pulumi_transform(c.transform, calls) for c in cases], mode="existing")
     violations = result.violations
     by_policy = {v["policy"]: v for v in violations}
     for c in cases:
@@ -126,7 +127,7 @@ def test_an_unsafe_prod_is_refused_naming_each_fix():
 
 
 def test_edge_straight_to_vllm_is_unauthenticated_and_unlimited():
-    raw = copy.deepcopy(read_raw("staging"))
+    raw = filled_raw("staging")
     raw["serving"]["in_cluster_gateway"] = False
     fired = {v["policy"] for v in preview.run_preview("staging", raw=raw, mode="existing").mandatory}
     assert fired == {"gateway-jwt-auth", "gateway-rate-limits"}
@@ -134,7 +135,7 @@ def test_edge_straight_to_vllm_is_unauthenticated_and_unlimited():
 
 def test_auth_off_also_drops_the_per_consumer_rate_limit():
     """Rate limits key on the JWT's consumer claim, so turning auth off leaves both gaps."""
-    raw = copy.deepcopy(read_raw("prod"))
+    raw = filled_raw("prod")
     raw["serving"]["auth"] = {"enabled": False}
     fired = {v["policy"] for v in preview.run_preview("prod", raw=raw, mode="existing").mandatory}
     assert fired == {"gateway-jwt-auth", "gateway-rate-limits"}
@@ -147,7 +148,7 @@ def test_cli_exits_1_and_groups_violations(tmp_path):
     """`dsvolc preview` on a stack file made unsafe through its settings."""
     import yaml
 
-    doc = yaml.safe_load((ROOT / "stacks" / "Pulumi.prod.yaml").read_text())
+    doc = {"config": {"deepseek-volc:settings": filled_raw("prod")}}
     s = doc["config"]["deepseek-volc:settings"]
     s["cluster"]["api_server_public"] = True
     s["serving"]["replicas"] = 1
@@ -161,7 +162,9 @@ def test_cli_exits_1_and_groups_violations(tmp_path):
     assert {v["policy"] for v in violations} == {"vke-private-api-server", "serving-min-replicas"}
 
 
-def test_cli_exits_0_for_prod():
-    result = CliRunner().invoke(app, ["preview", "prod", "--quiet"])
+def test_cli_exits_0_for_prod_once_its_identity_provider_is_filled_in(tmp_path):
+    from tests.stack_fixtures import filled_stack_file
+
+    result = CliRunner().invoke(app, ["preview", str(filled_stack_file("prod", tmp_path)), "--quiet"])
     assert result.exit_code == 0, result.output
     assert "0 mandatory" in result.output

@@ -114,7 +114,9 @@ def test_shipped_configs_resolve(stack):
     assert set(resolved) == {p.name for p in POLICIES}
     if stack == "prod":
         assert {c.enforcement_level for c in resolved.values()} == {"mandatory"}
-        assert resolved["image-pinned"].properties["requireDigest"] is True
+        # digests for every image (the serving one included) are images-by-digest's to demand
+        assert resolved["images-by-digest"].enforcement_level == "mandatory"
+        assert resolved["image-pinned"].properties["requireDigest"] is False
     if stack == "dev":
         assert "advisory" in {c.enforcement_level for c in resolved.values()}
 

@@ -47,9 +47,34 @@ def run(promtool: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([promtool, *args], cwd=cwd, capture_output=True, text=True, timeout=300)
 
 
+def humanize_duration(seconds: float) -> str:
+    """Prometheus' humanizeDuration template function (template.go), for the summaries."""
+    if seconds == 0:
+        return "0s"
+    if abs(seconds) >= 1:
+        s = int(seconds)
+        d, h, m, sec = s // 86400, s // 3600 % 24, s // 60 % 60, s % 60
+        if d:
+            return f"{d}d {h}h {m}m {sec}s"
+        if h:
+            return f"{h}h {m}m {sec}s"
+        if m:
+            return f"{m}m {sec}s"
+        return f"{seconds:.4g}s"
+    prefix = ""
+    for p in ("m", "u", "n", "p", "f", "a", "z", "y"):
+        if abs(seconds) >= 1:
+            break
+        prefix, seconds = p, seconds * 1000
+    return f"{seconds:.4g}{prefix}s"
+
+
 def case_values(ctx) -> dict[str, str]:
     """The rules' template values plus the series label sets the test files use."""
     v = monitoring.template_values(ctx)
+    budget = ctx.settings.slo.e2e_p99_seconds
+    v.update(e2e_slow_lo=monitoring._num(2 * budget), e2e_slow_hi=monitoring._num(2 * budget + 100),
+             e2e_slow_p99=humanize_duration(2 * budget + 99))
     pod = f"{ctx.release}-7d9f8-x2k4q"
     sel = monitoring.vllm_selector(ctx)
     minutes = ctx.settings.monitoring.at_max_replicas_minutes
@@ -224,3 +249,29 @@ def test_autoscaler_and_analysis_queries_compute_what_they_claim(promtool, tmp_p
     (tmp_path / "queries_test.yaml").write_text(yaml.safe_dump({"tests": [busy, idle]}, sort_keys=False))
     res = run(promtool, "test", "rules", "queries_test.yaml", cwd=tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+@pytest.mark.parametrize("model_class, fires", [("chat", True), ("reasoning", False)])
+def test_a_two_minute_answer_is_slow_for_chat_and_normal_for_reasoning(promtool, tmp_path, model_class, fires):
+    """The same traffic, every request taking 60-120 s (P99 119.4 s), against each class's
+    default end-to-end budget: 30 s for chat fires, 480 s for reasoning stays quiet."""
+    ctx = ctx_for("dev", monitoring__model_class=model_class)
+    write_rules(ctx, tmp_path, summary_only=True)
+    sel = case_values(ctx)["v"]
+    series = [{"series": f'vllm:e2e_request_latency_seconds_bucket{{{sel},le="{le}"}}', "values": v}
+              for le, v in (("60", "0x30"), ("120", "0+4x30"), ("+Inf", "0+4x30"))]
+    expected = [{"exp_labels": {"severity": "warning", "namespace": ctx.namespace, "model_name": MODEL},
+                 "exp_annotations": {"summary": "P99 end-to-end latency of deepseek is 1m 59s (threshold "
+                                                f"{monitoring._num(ctx.settings.slo.e2e_p99_seconds)}s)"}}]
+    test = {"rule_files": ["recording.yaml", "alerts.yaml"], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m", "input_series": series,
+        "alert_rule_test": [{"eval_time": "20m", "alertname": "VllmEndToEndLatencyP99High",
+                             **({"exp_alerts": expected} if fires else {})}]}]}
+    (tmp_path / "class.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
+    res = run(promtool, "test", "rules", "class.yaml", cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_humanize_duration_matches_the_summaries_promtool_checked():
+    assert humanize_duration(119.4) == "1m 59s" and humanize_duration(4.975) == "4.975s"
+    assert humanize_duration(0.4975) == "497.5ms" and humanize_duration(1059) == "17m 39s"

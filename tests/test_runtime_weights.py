@@ -361,7 +361,9 @@ def test_the_tool_runs_in_the_serving_image_without_the_project_dependencies(buc
             "import runtime.weights as wt\n"
             "raise SystemExit(wt.main(sys.argv[1:]))\n")
     dockerfile = (ROOT / "runtime" / "Dockerfile").read_text()
-    assert "COPY runtime ./runtime" in dockerfile and "boto3==" in dockerfile and "tos==" in dockerfile
+    assert "COPY runtime ./runtime" in dockerfile and "-r runtime/requirements.txt" in dockerfile
+    requirements = (ROOT / "runtime" / "requirements.txt").read_text()
+    assert "boto3==" in requirements and "tos==" in requirements
     dest = tmp_path / "tiny"
     out = subprocess.run([sys.executable, "-c", code, *bucket.cli(dest)[3:]], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr

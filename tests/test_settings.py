@@ -182,6 +182,11 @@ BAD = [
     ({"registry__pull_credentials": "anonymous"}, "registry.pull_credentials", "cr-credential-controller"),
     ({"observability__vmp_enabled": True, "monitoring__enabled": False}, "observability.vmp_enabled",
      "remote write"),
+    ({"monitoring__e2e_p99_seconds": 900}, "monitoring.e2e_p99_seconds", "below gateway.request_timeout_seconds"),
+    ({"gateway__request_timeout_seconds": 300}, "monitoring.e2e_p99_seconds", "reasoning class default"),
+    ({"monitoring__model_class": "poetry"}, "monitoring.model_class", "'chat' or 'reasoning'"),
+    ({"monitoring__retention_days": 1}, "monitoring.retention_days", "greater than or equal to 2"),
+    ({"network__endpoint_cidrs": ["tos"]}, "network.endpoint_cidrs.0", "IPv4"),
 ]
 
 

@@ -19,7 +19,7 @@ from stacks import parse, read_raw
 from stacks.constants import CONSUMER_HEADER
 from stacks.logschema import ACCESS_LOG_KEYS
 import k8s_schema
-from workloads import engine_args, gateway, manifests, monitoring, network_policy, platform, telemetry, versions
+from workloads import mirror, engine_args, gateway, manifests, monitoring, network_policy, platform, telemetry, versions
 from workloads.context import build_context
 
 DATA = Path(__file__).resolve().parent / "data" / "otel-collector"
@@ -270,10 +270,12 @@ def test_collector_release_follows_the_settings():
     s = stack("prod", observability__tracing__collector_replicas=3)
     (rel,) = [r for r in platform.releases(s, "t") if r["name"] == "otel-collector"]
     assert rel["namespace"] == "observability"
-    assert (rel["chart"], rel["version"]) == (versions.OTEL_COLLECTOR.chart, versions.OTEL_COLLECTOR.version)
+    # from the stack's mirror, like every chart (workloads/mirror.py)
+    assert (rel["chart"], rel["version"]) == (mirror.chart_ref(s, versions.OTEL_COLLECTOR), versions.OTEL_COLLECTOR.version)
+    assert rel["repository_url"] is None
     v = rel["values"]
     assert v["replicaCount"] == 3 and v["mode"] == "deployment" and v["fullnameOverride"] == telemetry.COLLECTOR
-    assert v["image"] == {"repository": "otel/opentelemetry-collector-k8s", "tag": "0.158.0"}
+    assert v["image"] == {"repository": f"{mirror.mirror_prefix(s)}/otel/opentelemetry-collector-k8s", "tag": "0.158.0"}
     assert all(not v["ports"][p]["enabled"] for p in ("jaeger-compact", "jaeger-thrift", "jaeger-grpc", "zipkin"))
 
 

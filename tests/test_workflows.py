@@ -156,7 +156,8 @@ def test_offline_verdict_reads_no_secret_and_covers_every_stack():
     assert sorted(job["strategy"]["matrix"]["stack"]) == STACKS
     runs = " ".join(s.get("run", "") for s in _steps(job))
     assert 'dsvolc.cli preview "$STACK"' in runs and job["env"]["STACK"] == "${{ matrix.stack }}"
-    assert "--new-stack" in runs  # the first apply of every stack is previewed too
+    # the default preview judges the first apply of every stack too (first_apply in the JSON)
+    assert "--existing" not in runs and "--new-stack" not in runs and 'get("first_apply"' in runs
     assert "if" not in job  # forks included
 
 

@@ -16,7 +16,7 @@ splits traffic itself (`StackSettings.edge_upstreams`).
 from __future__ import annotations
 
 from stacks.constants import CONSUMER_HEADER, ENTRY_NAMESPACE, HTTP_PORT, entry_service
-from workloads import telemetry
+from workloads import mirror, telemetry
 from workloads.context import ServingContext
 
 GATEWAY_API = "gateway.networking.k8s.io/v1"
@@ -102,7 +102,10 @@ def envoy_proxy(ctx: ServingContext) -> dict:
             "provider": {
                 "type": "Kubernetes",
                 "kubernetes": {
-                    "envoyDeployment": {"replicas": ctx.settings.serving.gateway_replicas},
+                    # The proxies' image from the stack's mirror (workloads/mirror.py): a
+                    # Gateway's EnvoyProxy replaces Envoy Gateway's defaults, so it is set here.
+                    "envoyDeployment": {"replicas": ctx.settings.serving.gateway_replicas,
+                                        "container": {"image": mirror.ref(ctx.settings, "envoy-proxy")}},
                     "envoyService": {"type": "ClusterIP"},
                 },
             },
@@ -213,6 +216,16 @@ def client_traffic_policy(ctx: ServingContext) -> dict:
     }
 
 
+def jwks_source(ctx: ServingContext) -> dict:
+    """Where the proxies get the provider's signing keys: fetched from `jwks_uri`, or read
+    from a ConfigMap of the serving namespace (Envoy Gateway localJWKS, key `jwks`)."""
+    auth = ctx.settings.serving.auth
+    if auth.jwks_configmap is not None:
+        return {"localJWKS": {"type": "ValueRef",
+                              "valueRef": {"group": "", "kind": "ConfigMap", "name": auth.jwks_configmap}}}
+    return {"remoteJWKS": {"uri": auth.jwks_uri}}
+
+
 def security_policy(ctx: ServingContext) -> dict:
     auth = ctx.settings.serving.auth
     return {
@@ -227,7 +240,7 @@ def security_policy(ctx: ServingContext) -> dict:
                         "name": "issuer",
                         "issuer": auth.issuer,
                         "audiences": list(auth.audiences),
-                        "remoteJWKS": {"uri": auth.jwks_uri},
+                        **jwks_source(ctx),
                         "claimToHeaders": [{"claim": auth.consumer_claim, "header": CONSUMER_HEADER}],
                     }
                 ]

@@ -39,10 +39,11 @@ from typing import Any
 
 import yaml
 
-from stacks.constants import GPU_MODEL_LABEL, GPU_RESOURCE, HTTP_PORT, MANAGED_BY, PART_OF
-from workloads import telemetry, triton
+from stacks.constants import ENTRY_NAMESPACE, GPU_MODEL_LABEL, GPU_RESOURCE, HTTP_PORT, MANAGED_BY, PART_OF
+from workloads import mirror, telemetry, triton, versions
 from workloads.context import ServingContext
 from workloads.manifests import serving_selector
+from workloads.platform import REDIS_NAME, global_rate_limit
 from workloads.selectors import (  # noqa: F401  (re-exported: the selectors the rules use)
     DCGM_NAME,
     ROLLOUT_HASH_LABEL,
@@ -54,9 +55,8 @@ from workloads.selectors import (  # noqa: F401  (re-exported: the selectors the
     vllm_selector,
 )
 
-# nvcr.io tag of the upstream manifest (NVIDIA/dcgm-exporter dcgm-exporter.yaml: DCGM
-# 4.2.3, exporter 4.1.3). Pinned: a floating tag would change the metric set under us.
-DCGM_EXPORTER_IMAGE = "nvcr.io/nvidia/k8s/dcgm-exporter:4.2.3-4.1.3-ubuntu22.04"
+# Upstream image (workloads/versions.py); pods pull the stack mirror's copy (workloads/mirror.py).
+DCGM_EXPORTER_IMAGE = versions.DCGM_EXPORTER_IMAGE
 DCGM_PORT = 9400
 # Node labels and taint of the GPU pools (infra/cluster.py).
 GPU_TAINT_KEY = GPU_RESOURCE
@@ -83,13 +83,18 @@ def template_values(ctx: ServingContext) -> dict[str, str]:
         "gpu": gpu_selector(ctx),
         "dcgm": dcgm_selector(),
         "hpa": hpa_name(ctx),
-        "ttft_p99_seconds": _num(m.ttft_p99_seconds),
-        "e2e_p99_seconds": _num(m.e2e_p99_seconds),
+        "model_class": ctx.settings.slo.model_class,
+        "ttft_p99_seconds": _num(ctx.settings.slo.ttft_p99_seconds),
+        "e2e_p99_seconds": _num(ctx.settings.slo.e2e_p99_seconds),
+        "min_tokens_per_second": _num(ctx.settings.slo.min_tokens_per_second),
+        "max_inter_token_seconds": _num(round(ctx.settings.slo.max_inter_token_seconds, 6)),
         "p99_regression_ratio": _num(m.p99_regression_ratio),
         "error_rate": _num(m.error_rate),
         "kv_cache_usage": _num(m.kv_cache_usage),
         "at_max_for": _fmt_duration(m.at_max_replicas_minutes),
         "triton_queue_seconds": _num(m.triton_queue_seconds),
+        "entry_ns": ENTRY_NAMESPACE,
+        "redis": REDIS_NAME,
     }
 
 
@@ -129,13 +134,16 @@ def _package_text(*parts: str) -> str:
 def rule_groups(ctx: ServingContext) -> dict[str, list[dict]]:
     """The rule groups of each file in workloads/rules/, filled from the settings.
 
-    Without autoscaling there is no HPA, so the replicas-at-max group is left out."""
+    Without autoscaling there is no HPA, so the replicas-at-max group is left out; without
+    the global rate limit there is no Redis to watch."""
     values = template_values(ctx)
     out = {}
     for name in RULE_FILES:
         groups = fill(yaml.safe_load(_package_text("rules", f"{name}.yaml"))["groups"], values)
         if not ctx.settings.autoscaling.enabled:
             groups = [g for g in groups if g["name"] != "serving.autoscaling"]
+        if not global_rate_limit(ctx.settings):  # no Redis without the global rate limit
+            groups = [g for g in groups if g["name"] != "gateway.ratelimit"]
         out[name] = groups
     if triton.enabled(ctx):
         out = _for_triton(out, values)
@@ -339,7 +347,7 @@ def dcgm_exporter(ctx: ServingContext) -> list[dict]:
                     "containers": [
                         {
                             "name": DCGM_NAME,
-                            "image": DCGM_EXPORTER_IMAGE,
+                            "image": mirror.ref(ctx.settings, "dcgm-exporter"),
                             "env": [
                                 {"name": "DCGM_EXPORTER_LISTEN", "value": f":{DCGM_PORT}"},
                                 # Label each GPU's series with the pod holding it.

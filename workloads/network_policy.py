@@ -2,9 +2,11 @@
 
     ingress  :8000  <- Envoy proxies (ENTRY_NAMESPACE)        [in-cluster gateway]
                     <- APIG edge in the node subnets          [edge splits itself]
-                    <- Prometheus (monitoring namespace)      [/metrics]
+                    <- Prometheus pods (monitoring namespace,
+                       by the operator's pod labels)          [/metrics]
     egress   :53    -> kube-system (cluster DNS)
-             :443   -> outside the cluster's own ranges       [TOS weights, STS for IRSA]
+             :443   -> network.endpoint_cidrs when set, else  [TOS weights, STS for IRSA]
+                       outside the cluster's own ranges
              :4317  -> the OpenTelemetry Collector's namespace [spans, when tracing]
     both     all    <-> the serving pods themselves           [multi-node only]
 
@@ -23,6 +25,10 @@ from workloads.context import ServingContext
 
 NS_LABEL = "kubernetes.io/metadata.name"  # set by the API server on every namespace (1.22+)
 API = "networking.k8s.io/v1"
+# Labels prometheus-operator puts on every Prometheus server pod it runs
+# (prometheus-operator pkg/prometheus/server/statefulset.go, podSelectorLabels); Grafana,
+# Alertmanager and the rest of the monitoring namespace do not carry them.
+PROMETHEUS_POD_LABELS = {"app.kubernetes.io/name": "prometheus", "app.kubernetes.io/managed-by": "prometheus-operator"}
 
 
 def _ns(name: str) -> dict:
@@ -48,7 +54,7 @@ def default_deny(ctx: ServingContext) -> dict:
 
 
 def ingress_http(ctx: ServingContext) -> dict:
-    """Port 8000 only, and only from the gateway hop and from Prometheus."""
+    """Port 8000 only, and only from the gateway hop and from the Prometheus pods."""
     s = ctx.settings
     sources: list[dict] = []
     if s.serving.in_cluster_gateway:
@@ -58,7 +64,9 @@ def ingress_http(ctx: ServingContext) -> dict:
         # gives the gateway network.node_subnet_ids), not from a namespace.
         sources += [{"ipBlock": {"cidr": str(c)}} for c in s.node_subnets().values()]
     if s.monitoring.enabled:
-        sources.append(_ns(s.monitoring.namespace))
+        # Only the Prometheus servers, not every pod of the monitoring namespace: Grafana
+        # (or anything else deployed there) must go through the gateway like any client.
+        sources.append({**_ns(s.monitoring.namespace), "podSelector": {"matchLabels": dict(PROMETHEUS_POD_LABELS)}})
     return _policy(ctx, f"{ctx.release}-ingress-http", {
         "podSelector": {"matchLabels": ctx.selector("server")},
         "policyTypes": ["Ingress"],
@@ -79,22 +87,28 @@ def egress_dns(ctx: ServingContext) -> dict:
 def egress_https(ctx: ServingContext) -> dict:
     """HTTPS to the weight store (init container and runai_streamer) and STS (IRSA).
 
-    TOS's endpoint addresses (tos-<region>.ivolces.com, tos-s3-<region>.ivolces.com) are
-    not published as fixed ranges, and plain NetworkPolicy cannot match a DNS name (that
-    needs an FQDN-aware CNI such as Cilium). So: port 443 only, to anything outside the
-    cluster's own ranges. The trade-off: a compromised pod could reach any HTTPS host
-    through the NAT gateway, but nothing inside the cluster or VPC (no other pod, node,
-    kubelet or the API server), nothing on another port (the ECS metadata service is plain
-    HTTP), and the weights credential is scoped to read one bucket prefix anyway.
+    With `network.endpoint_cidrs` set (the address ranges the in-VPC TOS and STS endpoints
+    resolve to, tos-<region>.ivolces.com and the STS endpoint), port 443 to those ranges
+    only. Without it, port 443 to anything outside the cluster's own ranges: those
+    endpoints are not published as fixed ranges, and plain NetworkPolicy cannot match a
+    DNS name (that needs an FQDN-aware CNI such as Cilium). The trade-off then: a
+    compromised pod could reach any HTTPS host through the NAT gateway, but nothing inside
+    the cluster or VPC (no other pod, node, kubelet or the API server), nothing on another
+    port (the ECS metadata service is plain HTTP), and the weights credential is scoped to
+    read one bucket prefix anyway.
     """
     # The serving pods, and the pre-warm pods that run the same weights sync on new nodes.
     sel = {k: v for k, v in ctx.selector("server").items() if k != "app.kubernetes.io/component"}
+    endpoints = ctx.settings.network.endpoint_cidrs
+    if endpoints:
+        to = [{"ipBlock": {"cidr": str(c)}} for c in endpoints]
+    else:
+        to = [{"ipBlock": {"cidr": "0.0.0.0/0", "except": cluster_cidrs(ctx)}}]
     return _policy(ctx, f"{ctx.release}-egress-https", {
         "podSelector": {"matchLabels": sel, "matchExpressions": [
             {"key": "app.kubernetes.io/component", "operator": "In", "values": ["server", "prewarm"]}]},
         "policyTypes": ["Egress"],
-        "egress": [{"to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": cluster_cidrs(ctx)}}],
-                    "ports": [{"protocol": "TCP", "port": 443}]}],
+        "egress": [{"to": to, "ports": [{"protocol": "TCP", "port": 443}]}],
     })
 
 

@@ -5,7 +5,17 @@
 in `pulumi_kubernetes.helm.v3.Release` (the chart is fetched at `pulumi up`). A chart
 given as `oci://...` has `repository_url` None. Versions live in `workloads.versions`.
 
-`manifests(settings)` renders the Redis that Envoy Gateway's global rate limit counts in.
+`manifests(settings)` renders the Redis that Envoy Gateway's global rate limit counts in,
+with a password from a generated Secret (`workloads/secrets.py`) and a NetworkPolicy that
+admits only Envoy Gateway's rate-limit pods.
+
+Availability of the rate limit (a documented choice, docs/serving.md): one Redis, and the
+limiter fails *closed*. When the rate-limit service cannot answer (Redis down or
+unreachable), the proxies refuse requests instead of letting them through unlimited:
+Envoy Gateway's `rateLimit.failClosed` turns on Envoy's `failure_mode_deny`, whose local
+reply is HTTP 500 (Envoy's `status_on_error` default; Envoy Gateway v1.9 does not expose
+it). Redis holds only counters of windows of at most an hour and restarts in seconds, and
+its rolling update starts the new pod before the old one stops.
 
 VKE offers some of these as cluster add-ons (Prometheus/VMP agent, KEDA-like autoscaling);
 we ship pinned charts instead so a stack is self-contained and its CRDs match the schemas
@@ -15,7 +25,16 @@ our tests validate against (tests/data/crds, sources in tests/data/SOURCES.md).
 from __future__ import annotations
 
 from stacks.settings import StackSettings
-from workloads import telemetry, versions
+from workloads import mirror, telemetry, versions
+from workloads.mirror import merge_values, mirrored_release  # noqa: F401  (re-exported)
+from workloads.features import global_rate_limit  # noqa: F401  (re-exported)
+from workloads.secrets import (
+    GRAFANA_ADMIN_SECRET,
+    GRAFANA_PASSWORD_KEY,
+    GRAFANA_USER_KEY,
+    REDIS_AUTH_KEY,
+    REDIS_AUTH_SECRET,
+)
 from stacks.constants import (
     DEVICE_PLUGIN_DEFAULT_CONFIG,
     DEVICE_PLUGIN_MIG_CONFIG,
@@ -31,11 +50,12 @@ from stacks.constants import (
 
 REDIS_NAME = "envoy-ratelimit-redis"
 REDIS_PORT = 6379
-# Where the Rollouts controller finds the traffic-router plugin (Linux nodes, amd64).
-GATEWAYAPI_PLUGIN_URL = (
-    "https://github.com/argoproj-labs/rollouts-plugin-trafficrouter-gatewayapi/releases/download/"
-    f"{versions.ARGO_GATEWAYAPI_PLUGIN}/gatewayapi-plugin-linux-amd64"
-)
+# Labels Envoy Gateway puts on its rate-limit service's pods (envoyproxy/gateway
+# internal/infrastructure/kubernetes/ratelimit/resource.go, rateLimitLabels).
+RATELIMIT_POD_LABELS = {"app.kubernetes.io/name": "envoy-ratelimit", "app.kubernetes.io/component": "ratelimit",
+                        "app.kubernetes.io/managed-by": "envoy-gateway"}
+# The environment variable envoyproxy/ratelimit authenticates to Redis with.
+RATELIMIT_REDIS_AUTH_ENV = "REDIS_AUTH"
 GATEWAYAPI_PLUGIN = "argoproj-labs/gatewayAPI"
 
 
@@ -43,20 +63,23 @@ def redis_url() -> str:
     return f"{REDIS_NAME}.{ENTRY_NAMESPACE}.svc.cluster.local:{REDIS_PORT}"
 
 
-def global_rate_limit(settings: StackSettings) -> bool:
-    """Envoy Gateway's global rate limit is in use (needs Redis and the EnvoyGateway config)."""
-    sv = settings.serving
-    return sv.in_cluster_gateway and sv.auth.enabled and sv.rate_limits.enabled
+def _release(name: str, namespace: str, chart: versions.Chart, values: dict,
+             settings: StackSettings | None = None) -> dict:
+    if settings is None:  # as published upstream
+        return {"name": name, "namespace": namespace, "chart": chart.chart, "version": chart.version,
+                "repository_url": chart.repository_url, "values": values}
+    return mirrored_release(name, namespace, chart, values, settings)
 
 
-def _release(name: str, namespace: str, chart: versions.Chart, values: dict) -> dict:
+def rate_limit_config() -> dict:
+    """The EnvoyGateway config for the global rate limit: this Redis, its password from the
+    generated Secret (REDIS_AUTH of envoyproxy/ratelimit), and fail closed."""
+    auth = {"name": RATELIMIT_REDIS_AUTH_ENV,
+            "valueFrom": {"secretKeyRef": {"name": REDIS_AUTH_SECRET, "key": REDIS_AUTH_KEY}}}
     return {
-        "name": name,
-        "namespace": namespace,
-        "chart": chart.chart,
-        "version": chart.version,
-        "repository_url": chart.repository_url,
-        "values": values,
+        "rateLimit": {"backend": {"type": "Redis", "redis": {"url": redis_url()}}, "failClosed": True},
+        "provider": {"type": "Kubernetes",
+                     "kubernetes": {"rateLimitDeployment": {"container": {"env": [auth]}}}},
     }
 
 
@@ -64,23 +87,21 @@ def envoy_gateway(settings: StackSettings) -> dict:
     values: dict = {}
     if global_rate_limit(settings):
         # Helm merges maps, so this adds to the chart's default EnvoyGateway config
-        # (provider, controllerName, ...) instead of replacing it. Envoy Gateway then runs
-        # its rate-limit service (envoy-ratelimit) against this Redis; it fails open when
-        # Redis is unreachable (Envoy's rate-limit filter default), so an outage of the
-        # counter store never takes the API down.
-        values["config"] = {"envoyGateway": {"rateLimit": {"backend": {"type": "Redis", "redis": {"url": redis_url()}}}}}
-    return _release("envoy-gateway", ENTRY_NAMESPACE, versions.ENVOY_GATEWAY, values)
+        # (controllerName, ...) instead of replacing it. Envoy Gateway then runs its
+        # rate-limit service (envoy-ratelimit) against this Redis.
+        values["config"] = {"envoyGateway": rate_limit_config()}
+    return _release("envoy-gateway", ENTRY_NAMESPACE, versions.ENVOY_GATEWAY, values, settings)
 
 
 def keda(settings: StackSettings) -> dict:
-    return _release("keda", KEDA_NAMESPACE, versions.KEDA, {})
+    return _release("keda", KEDA_NAMESPACE, versions.KEDA, {}, settings)
 
 
 def argo_rollouts(settings: StackSettings) -> dict:
     values = {
-        "controller": {
-            "trafficRouterPlugins": [{"name": GATEWAYAPI_PLUGIN, "location": GATEWAYAPI_PLUGIN_URL}],
-        },
+        # The Gateway API traffic-router plugin comes from the mirror (workloads/mirror.py
+        # argo_plugin_values), not from GitHub at start.
+        "controller": {},
         # RBAC for the Gateway API plugin only; the chart grants every mesh by default.
         "providerRBAC": {
             "enabled": True,
@@ -91,11 +112,11 @@ def argo_rollouts(settings: StackSettings) -> dict:
             },
         },
     }
-    return _release("argo-rollouts", ROLLOUTS_NAMESPACE, versions.ARGO_ROLLOUTS, values)
+    return _release("argo-rollouts", ROLLOUTS_NAMESPACE, versions.ARGO_ROLLOUTS, values, settings)
 
 
 def leader_worker_set(settings: StackSettings) -> dict:
-    return _release("lws", LWS_NAMESPACE, versions.LWS, {})
+    return _release("lws", LWS_NAMESPACE, versions.LWS, {}, settings)
 
 
 def kube_prometheus_stack(settings: StackSettings) -> dict:
@@ -119,7 +140,58 @@ def kube_prometheus_stack(settings: StackSettings) -> dict:
         },
         "kubeStateMetrics": {"enabled": True},
     }
-    return _release("kube-prometheus-stack", settings.monitoring.namespace, versions.KUBE_PROMETHEUS_STACK, values)
+    for extra in (prometheus_storage_values(settings), grafana_admin_values(settings),
+                  alertmanager_values(settings)):
+        values = merge_values(values, extra)
+    return _release("kube-prometheus-stack", settings.monitoring.namespace, versions.KUBE_PROMETHEUS_STACK, values,
+                    settings)
+
+
+# --------------------------------------------------------------------------- Prometheus, Grafana
+
+# Prometheus stores a sample in 1-2 bytes after compression (prometheus.io/docs/prometheus/
+# latest/storage/, "Operational aspects": needed_disk_space = retention_time_seconds *
+# ingested_samples_per_second * bytes_per_sample); take the upper end, and a quarter more
+# for the WAL and compaction's temporary blocks.
+BYTES_PER_SAMPLE = 2
+STORAGE_HEADROOM = 1.25
+# Prometheus deletes the oldest blocks past retentionSize, before the volume fills.
+RETENTION_SIZE_FRACTION = 0.85
+MIN_VOLUME_GIB = 10
+
+
+def prometheus_volume_gib(settings: StackSettings) -> int:
+    """The Prometheus volume, sized from retention and ingestion rate."""
+    m = settings.monitoring
+    need = m.retention_days * 86400 * m.samples_per_second * BYTES_PER_SAMPLE * STORAGE_HEADROOM
+    return max(MIN_VOLUME_GIB, -(-int(need) // 2**30))
+
+
+def prometheus_storage_values(settings: StackSettings) -> dict:
+    """A persistent volume (the regression alert's day-old baseline survives restarts),
+    retention by time and, before the volume fills, by size ("GB" is GiB to Prometheus)."""
+    m, gib = settings.monitoring, prometheus_volume_gib(settings)
+    claim: dict = {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": f"{gib}Gi"}}}
+    if m.storage_class:
+        claim["storageClassName"] = m.storage_class
+    return {"prometheus": {"prometheusSpec": {
+        "retention": f"{m.retention_days}d",
+        "retentionSize": f"{int(gib * RETENTION_SIZE_FRACTION)}GB",
+        "storageSpec": {"volumeClaimTemplate": {"spec": claim}},
+    }}}
+
+
+def grafana_admin_values(settings: StackSettings) -> dict:
+    """Grafana's admin login from the generated Secret, not the chart's default password."""
+    return {"grafana": {"admin": {"existingSecret": GRAFANA_ADMIN_SECRET, "userKey": GRAFANA_USER_KEY,
+                                  "passwordKey": GRAFANA_PASSWORD_KEY}}}
+
+
+def alertmanager_values(settings: StackSettings) -> dict:
+    """Alertmanager's receivers, routes and inhibitions from settings.alerting."""
+    from workloads import alerting
+
+    return alerting.chart_values(settings)
 
 
 def uses_mig(settings: StackSettings) -> bool:
@@ -144,7 +216,7 @@ def device_plugin(settings: StackSettings) -> dict:
             {"matchExpressions": [{"key": GPU_MODEL_LABEL, "operator": "Exists"}]}]}}},
         "tolerations": [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],
     }
-    return _release("nvidia-device-plugin", "nvidia-device-plugin", versions.NVIDIA_DEVICE_PLUGIN, values)
+    return _release("nvidia-device-plugin", "nvidia-device-plugin", versions.NVIDIA_DEVICE_PLUGIN, values, settings)
 
 
 def releases(settings: StackSettings, trace_topic_id=None) -> list[dict]:
@@ -184,14 +256,17 @@ def _labels() -> dict[str, str]:
 
 def redis(settings: StackSettings) -> list[dict]:
     """One Redis, no persistence: it holds rate-limit counters whose windows are at most an
-    hour, so losing them on a restart only resets the windows."""
+    hour, so losing them on a restart only resets the windows. It requires the password of
+    the generated Secret (`--requirepass`, expanded by the kubelet from the env)."""
     labels = _labels()
     selector = {k: labels[k] for k in ("app.kubernetes.io/name", "app.kubernetes.io/instance")}
     md = {"name": REDIS_NAME, "namespace": ENTRY_NAMESPACE, "labels": labels}
     container = {
         "name": "redis",
-        "image": versions.REDIS_IMAGE,
-        "args": ["--save", "", "--appendonly", "no"],
+        "image": _mirror_ref(settings, "redis"),
+        "args": ["--save", "", "--appendonly", "no", "--requirepass", "$(REDIS_PASSWORD)"],
+        "env": [{"name": "REDIS_PASSWORD",
+                 "valueFrom": {"secretKeyRef": {"name": REDIS_AUTH_SECRET, "key": REDIS_AUTH_KEY}}}],
         "ports": [{"name": "redis", "containerPort": REDIS_PORT, "protocol": "TCP"}],
         "readinessProbe": {"tcpSocket": {"port": "redis"}, "periodSeconds": 5},
         "livenessProbe": {"tcpSocket": {"port": "redis"}, "periodSeconds": 10, "failureThreshold": 6},
@@ -210,6 +285,8 @@ def redis(settings: StackSettings) -> list[dict]:
             "metadata": md,
             "spec": {
                 "replicas": 1,
+                # The new pod is up before the old one stops: no gap for the fail-closed limiter.
+                "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
                 "selector": {"matchLabels": selector},
                 "template": {
                     "metadata": {"labels": labels},
@@ -237,6 +314,31 @@ def redis(settings: StackSettings) -> list[dict]:
     ]
 
 
+def _mirror_ref(settings: StackSettings, key: str) -> str:
+    return mirror.ref(settings, key)
+
+
+def redis_network_policy(settings: StackSettings) -> dict:
+    """Only Envoy Gateway's rate-limit pods reach Redis, on its port; Redis reaches nothing."""
+    labels = _labels()
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": REDIS_NAME, "namespace": ENTRY_NAMESPACE, "labels": labels},
+        "spec": {
+            "podSelector": {"matchLabels": {k: labels[k] for k in ("app.kubernetes.io/name",
+                                                                   "app.kubernetes.io/instance")}},
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": [{"from": [{"podSelector": {"matchLabels": dict(RATELIMIT_POD_LABELS)}}],
+                         "ports": [{"protocol": "TCP", "port": REDIS_PORT}]}],
+        },
+    }
+
+
 def manifests(settings: StackSettings) -> list[dict]:
-    """Plain objects the controllers need besides their charts."""
-    return redis(settings) if global_rate_limit(settings) else []
+    """Plain objects the controllers need besides their charts: the rate-limit Redis and
+    the alert relay (workloads/alerting.py)."""
+    from workloads import alerting
+
+    out = [*redis(settings), redis_network_policy(settings)] if global_rate_limit(settings) else []
+    return out + alerting.relay(settings, _mirror_ref(settings, "alert-relay"))

@@ -115,7 +115,7 @@ def analysis_template(ctx: ServingContext) -> dict:
             "args": [{"name": HASH_ARG}],
             "metrics": [
                 metric("error-rate", error_rate_query(ctx), r.max_error_rate),
-                metric("p99-latency", p99_latency_query(ctx), r.max_p99_latency_seconds),
+                metric("p99-latency", p99_latency_query(ctx), ctx.settings.slo.canary_p99_seconds),
             ],
         },
     }

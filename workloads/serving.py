@@ -11,9 +11,10 @@ from typing import Callable
 
 import pulumi
 import pulumi_kubernetes as k8s
+import pulumi_random as random
 import pulumi_volcengine as volc
 
-from stacks.constants import HTTP_PORT
+from stacks.constants import HTTP_PORT, MANAGED_BY, PART_OF
 from workloads import (
     autoscaling,
     gateway,
@@ -23,6 +24,7 @@ from workloads import (
     platform,
     resilience,
     rollout,
+    secrets,
     vmp,
 )
 from workloads import k8s as k8s_apply
@@ -82,6 +84,9 @@ class Serving(pulumi.ComponentResource):
         )
         base = pulumi.ResourceOptions(parent=self, provider=provider)
 
+        # Generated credentials first: the charts and manifests below read them.
+        generated = generated_secrets(name, ctx, base)
+
         releases = []
         remote_write = args.vmp_remote_write if ctx.settings.monitoring.enabled else None
         for rel in platform.releases(ctx.settings, args.trace_topic_id):
@@ -99,7 +104,7 @@ class Serving(pulumi.ComponentResource):
                 values=values,
                 atomic=True,
                 timeout=900,
-                opts=base,
+                opts=pulumi.ResourceOptions.merge(base, pulumi.ResourceOptions(depends_on=generated)),
             )
             releases.append(release)
             if remote_write is not None and rel["name"] == "kube-prometheus-stack":
@@ -164,6 +169,41 @@ class Serving(pulumi.ComponentResource):
             f"http://{ctx.stable_service}.{ctx.namespace}.svc:{HTTP_PORT}/v1"
         )
         self.register_outputs({"endpoint": self.endpoint})
+
+
+def _labels(name: str, instance: str, component: str) -> dict[str, str]:
+    return {"app.kubernetes.io/name": name, "app.kubernetes.io/instance": instance,
+            "app.kubernetes.io/component": component, "app.kubernetes.io/part-of": PART_OF,
+            "app.kubernetes.io/managed-by": MANAGED_BY}
+
+
+def generated_secrets(name: str, ctx: ServingContext, base: pulumi.ResourceOptions) -> list[pulumi.Resource]:
+    """The Secrets of workloads/secrets.py, each random key a RandomPassword kept in the
+    stack's state (alphanumeric: it goes into command lines and REDIS_AUTH's user:pass
+    form unquoted), in namespaces created here so the Secrets exist before the charts."""
+    out: list[pulumi.Resource] = []
+    namespaces: dict[str, pulumi.Resource] = {}
+    for gs in secrets.generated(ctx.settings):
+        if gs.namespace not in namespaces:
+            namespaces[gs.namespace] = k8s_apply.apply(name, {
+                "apiVersion": "v1", "kind": "Namespace",
+                "metadata": {"name": gs.namespace, "labels": _labels(gs.namespace, ctx.release, "platform")},
+            }, base)
+        data: dict[str, pulumi.Input[str]] = dict(gs.fixed)
+        for key in gs.random_keys:
+            data[key] = random.RandomPassword(
+                f"{name}-{gs.namespace}-{gs.name}-{key}", length=secrets.PASSWORD_LENGTH, special=False,
+                opts=pulumi.ResourceOptions(parent=base.parent)).result
+        out.append(k8s.core.v1.Secret(
+            f"{name}-secret-{gs.namespace}-{gs.name}",
+            metadata={"name": gs.name, "namespace": gs.namespace,
+                      "labels": _labels(gs.name, ctx.release, "credentials"),
+                      "annotations": {"deepseek-volc/purpose": gs.purpose}},
+            type="Opaque",
+            string_data=data,
+            opts=pulumi.ResourceOptions.merge(base, pulumi.ResourceOptions(depends_on=[namespaces[gs.namespace]])),
+        ))
+    return out
 
 
 def build_serving(settings, infra) -> Serving:

@@ -33,6 +33,7 @@ from stacks.logschema import ACCESS_LOG_KEYS
 from stacks.regions import tls_console
 from stacks.settings import StackSettings
 from workloads import versions
+from workloads.mirror import mirrored_release
 from workloads.context import ServingContext
 
 COLLECTOR = "otel-collector"  # the chart's fullnameOverride: Service, Deployment and labels
@@ -234,14 +235,9 @@ def collector_values(settings: StackSettings, trace_topic_id: Any = None) -> dic
 
 
 def collector_release(settings: StackSettings, trace_topic_id: Any = None) -> dict:
-    return {
-        "name": COLLECTOR,
-        "namespace": settings.observability.tracing.collector_namespace,
-        "chart": versions.OTEL_COLLECTOR.chart,
-        "version": versions.OTEL_COLLECTOR.version,
-        "repository_url": versions.OTEL_COLLECTOR.repository_url,
-        "values": collector_values(settings, trace_topic_id),
-    }
+    """The collector's release, from the stack's mirror like every chart (workloads/mirror.py)."""
+    return mirrored_release(COLLECTOR, settings.observability.tracing.collector_namespace, versions.OTEL_COLLECTOR,
+                            collector_values(settings, trace_topic_id), settings)
 
 
 # --------------------------------------------------------------------------- dashboard

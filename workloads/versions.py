@@ -28,7 +28,8 @@ KEDA = Chart("keda", "2.20.2", "https://kedacore.github.io/charts", "2.20.2")
 # argo-helm chart 2.41.1 ships Argo Rollouts v1.9.1 (CRDs: argoproj.io_* at v1.9.1).
 ARGO_ROLLOUTS = Chart("argo-rollouts", "2.41.1", "https://argoproj.github.io/argo-helm", "v1.9.1")
 
-# The Gateway API traffic-router plugin, downloaded by the Rollouts controller at start.
+# The Gateway API traffic-router plugin; packed into an image of the stack's mirror
+# (workloads/mirror.py) instead of being downloaded by the controller at start.
 ARGO_GATEWAYAPI_PLUGIN = "v0.17.0"
 
 # LWS publishes an OCI chart without the "v". CRD: leaderworkerset.x-k8s.io at v0.10.0.
@@ -57,3 +58,36 @@ OTEL_COLLECTOR = Chart(
     "opentelemetry-collector", "0.170.0", "https://open-telemetry.github.io/opentelemetry-helm-charts", "0.158.0"
 )
 OTEL_COLLECTOR_IMAGE = "otel/opentelemetry-collector-k8s"
+
+# Runs the alert relay (runtime/alert_relay.py, standard library only, from a ConfigMap):
+# the Docker official Python image.
+ALERT_RELAY_IMAGE = "docker.io/library/python:3.12-slim"
+
+# ---------------------------------------------------------------- images the charts run
+# Read from the charts at the versions above (workloads/mirror.py says where each chart
+# takes them; tests/data/SOURCES.md, "Chart image settings", names the files):
+# envoyproxy/gateway v1.9.0 api/v1alpha1/shared_types.go
+ENVOY_PROXY_TAG = "distroless-v1.39.0"
+ENVOY_RATELIMIT_TAG = "17b1956c"
+# kube-prometheus-stack-88.2.0 values.yaml and Chart.yaml (appVersion v0.93.0)
+KPS_OPERATOR_TAG = "v0.93.0"
+KPS_CERTGEN_TAG = "1.8.5"
+KPS_PROMETHEUS_TAG = "v3.13.2-distroless"
+KPS_ALERTMANAGER_TAG = "v0.33.1"
+# its subcharts: kube-state-metrics 8.2.0 (appVersion 2.19.1, tag "v" + appVersion),
+# prometheus-node-exporter 4.56.1 (appVersion 1.12.1, likewise), grafana 12.10.4
+# (grafana-community/helm-charts; appVersion 13.1.3, sidecar 2.10.1)
+KSM_TAG = "v2.19.1"
+NODE_EXPORTER_TAG = "v1.12.1"
+GRAFANA_TAG = "13.1.3"
+GRAFANA_SIDECAR_TAG = "2.10.1"
+
+# nvcr.io tag of the upstream manifest (NVIDIA/dcgm-exporter dcgm-exporter.yaml: DCGM
+# 4.2.3, exporter 4.1.3). Pinned: a floating tag would change the metric set under us.
+DCGM_EXPORTER_IMAGE = "nvcr.io/nvidia/k8s/dcgm-exporter:4.2.3-4.1.3-ubuntu22.04"
+
+# Build inputs (not deployed): the serving image's base (runtime/Dockerfile, vLLM 0.32,
+# the APIs the kernels plugin targets) and the plugin image's base (the busybox tag the
+# grafana 12.10.4 chart uses).
+VLLM_BASE_IMAGE = "docker.io/vllm/vllm-openai:v0.32.0"
+PLUGIN_BASE_IMAGE = "docker.io/library/busybox:1.38.0"

@@ -1,0 +1,78 @@
+"""What a stack needs in its mirror: every chart, image and file it deploys or builds
+from, with its source, mirror target and recorded digest (`dsvolc images STACK`).
+
+The catalog and the references live in workloads/mirror.py; this module knows which of
+them a given stack uses (which releases it installs, which optional pieces it runs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from stacks.settings import StackSettings
+from workloads import alerting, platform
+from workloads.features import global_rate_limit
+from workloads.mirror import (
+    ARGO,
+    CHARTS,
+    GATEWAYAPI_PLUGIN,
+    IMAGES,
+    chart_ref,
+    file_key,
+    read_lock,
+    target,
+    target_key,
+)
+
+
+@dataclass(frozen=True)
+class Entry:
+    kind: str  # image, chart, file
+    name: str
+    source: str
+    target: str
+    digest: str | None
+    purpose: str
+    lock_section: str
+    lock_key: str
+
+
+def deployed_releases(settings: StackSettings) -> set[str]:
+    return {r["name"] for r in platform.releases(settings)}
+
+
+def entries(settings: StackSettings) -> list[Entry]:
+    """What this stack needs in its mirror, in the order to copy it."""
+    rels = deployed_releases(settings)
+    lock = read_lock(settings)
+    out = []
+    for c in CHARTS:
+        if c.release in rels:
+            out.append(Entry("chart", c.name, c.source, f"{chart_ref(settings, c.chart)}:{c.chart.version}",
+                             lock.charts.get(c.source), f"Helm chart of {c.release}", "charts", c.source))
+    used = _used_images(settings, rels)
+    for image in IMAGES:
+        if image.key in used:
+            out.append(Entry("image", image.key, image.source, target(settings, image), lock.images.get(image.source),
+                             image.purpose, "images", image.source))
+    if ARGO in rels:
+        f = GATEWAYAPI_PLUGIN
+        out.append(Entry("file", f.key, f.source, target(settings, f), lock.files.get(file_key(f)),
+                         f"{f.purpose} (sha256 of the binary)", "files", file_key(f)))
+        out.append(Entry("image", f"{f.key}-image", "built by runtime/build.sh plugin", target(settings, f),
+                         lock.images.get(target_key(f)), "image carrying the plugin", "images", target_key(f)))
+    return out
+
+
+def _used_images(settings: StackSettings, rels: set[str]) -> set[str]:
+    used = {i.key for i in IMAGES if i.release in rels}
+    if settings.monitoring.enabled:
+        used.add("dcgm-exporter")
+    if global_rate_limit(settings):
+        used.add("redis")
+    if alerting.relay(settings):
+        used.add("alert-relay")
+    used.add("vllm-base")
+    if ARGO in rels:
+        used.add("plugin-base")
+    return used
