@@ -24,7 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TIERS = {
-    "fast": ["-m", "not integration and not slow"],
+    "fast": ["-n", "2", "--dist", "loadfile", "-m", "not integration and not slow"],
     "full": [],
 }
 GOALS_S = {"fast": 60, "full": 600}

@@ -74,14 +74,67 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.C
 
 
 _POOL = pytest.StashKey[ServerPool]()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_program_run_per_stack_and_mode():
+    """The program is deterministic given (stack, settings, mode): tests that run an
+    unchanged stack share one recording (a deep copy each) instead of each running the
+    whole program again. Runs with transforms (the policy matrix's injections) are never
+    shared. `engine.run.__wrapped__` is the unshared run, for tests about runs themselves."""
+    import copy
+    import json
+
+    from dsvolc import engine
+
+    real = engine.run
+    cache: dict[tuple, engine.Recording] = {}
+
+    def run(stack, raw_settings, transforms=None, *, mode="new"):
+        if transforms:
+            return real(stack, raw_settings, transforms, mode=mode)
+        key = (stack, json.dumps(raw_settings, sort_keys=True, default=str), mode)
+        if key not in cache:
+            cache[key] = real(stack, raw_settings, mode=mode)
+        return copy.deepcopy(cache[key])
+
+    run.__wrapped__ = real  # type: ignore[attr-defined]
+    engine.run = run
+
+    # Likewise a whole preview (program and policy verdict) of an unchanged stack.
+    from dsvolc import preview
+
+    real_preview = preview.run_preview
+    previews: dict[tuple, preview.PreviewResult] = {}
+
+    def run_preview(stack, *, policies=True, transforms=None, raw=None, mode="new"):
+        if transforms:
+            return real_preview(stack, policies=policies, transforms=transforms, raw=raw, mode=mode)
+        from stacks import loader
+
+        settings_raw = raw if raw is not None else loader.read_raw(stack)
+        key = (str(stack), json.dumps(settings_raw, sort_keys=True, default=str), policies, mode)
+        if key not in previews:
+            previews[key] = real_preview(stack, policies=policies, raw=raw, mode=mode)
+        return copy.deepcopy(previews[key])
+
+    preview.run_preview = run_preview
+    yield
+    engine.run = real
+    preview.run_preview = real_preview
+
+
 _KERNELS = _TESTS / "kernels"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # The kernels' tests run Triton's interpreter on the CPU: correct, but slow.
     for item in items:
+        # The kernels' tests run Triton's interpreter on the CPU: correct, but slow.
         if _KERNELS in Path(str(item.path)).parents and "integration" not in item.keywords:
             item.add_marker(pytest.mark.slow)
+        # Tests of the weights tool against a real S3 server process (tests/test_runtime_weights.py).
+        if "s3" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.integration)
 
 
 @pytest.hookimpl(hookwrapper=True)

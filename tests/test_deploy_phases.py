@@ -82,7 +82,7 @@ def test_irsa_switched_on_in_the_same_update_takes_the_provider_from_the_cluster
         return doc
 
     monkeypatch.setattr(engine, "_clusters_answer", irsa_off)
-    rec = engine.run("dev", read_raw("dev"), mode="existing")
+    rec = getattr(engine.run, "__wrapped__", engine.run)("dev", read_raw("dev"), mode="existing")  # not shared
     assert "enables IRSA" in rec.outputs["deploy_phase"]["description"]
     cluster = next(r for r in rec.resources if r.type.endswith("vke/cluster:Cluster"))
     (st,) = json.loads(one(rec, "iam/role:Role")["trustPolicyDocument"])["Statement"]
@@ -111,9 +111,10 @@ def test_a_bootstrap_run_is_refused_once_the_cluster_exists(monkeypatch):
     from infra import BOOTSTRAP_ENV
 
     monkeypatch.setenv(BOOTSTRAP_ENV, "1")
-    assert engine.run("dev", read_raw("dev"), mode="new").outputs["deploy_phase"]["phase"] == 1
+    run = getattr(engine.run, "__wrapped__", engine.run)  # not shared: the environment differs
+    assert run("dev", read_raw("dev"), mode="new").outputs["deploy_phase"]["phase"] == 1
     with pytest.raises(Exception, match="bootstrap is for a new stack only"):
-        engine.run("dev", read_raw("dev"), mode="existing")
+        run("dev", read_raw("dev"), mode="existing")
 
 
 # --------------------------------------------------------------------------- pulls

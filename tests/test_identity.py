@@ -149,6 +149,7 @@ def test_a_key_set_from_a_configmap():
     assert r.mandatory == [], r.mandatory
 
 
+@pytest.mark.slow  # runs the workflow step: whole previews in fresh processes
 def test_offline_preview_workflow_accepts_only_the_fill_in_verdicts(tmp_path):
     """The pull-request check previews the shipped templates: it passes on exit 0, or on
     exit 1 whose mandatory violations all are fill-ins (the placeholder identity provider,

@@ -26,6 +26,9 @@ from stacks import parse, read_raw
 from workloads import engine_args, manifests
 from workloads.context import build_context
 
+# vLLM's own parser: importing the real engine package takes seconds (full run only)
+pytestmark = pytest.mark.integration
+
 LWS_ENV = {"LWS_LEADER_ADDRESS": "deepseek-0.deepseek.deepseek-serving", "LWS_GROUP_SIZE": "2"}
 _REF = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
 
