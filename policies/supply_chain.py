@@ -64,9 +64,14 @@ def _value_images(values, path: str = "values"):
 
 def _pulled(resources, serving: bool = True):
     """(resource, where, reference, pinned) of everything the stack pulls; without the
-    model server's workloads when `serving` is false (image-from-stack-registry holds every
-    container of those to the stack's serving repository, a stricter rule)."""
+    model server's workloads and the serving image when `serving` is false
+    (image-from-stack-registry holds those to the stack's serving repository, a stricter rule)."""
     skip = set() if serving else {w.urn for w in serving_workloads(resources)}
+    # Other workloads that run the serving image (the GPU health controller, the pre-warm
+    # pull) are judged with it: one verdict for one image.
+    serving_images = set() if serving else {
+        str(dig(c, "image", default="")) for w in serving_workloads(resources)
+        for _, _, c in iter_workload_containers(k8s_kind(w.resource_type), w.props)}
     for r in resources:
         if r.urn in skip:
             continue
@@ -84,6 +89,8 @@ def _pulled(resources, serving: bool = True):
         elif kind is not None:
             for _, _, c in iter_workload_containers(kind, r.props):
                 ref = str(dig(c, "image", default=""))
+                if ref in serving_images:
+                    continue
                 yield r, f"{kind} {name_of(r.props)} container {dig(c, 'name')!r}", ref, DIGEST_MARK in ref
 
 
