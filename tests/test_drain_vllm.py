@@ -50,7 +50,9 @@ def stream_while_stopping(srv: VllmServer, model: str) -> dict:
 
     def read():
         try:
-            with urllib.request.urlopen(req, timeout=300) as r:
+            # tokens flow every few ms on the tiny model: 30 s without one is a stalled stream
+            # (after a cut, vLLM's default can leave the connection open with nothing to send)
+            with urllib.request.urlopen(req, timeout=30) as r:
                 for line in r:
                     if not line.startswith(b"data:") or line.strip() == b"data: [DONE]":
                         continue
