@@ -325,7 +325,8 @@ MATRIX: list[Case] = [
                       name_has="envoy-gateway")),
     Case("images-by-digest", "prod", "dcgm-exporter by tag (digest dropped)",
          transform=on("apps/v1:DaemonSet", lambda p: [c.update(image=c["image"].split("@")[0])
-                                                      for c in p["spec"]["template"]["spec"]["containers"]])),
+                                                      for c in p["spec"]["template"]["spec"]["containers"]],
+                      name_has="dcgm-exporter")),
     # capacity
     Case("engine-fits-gpu", "dev", "--max-model-len 131072 on one A10",
          transform=serving(vllm_containers(set_flag("--max-model-len", "131072")))),
