@@ -131,6 +131,8 @@ def build_infra(s: StackSettings) -> Infra:
             ssh_key_pair=c.ssh_key_pair,
             project_name=s.project_name,
             tags=tags,
+            kubeconfig_valid_hours=c.deploy_kubeconfig.valid_hours,
+            kubeconfig_rotate_hours=c.deploy_kubeconfig.rotate_hours,
         ),
         opts=opts,
     )
@@ -297,7 +299,6 @@ def export_outputs(infra: Infra, serving=None) -> None:
     # every address the stack's egress leaves from (one per NAT zone): allow-lists need them all
     pulumi.export("egress_ips", infra.network.egress_ips)
     pulumi.export("cluster_id", infra.cluster.cluster_id)
-    pulumi.export("kubeconfig", infra.cluster.kubeconfig)
     pulumi.export("deploy_phase", infra.phase.as_dict())
     pulumi.export("weights_bucket", infra.weights.bucket_name)
     if infra.weights.role_trn is not None:

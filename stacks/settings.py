@@ -68,11 +68,16 @@ SseAlgorithm = _C.literal("volcengine:tos/bucketEncryption:BucketEncryption",
                           "rule.applyServerSideEncryptionByDefault.sseAlgorithm")
 PodNetworkMode = _C.literal("volcengine:vke/cluster:Cluster", "podsConfig.podNetworkMode")
 ApigInstanceSpec = _C.literal("volcengine:apig/apigGateway:ApigGateway", "resourceSpec.instanceSpecCode")
+KUBECONFIG = "volcengine:vke/kubeconfig:Kubeconfig"
 # Internet NAT gateways one VPC holds (BytePlus NAT gateway FAQ, "How many Internet NAT
 # Gateways can I create in a Virtual Private Cloud?": up to three;
 # https://docs.byteplus.com/en/docs/natgateway/NAT-gateway-FAQ).
 NAT_GATEWAYS_PER_VPC = 3
 NAT_FAQ = "https://docs.byteplus.com/en/docs/natgateway/NAT-gateway-FAQ"
+# What a deploy's kubeconfig has left at the least (valid_hours - rotate_hours): longer
+# than the longest `pulumi up` (prod: a node scale-up, a ~335 GB weight sync per node and
+# a canary of several analysis steps take a few hours), so it never expires mid-update.
+KUBECONFIG_MARGIN_HOURS = 12
 
 
 def instance_type_rdma(instance_type: str) -> bool:
@@ -240,6 +245,33 @@ class GpuPoolSettings(_Model):
         return resolved
 
 
+class DeployKubeconfigSettings(_Model):
+    """The kubeconfig `pulumi up` deploys the Kubernetes layer with (VKE's CreateKubeconfig
+    for the deploying identity). Short-lived and rotated by `pulumi up` itself: each update
+    in a new rotation window replaces it (create before delete) with a fresh one."""
+
+    valid_hours: int = Field(
+        48, ge=1, le=_C.argument(KUBECONFIG, "validDuration").range[1],
+        description="hours the kubeconfig is valid for (VKE accepts 1-43800; the policy pack's "
+        "kubeconfig-short-lived caps it, 168 by default); at least rotate_hours + 12",
+    )
+    rotate_hours: int = Field(
+        24, ge=1, le=8760,
+        description="a `pulumi up` in a new window of this many hours (UTC, counted from the Unix epoch) "
+        "replaces the kubeconfig, so a deploy never holds one with less than valid_hours - rotate_hours left",
+    )
+
+    @model_validator(mode="after")
+    def _margin(self):
+        left = self.valid_hours - self.rotate_hours
+        if left < KUBECONFIG_MARGIN_HOURS:
+            raise ValueError(
+                f"valid_hours: {self.valid_hours} h leaves a deploy as little as {left} h of a kubeconfig rotated "
+                f"every {self.rotate_hours} h; expected at least rotate_hours + {KUBECONFIG_MARGIN_HOURS} "
+                f"({self.rotate_hours + KUBECONFIG_MARGIN_HOURS}), so none expires during an update")
+        return self
+
+
 class ClusterSettings(_Model):
     name: Name | None = Field(None, description="cluster name; deepseek-<env> when unset")
     kubernetes_version: str = Field("1.32", description="VKE Kubernetes minor version")
@@ -256,6 +288,10 @@ class ClusterSettings(_Model):
         "(VKE enables IRSA on existing clusters only; see docs/deploy.md)",
     )
     ssh_key_pair: str | None = Field(None, description="ECS key pair for node login; none (no SSH) when unset")
+    deploy_kubeconfig: DeployKubeconfigSettings = Field(
+        default_factory=DeployKubeconfigSettings,
+        description="the short-lived kubeconfig `pulumi up` deploys with (operators get their own: docs/deploy.md)",
+    )
     addon_versions: dict[str, str] = Field(
         default_factory=dict,
         description="VKE add-on versions to pin where stacks/addons.py has none (add-on name -> version)",

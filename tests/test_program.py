@@ -249,6 +249,49 @@ def test_secrets_are_masked(existing, stack):
     assert k8s_provider.raw_inputs["kubeconfig"] not in (engine.MASK, engine.UNKNOWN)
 
 
+# --------------------------------------------------------------------------- deploy credentials
+
+
+def test_rotation_windows_count_from_the_epoch():
+    from infra.cluster import rotation_window
+
+    assert rotation_window(0, 24) == rotation_window(86399, 24) == "1970-01-01T00:00Z"
+    assert rotation_window(86400, 24) == "1970-01-02T00:00Z"
+    assert rotation_window(7 * 3600, 6) == "1970-01-01T06:00Z"
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_deploy_kubeconfig_is_short_lived_secret_and_not_exported(existing, stack):
+    s = load(stack)
+    rec = existing[stack]
+    (kc,) = of(rec, "vke/kubeconfig:Kubeconfig")
+    assert kc.inputs["validDuration"] == s.cluster.deploy_kubeconfig.valid_hours
+    assert kc.inputs["type"] == ("Public" if s.cluster.api_server_public else "Private")
+    assert kc.replacement_trigger is not None
+    assert "kubeconfig" not in rec.outputs  # operators get their own (docs/deploy.md)
+    provider = next(r for r in rec.resources if r.type == "pulumi:providers:kubernetes")
+    # the rotated kubeconfig updates the provider; only another cluster would replace it
+    assert provider.inputs["clusterIdentifier"] == of(rec, "vke/cluster:Cluster")[0].id
+
+
+def test_pulumi_up_in_a_new_window_replaces_the_kubeconfig(monkeypatch):
+    """Two updates in one rotation window register the same trigger; the first update of the
+    next window a new one (the engine replaces the kubeconfig, create before delete)."""
+    import infra.cluster
+
+    run = getattr(engine.run, "__wrapped__", engine.run)  # unshared: each run reads the clock
+    hours = load("dev").cluster.deploy_kubeconfig.rotate_hours
+    start = 1_800_000_000 // (hours * 3600) * (hours * 3600)
+    seen = {}
+    for label, at in (("start", start), ("later", start + hours * 3600 - 60), ("next", start + hours * 3600)):
+        monkeypatch.setattr(infra.cluster, "CLOCK", lambda at=at: at)
+        (kc,) = of(run("dev", read_raw("dev"), mode="existing"), "vke/kubeconfig:Kubeconfig")
+        seen[label] = (kc.urn, kc.replacement_trigger, kc.inputs["validDuration"])
+    assert seen["start"] == seen["later"]
+    assert seen["next"][0] == seen["start"][0] and seen["next"][1] != seen["start"][1]
+    assert seen["next"][1] == infra.cluster.rotation_window(start + hours * 3600, hours)
+
+
 def test_runs_do_not_leak_into_each_other(runs):
     engine.run.__wrapped__("prod", read_raw("prod"), mode="existing")  # another stack in between
     again = getattr(engine.run, "__wrapped__", engine.run)("dev", read_raw("dev"), mode="existing")

@@ -203,6 +203,13 @@ BAD = [
     ({"zones": ["cn-beijing-a", "cn-beijing-b", "cn-beijing-c", "cn-beijing-d"], "network__nat": "per_zone"},
      "network.nat", "at most 3 Internet NAT gateways"),
     ({"network__nat": "regional"}, "network.nat", "'per_zone' or 'shared'"),
+    # the deploy kubeconfig: short-lived, rotated before it runs out
+    ({"cluster__deploy_kubeconfig": {"valid_hours": 24}}, "cluster.deploy_kubeconfig.valid_hours",
+     "at least rotate_hours + 12 (36)"),
+    ({"cluster__deploy_kubeconfig": {"valid_hours": 50000}}, "cluster.deploy_kubeconfig.valid_hours",
+     "less than or equal to 43800"),
+    ({"cluster__deploy_kubeconfig": {"rotate_hours": 0}}, "cluster.deploy_kubeconfig.rotate_hours",
+     "greater than or equal to 1"),
 ]
 
 
