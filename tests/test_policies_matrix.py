@@ -242,6 +242,10 @@ MATRIX: list[Case] = [
          settings=setting("cluster.delete_protection", False)),
     Case("vke-audit-logging", "prod", "cluster.control_plane_logging: false",
          settings=setting("cluster.control_plane_logging", False)),
+    Case("kubeconfig-short-lived", "prod", "cluster.deploy_kubeconfig.valid_hours: 720 (30 days)",
+         settings=setting("cluster.deploy_kubeconfig.valid_hours", 720)),
+    Case("kubeconfig-short-lived", "staging", "kubeconfig without valid_duration (VKE's 3-year default)",
+         transform=on("vke/kubeconfig:Kubeconfig", lambda p: p.pop("validDuration"))),
     # workloads
     Case("image-pinned", "dev", "serving image :latest",
          transform=serving(vllm_containers(lambda c: c.update(
