@@ -63,6 +63,8 @@ class Recorded:
     provider: str | None
     id: str | None = None
     ignore_changes: list[str] = field(default_factory=list)  # the resource option, as registered
+    aliases: list[str] = field(default_factory=list)  # names (or URNs) the resource was known by before
+    replacement_trigger: Any = None  # the resource option: a change of it replaces the resource
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -142,7 +144,8 @@ class ExistingStackMocks(pulumi_mocks.Mocks):
                 }
             ] if args.inputs.get("irsaEnabled") else []
         elif t == "volcengine:eip/address:Address":
-            state["eipAddress"] = "203.0.113.10"
+            # one documentation address (RFC 5737) per EIP: each NAT zone egresses from its own
+            state["eipAddress"] = f"203.0.113.{10 + zlib.crc32(args.name.encode()) % 240}"
         elif t == "volcengine:iam/role:Role":
             state["trn"] = f"trn:iam::{FAKE_ACCOUNT}:role/{args.inputs.get('roleName')}"
         elif t == "volcengine:iam/user:User":
@@ -246,6 +249,9 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
                 provider=request.provider or None,
                 id=response.id or None,
                 ignore_changes=list(request.ignoreChanges),
+                aliases=[a.spec.name if a.HasField("spec") else a.urn for a in request.aliases]
+                + list(request.aliasURNs),
+                replacement_trigger=_trigger(request),
             )
         )
         return response
@@ -278,6 +284,15 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
         if changed:
             request.object.Clear()
             request.object.update(_sync_await(rpc.serialize_properties(props, {})))
+
+
+def _trigger(request) -> Any:
+    """The replacement_trigger option as registered (a protobuf Value), or None."""
+    from google.protobuf import json_format
+
+    if not request.HasField("replacement_trigger"):
+        return None
+    return _unwrap(json_format.MessageToDict(request.replacement_trigger), mask=True)
 
 
 def _secret_paths(struct) -> list[tuple]:

@@ -64,6 +64,8 @@ def build_infra(s: StackSettings) -> Infra:
             vpc_cidr=str(s.network.vpc_cidr),
             node_subnets={z: str(c) for z, c in node_subnets.items()},
             pod_subnets={z: str(c) for z, c in s.pod_subnets().items()} if vpc_cni else {},
+            nat_zones=s.nat_zones(),
+            per_zone_routes=s.nat_mode == "per_zone",
             nat_spec=s.network.nat_spec,
             egress_bandwidth_mbps=s.network.egress_bandwidth_mbps,
             project_name=s.project_name,
@@ -129,6 +131,8 @@ def build_infra(s: StackSettings) -> Infra:
             ssh_key_pair=c.ssh_key_pair,
             project_name=s.project_name,
             tags=tags,
+            kubeconfig_valid_hours=c.deploy_kubeconfig.valid_hours,
+            kubeconfig_rotate_hours=c.deploy_kubeconfig.rotate_hours,
         ),
         opts=opts,
     )
@@ -292,9 +296,9 @@ def export_outputs(infra: Infra, serving=None) -> None:
     # where the stack's deploy runner goes (docs/deploy.md): a node subnet and the node group
     pulumi.export("runner_subnet_id", next(iter(infra.network.subnet_ids_by_zone.values())))
     pulumi.export("runner_security_group_id", infra.network.node_security_group_id)
-    pulumi.export("egress_ip", infra.network.egress_ip)
+    # every address the stack's egress leaves from (one per NAT zone): allow-lists need them all
+    pulumi.export("egress_ips", infra.network.egress_ips)
     pulumi.export("cluster_id", infra.cluster.cluster_id)
-    pulumi.export("kubeconfig", infra.cluster.kubeconfig)
     pulumi.export("deploy_phase", infra.phase.as_dict())
     pulumi.export("weights_bucket", infra.weights.bucket_name)
     if infra.weights.role_trn is not None:

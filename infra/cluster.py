@@ -1,12 +1,14 @@
 """VKE cluster, a CPU system pool and the GPU node pools (HPC instance types inside an ECS
-HPC cluster of their zone), the add-ons GPU serving needs, and the kubeconfig that
-`workloads/` deploys with.
+HPC cluster of their zone), the add-ons GPU serving needs, and the short-lived kubeconfig
+that `workloads/` deploys with, rotated by `pulumi up` itself.
 """
 
 from __future__ import annotations
 
 import base64
+import time
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 
 import pulumi
 import pulumi_volcengine as volc
@@ -55,6 +57,18 @@ def init_script(mig_profile: str | None, mig_per_gpu: int) -> str:
     """The GPU pool's node initialisation script, base64 as VKE takes it."""
     text = MODEL_CACHE_SCRIPT + (mig_script(mig_profile, mig_per_gpu) if mig_profile else "")
     return base64.b64encode(text.encode()).decode()
+
+# What `pulumi up` reads the time from for the kubeconfig's rotation (tests pin it).
+CLOCK = time.time
+
+
+def rotation_window(now: float, hours: int) -> str:
+    """The start (UTC) of the rotation window `now` falls in: windows of `hours` counted
+    from the Unix epoch, so every update inside one window sees the same value."""
+    period = hours * 3600
+    start = int(now // period) * period
+    return datetime.fromtimestamp(start, timezone.utc).strftime("%Y-%m-%dT%H:%MZ")
+
 
 # Control-plane logs worth paying for: who changed what (Audit) and why pods did not
 # schedule (KubeScheduler); the API server log helps with webhook and admission failures.
@@ -121,6 +135,8 @@ class ClusterArgs:
     # TLS project the control-plane logs go to (infra/logging.py); VKE's default when None
     log_project_id: pulumi.Input[str] | None = None
     log_ttl_days: int = 30
+    kubeconfig_valid_hours: int = 48  # validity of the deploy kubeconfig
+    kubeconfig_rotate_hours: int = 24  # a `pulumi up` in a new window of this many hours replaces it
 
 
 class Cluster(pulumi.ComponentResource):
@@ -313,12 +329,18 @@ class Cluster(pulumi.ComponentResource):
         for a in on_nodes:
             self._addon(name, cluster, a, [system])
 
+        # The deploy kubeconfig: VKE issues it to the identity running `pulumi up`, valid for
+        # kubeconfig_valid_hours. Every argument of vke.Kubeconfig forces a new one, so the
+        # rotation is a replacement: the window start is the replacement trigger, and the first
+        # update of each window creates a fresh kubeconfig before the old one is deleted
+        # (Pulumi's default order), so a deploy never holds one with less than
+        # valid_hours - rotate_hours left. Operators use their own (docs/deploy.md).
         access = volc.vke.Kubeconfig(
             f"{name}-kubeconfig",
             cluster_id=cluster.id,
             type="Public" if args.api_server_public else "Private",
-            valid_duration=26280,  # hours (3 years); rotate by replacing this resource
-            opts=child(self),
+            valid_duration=args.kubeconfig_valid_hours,
+            opts=child(self, replacement_trigger=rotation_window(CLOCK(), args.kubeconfig_rotate_hours)),
         )
         # vke.Kubeconfig does not output the document; the data source does (base64).
         kubeconfigs = volc.vke.get_kubeconfigs_output(ids=[access.id])
@@ -335,7 +357,6 @@ class Cluster(pulumi.ComponentResource):
         self.register_outputs(
             {
                 "cluster_id": self.cluster_id,
-                "kubeconfig": self.kubeconfig,
                 "node_pool_ids": self.node_pool_ids,
                 "oidc_provider_trn": self.oidc_provider_trn,
             }

@@ -1,5 +1,5 @@
 """VKE: GPU pools tainted and labelled, sane autoscaling, a supported version, protection
-against deletion in prod, control-plane audit logs."""
+against deletion in prod, control-plane audit logs, a short-lived deploy kubeconfig."""
 
 from __future__ import annotations
 
@@ -101,6 +101,24 @@ def _audit_logging(args, report):
                "cluster.control_plane_logging: true.")
 
 
+KUBECONFIG = "volcengine:vke/kubeconfig:Kubeconfig"
+# What VKE issues when valid_duration is left out: 26,280 hours, three years (provider
+# resource_volcengine_vke_kubeconfig.go line 49; BytePlus CreateKubeconfig).
+VKE_DEFAULT_KUBECONFIG_HOURS = 26280
+
+
+def _kubeconfig_short_lived(args, report):
+    if args.resource_type != KUBECONFIG:
+        return
+    limit = number(cfg(args, "maxValidHours", 168))
+    hours = number(dig(args.props, "validDuration"), float(VKE_DEFAULT_KUBECONFIG_HOURS))
+    if hours > limit:
+        report(f"the kubeconfig is valid for {hours:g} h ({hours / 24:g} days), above the {limit:g} h this "
+               "stack's policy allows: a leaked copy (stack state, a runner's disk) would hold the cluster that long. "
+               "Fix: set cluster.deploy_kubeconfig.valid_hours to at most "
+               f"{limit:g} (pulumi up rotates it every rotate_hours).")
+
+
 POLICIES = [
     resource_policy(
         "gpu-pool-tainted",
@@ -150,5 +168,14 @@ POLICIES = [
         _audit_logging,
         fix="Set cluster.control_plane_logging: true.",
         tags=["cluster"],
+    ),
+    resource_policy(
+        "kubeconfig-short-lived",
+        "The kubeconfig the stack creates is valid for a bounded time (168 h unless the config says otherwise).",
+        _kubeconfig_short_lived,
+        fix="Set cluster.deploy_kubeconfig.valid_hours within the limit.",
+        config={"maxValidHours": {"type": "integer", "default": 168, "minimum": 1,
+                                  "description": "longest validity, in hours, of a kubeconfig the stack creates"}},
+        tags=["cluster", "credentials"],
     ),
 ]

@@ -49,6 +49,49 @@ class Source:
 
 
 @dataclass(frozen=True)
+class Block:
+    """An address block a CIDR argument must lie inside, with the masks accepted there:
+    `10.0.0.0/8~24` is any block inside 10.0.0.0/8 with a /8 to /24 mask."""
+
+    net: ipaddress.IPv4Network
+    shortest: int  # the shortest mask accepted (the largest block)
+    longest: int  # the longest mask accepted (the smallest block)
+
+    def __str__(self) -> str:
+        if (self.shortest, self.longest) == (self.net.prefixlen, 32):
+            return str(self.net)
+        return f"{self.net} with masks /{self.shortest} to /{self.longest}"
+
+    def holds(self, net: ipaddress.IPv4Network) -> bool:
+        return net.subnet_of(self.net)
+
+    def takes(self, net: ipaddress.IPv4Network) -> bool:
+        return self.holds(net) and self.shortest <= net.prefixlen <= self.longest
+
+
+def parse_block(item: Any, where: str) -> Block:
+    """`CIDR` (any mask inside it), `CIDR~N` (masks from the block's own to /N) or
+    `{block: CIDR, masks: [shortest, longest]}`."""
+    try:
+        if isinstance(item, dict):
+            if set(item) != {"block", "masks"}:
+                raise ContractError(f"{where}: expected keys block and masks, got {sorted(item)}")
+            net = ipaddress.IPv4Network(item["block"])
+            lo, hi = _pair(item["masks"], f"{where}.masks")  # type: ignore[misc]
+        elif isinstance(item, str):
+            cidr, _, longest = item.partition("~")
+            net = ipaddress.IPv4Network(cidr)
+            lo, hi = net.prefixlen, int(longest) if longest else 32
+        else:
+            raise ContractError(f"{where}: expected a CIDR, CIDR~N or {{block, masks}}, got {item!r}")
+    except ValueError as exc:
+        raise ContractError(f"{where}: {exc}") from None
+    if lo is None or hi is None or not net.prefixlen <= lo <= hi <= 32:
+        raise ContractError(f"{where}: masks must lie between /{net.prefixlen} and /32, shortest first")
+    return Block(net, lo, hi)
+
+
+@dataclass(frozen=True)
 class Argument:
     resource: str
     path: str
@@ -59,10 +102,15 @@ class Argument:
     items: tuple[int | None, int | None] | None = None
     pattern: str | None = None
     cidr: bool = False
-    within: tuple[str, ...] = ()
+    within: tuple[Block, ...] = ()
     enforced: str | None = None  # plan | api | None (type only)
     note: str = ""
     tf: str | None = None
+    doc: str | None = None  # where the API's documentation states a constraint the provider does not check
+
+    def ranges(self) -> str:
+        """The blocks (and masks) a CIDR argument accepts, in words."""
+        return ", ".join(str(b) for b in self.within)
 
     @property
     def constrained(self) -> bool:
@@ -94,7 +142,7 @@ class Argument:
         if self.pattern is not None:
             parts.append(f"matching `{self.pattern}`")
         if self.cidr:
-            parts.append("an IPv4 CIDR" + (f" within {', '.join(self.within)}" if self.within else ""))
+            parts.append("an IPv4 CIDR" + (f" within {self.ranges()}" if self.within else ""))
         if self.type == "json":
             parts.append("a JSON document")
         return "; ".join(parts) or self.type
@@ -147,11 +195,20 @@ class Argument:
             except ValueError:
                 out.append(f"{value!r} is not a CIDR block")
             else:
-                if self.within and not any(
-                        net.version == ipaddress.ip_network(w).version and net.subnet_of(ipaddress.ip_network(w))
-                        for w in self.within):
-                    out.append(f"{value} is outside {', '.join(self.within)}")
+                out += self._within_problems(value, net)
         return out
+
+    def _within_problems(self, value: str, net: ipaddress.IPv4Network | ipaddress.IPv6Network) -> list[str]:
+        if not self.within:
+            return []
+        if net.version != 4 or not any(b.holds(net) for b in self.within):
+            blocks = ", ".join(str(b.net) for b in self.within)
+            return [f"{value} is outside {blocks} (accepted: {self.ranges()})"]
+        if any(b.takes(net) for b in self.within):
+            return []
+        b = next(b for b in self.within if b.holds(net))
+        return [f"{value} has a /{net.prefixlen} mask; inside {b.net} the accepted masks are "
+                f"/{b.shortest} to /{b.longest}"]
 
 
 def _is_type(value: Any, type_: str) -> bool:
@@ -274,7 +331,7 @@ def parse(doc: dict[str, Any]) -> Contract:
             raise ContractError(f"provider.{key}: required")
     contract = Contract(provider=dict(provider))
     allowed = {"type", "line", "file", "one_of", "range", "items", "pattern", "cidr", "within", "enforced",
-               "note", "tf"}
+               "note", "tf", "doc"}
     for rtype, res in (doc.get("resources") or {}).items():
         default_file = res.get("file")
         args: dict[str, Argument] = {}
@@ -290,14 +347,17 @@ def parse(doc: dict[str, Any]) -> Contract:
                 raise ContractError(f"{where}: every entry needs a source file and line")
             if e.get("enforced") not in (None, "plan", "api"):
                 raise ContractError(f"{where}.enforced: expected plan or api")
+            if "doc" in e and not (isinstance(e["doc"], str) and e["doc"].startswith("https://")):
+                raise ContractError(f"{where}.doc: expected an https URL of the documentation page")
+            within = tuple(parse_block(w, f"{where}.within[{i}]") for i, w in enumerate(e.get("within") or ()))
             args[path] = Argument(
                 resource=rtype, path=path, type=e["type"],
                 source=Source(provider["repository"], provider["commit"], file, e["line"]),
                 one_of=tuple(e["one_of"]) if "one_of" in e else None,
                 range=_pair(e.get("range"), f"{where}.range"),
                 items=_pair(e.get("items"), f"{where}.items"),
-                pattern=e.get("pattern"), cidr=bool(e.get("cidr")), within=tuple(e.get("within") or ()),
-                enforced=e.get("enforced"), note=e.get("note", ""), tf=e.get("tf"),
+                pattern=e.get("pattern"), cidr=bool(e.get("cidr")), within=within,
+                enforced=e.get("enforced"), note=e.get("note", ""), tf=e.get("tf"), doc=e.get("doc"),
             )
         contract.arguments[rtype] = args
     return contract
@@ -319,7 +379,8 @@ def markdown_table(contract: Contract | None = None) -> str:
     rows = [
         f"Read from `{p['repository']}` {p['version']} (`{p['commit']}`), the provider "
         f"{p['wrapped_by'].split(' (')[0]} wraps. *plan*: the provider refuses the value at "
-        "`pulumi preview`; *api*: stated in the field's description, refused by the API.",
+        "`pulumi preview`; *api*: stated in the field's description, or in the API's documentation "
+        "(*doc*), refused by the API.",
         "",
         "| resource | argument | accepted | enforced | source |",
         "|---|---|---|---|---|",
@@ -330,6 +391,7 @@ def markdown_table(contract: Contract | None = None) -> str:
             if not a.constrained:
                 continue
             accepted = a.accepted().replace("|", "\\|")
+            doc = f", [doc]({a.doc})" if a.doc else ""
             rows.append(f"| {short} | `{path}` | {accepted} | {a.enforced or '-'} | "
-                        f"[{a.source.file.rsplit('/', 1)[-1]}:{a.source.line}]({a.source.url}) |")
+                        f"[{a.source.file.rsplit('/', 1)[-1]}:{a.source.line}]({a.source.url}){doc} |")
     return "\n".join(rows)

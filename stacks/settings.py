@@ -68,6 +68,16 @@ SseAlgorithm = _C.literal("volcengine:tos/bucketEncryption:BucketEncryption",
                           "rule.applyServerSideEncryptionByDefault.sseAlgorithm")
 PodNetworkMode = _C.literal("volcengine:vke/cluster:Cluster", "podsConfig.podNetworkMode")
 ApigInstanceSpec = _C.literal("volcengine:apig/apigGateway:ApigGateway", "resourceSpec.instanceSpecCode")
+KUBECONFIG = "volcengine:vke/kubeconfig:Kubeconfig"
+# Internet NAT gateways one VPC holds (BytePlus NAT gateway FAQ, "How many Internet NAT
+# Gateways can I create in a Virtual Private Cloud?": up to three;
+# https://docs.byteplus.com/en/docs/natgateway/NAT-gateway-FAQ).
+NAT_GATEWAYS_PER_VPC = 3
+NAT_FAQ = "https://docs.byteplus.com/en/docs/natgateway/NAT-gateway-FAQ"
+# What a deploy's kubeconfig has left at the least (valid_hours - rotate_hours): longer
+# than the longest `pulumi up` (prod: a node scale-up, a ~335 GB weight sync per node and
+# a canary of several analysis steps take a few hours), so it never expires mid-update.
+KUBECONFIG_MARGIN_HOURS = 12
 
 
 def instance_type_rdma(instance_type: str) -> bool:
@@ -79,6 +89,19 @@ def instance_type_rdma(instance_type: str) -> bool:
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+VKE_CLUSTER = "volcengine:vke/cluster:Cluster"
+
+
+def _refuse_cidr(path: str, cidr: ipaddress.IPv4Network, resource_type: str, argument: str, what: str) -> None:
+    """Refuse a CIDR the provider contract says VolcEngine does not take for `argument`,
+    naming the field, the accepted ranges and where VolcEngine documents them."""
+    arg = _C.argument(resource_type, argument)
+    problems = arg.problems([str(cidr)] if arg.type.startswith("list") else str(cidr))
+    if problems:
+        problem = re.sub(r"^\[\d+\]: ", "", problems[0])
+        raise ValueError(f"{path}: {problem}: the private ranges {what} accepts ({arg.doc})")
 
 
 # --------------------------------------------------------------------------- network
@@ -100,8 +123,17 @@ class NetworkSettings(_Model):
     flannel_pod_cidr: Cidr = Field(
         ipaddress.IPv4Network("172.16.0.0/16"), description="pod CIDR when the pod network mode is Flannel"
     )
+    nat: Literal["per_zone", "shared"] | None = Field(
+        None,
+        description="NAT gateways for egress: per_zone (a NAT gateway, EIP and route table in every zone, so "
+        "losing a zone cuts no other zone's egress to TOS, STS or the registry) or shared (one NAT gateway in "
+        "the first zone for every subnet: cheaper, for dev-class stacks only); per_zone, or shared for the dev "
+        "class, when unset",
+    )
     nat_spec: NatSpec = Field("Small", description="NAT gateway specification (as the provider accepts it)")
-    egress_bandwidth_mbps: int = Field(100, ge=1, le=10000, description="EIP bandwidth for egress through NAT")
+    egress_bandwidth_mbps: int = Field(
+        100, ge=1, le=10000, description="EIP bandwidth of each NAT gateway (each zone's with per_zone)"
+    )
     endpoint_cidrs: list[Cidr] = Field(
         default_factory=list,
         description="address ranges of the TOS and STS endpoints the serving pods reach over HTTPS (what "
@@ -213,6 +245,33 @@ class GpuPoolSettings(_Model):
         return resolved
 
 
+class DeployKubeconfigSettings(_Model):
+    """The kubeconfig `pulumi up` deploys the Kubernetes layer with (VKE's CreateKubeconfig
+    for the deploying identity). Short-lived and rotated by `pulumi up` itself: each update
+    in a new rotation window replaces it (create before delete) with a fresh one."""
+
+    valid_hours: int = Field(
+        48, ge=1, le=_C.argument(KUBECONFIG, "validDuration").range[1],
+        description="hours the kubeconfig is valid for (VKE accepts 1-43800; the policy pack's "
+        "kubeconfig-short-lived caps it, 168 by default); at least rotate_hours + 12",
+    )
+    rotate_hours: int = Field(
+        24, ge=1, le=8760,
+        description="a `pulumi up` in a new window of this many hours (UTC, counted from the Unix epoch) "
+        "replaces the kubeconfig, so a deploy never holds one with less than valid_hours - rotate_hours left",
+    )
+
+    @model_validator(mode="after")
+    def _margin(self):
+        left = self.valid_hours - self.rotate_hours
+        if left < KUBECONFIG_MARGIN_HOURS:
+            raise ValueError(
+                f"valid_hours: {self.valid_hours} h leaves a deploy as little as {left} h of a kubeconfig rotated "
+                f"every {self.rotate_hours} h; expected at least rotate_hours + {KUBECONFIG_MARGIN_HOURS} "
+                f"({self.rotate_hours + KUBECONFIG_MARGIN_HOURS}), so none expires during an update")
+        return self
+
+
 class ClusterSettings(_Model):
     name: Name | None = Field(None, description="cluster name; deepseek-<env> when unset")
     kubernetes_version: str = Field("1.32", description="VKE Kubernetes minor version")
@@ -229,6 +288,10 @@ class ClusterSettings(_Model):
         "(VKE enables IRSA on existing clusters only; see docs/deploy.md)",
     )
     ssh_key_pair: str | None = Field(None, description="ECS key pair for node login; none (no SSH) when unset")
+    deploy_kubeconfig: DeployKubeconfigSettings = Field(
+        default_factory=DeployKubeconfigSettings,
+        description="the short-lived kubeconfig `pulumi up` deploys with (operators get their own: docs/deploy.md)",
+    )
     addon_versions: dict[str, str] = Field(
         default_factory=dict,
         description="VKE add-on versions to pin where stacks/addons.py has none (add-on name -> version)",
@@ -1273,14 +1336,21 @@ class StackSettings(_Model):
 
     # -- network ----------------------------------------------------------------------
 
+    @property
+    def nat_mode(self) -> str:
+        """per_zone or shared: the setting, else shared for the dev class and per_zone otherwise."""
+        if self.network.nat is not None:
+            return self.network.nat
+        return "shared" if self.environment_class == "dev" else "per_zone"
+
+    def nat_zones(self) -> list[str]:
+        """The zones that hold a NAT gateway: every stack zone, or the first one when shared."""
+        return list(self.zones) if self.nat_mode == "per_zone" else self.zones[:1]
+
     def _check_network(self) -> None:
         net = self.network
         vpc = net.vpc_cidr
-        if vpc.prefixlen > 24 or vpc.prefixlen < 8:
-            raise ValueError(f"network.vpc_cidr: expected a prefix between /8 and /24, got {vpc}")
-        problems = _C.problems("volcengine:vpc/vpc:Vpc", "cidrBlock", str(vpc))
-        if problems:
-            raise ValueError(f"network.vpc_cidr: {problems[0]} (the private ranges a VolcEngine VPC accepts)")
+        _refuse_cidr("network.vpc_cidr", vpc, "volcengine:vpc/vpc:Vpc", "cidrBlock", "a VolcEngine VPC")
         for key in ("subnets", "pod_subnets"):
             given = getattr(net, key)
             if given and set(given) != set(self.zones):
@@ -1292,14 +1362,17 @@ class StackSettings(_Model):
         blocks = [(f"network.subnets.{z}", c) for z, c in subnets.items()]
         blocks += [(f"network.pod_subnets.{z}", c) for z, c in pod_subnets.items()]
         for path, cidr in blocks:
+            _refuse_cidr(path, cidr, "volcengine:vpc/subnet:Subnet", "cidrBlock", "a VolcEngine subnet")
             if not cidr.subnet_of(vpc):
                 raise ValueError(f"{path}: {cidr} is outside network.vpc_cidr {vpc}")
-            if cidr.prefixlen > 29:
-                raise ValueError(f"{path}: {cidr} is too small; expected /29 or larger")
         for i, (path_a, a) in enumerate(blocks):
             for path_b, b in blocks[i + 1 :]:
                 if a.overlaps(b):
                     raise ValueError(f"{path_a}: {a} overlaps {path_b} {b}")
+        _refuse_cidr("network.service_cidr", net.service_cidr, VKE_CLUSTER, "servicesConfig.serviceCidrsv4s",
+                     "a VKE service CIDR")
+        _refuse_cidr("network.flannel_pod_cidr", net.flannel_pod_cidr, VKE_CLUSTER,
+                     "podsConfig.flannelConfig.podCidrs", "a VKE Flannel pod CIDR")
         if net.service_cidr.overlaps(vpc):
             raise ValueError(f"network.service_cidr: {net.service_cidr} overlaps network.vpc_cidr {vpc}")
         if self.cluster.pod_network_mode == "Flannel":
@@ -1309,6 +1382,19 @@ class StackSettings(_Model):
                 raise ValueError(
                     f"network.flannel_pod_cidr: {net.flannel_pod_cidr} overlaps network.service_cidr {net.service_cidr}"
                 )
+        self._check_nat()
+
+    def _check_nat(self) -> None:
+        if self.nat_mode == "shared" and self.environment_class != "dev":
+            raise ValueError(
+                f"network.nat: 'shared' puts one NAT gateway in {self.zones[0]} for every zone: losing that zone "
+                f"cuts egress (TOS, STS, the registry) for the whole cluster. It is for dev-class stacks; expected "
+                f"per_zone for a {self.environment_class} stack (or leave it unset)")
+        if self.nat_mode == "per_zone" and len(self.zones) > NAT_GATEWAYS_PER_VPC:
+            raise ValueError(
+                f"network.nat: per_zone needs a NAT gateway in each of {len(self.zones)} zones, but a VPC holds at most "
+                f"{NAT_GATEWAYS_PER_VPC} Internet NAT gateways ({NAT_FAQ}); expected at most {NAT_GATEWAYS_PER_VPC} "
+                "zones")
 
     def node_subnets(self) -> dict[str, ipaddress.IPv4Network]:
         """Node subnet per zone: as given, else consecutive /20s (or smaller for small VPCs) from the VPC start."""

@@ -168,3 +168,25 @@ def test_cli_exits_0_for_prod_once_its_identity_provider_is_filled_in(tmp_path):
     result = CliRunner().invoke(app, ["preview", str(filled_stack_file("prod", tmp_path)), "--quiet"])
     assert result.exit_code == 0, result.output
     assert "0 mandatory" in result.output
+
+
+def test_zone_and_credential_limits_follow_the_config():
+    """mig-example (class dev, two zones, one shared NAT gateway) passes its own config,
+    where egress-per-zone is not required, and fails a config that requires it; a stricter
+    maxValidHours refuses the default 48-hour deploy kubeconfig."""
+    rec = engine.run("mig-example", filled_raw("mig-example"), mode="existing")
+    assert len(rec.of_type("volcengine:nat/gateway:Gateway")) == 1
+    assert len({r.raw_inputs["zoneId"] for r in rec.of_type("volcengine:vpc/subnet:Subnet")}) == 2
+    dev = [v for v in policy_runner.analyze(rec, policy_runner.load_policy_config("dev"))
+           if v["policy"] == "egress-per-zone"]
+    assert dev == []
+    strict = [v for v in policy_runner.analyze(rec, {"egress-per-zone": "mandatory"})
+              if v["policy"] == "egress-per-zone"]
+    assert strict and all(v["enforcement_level"] == "mandatory" for v in strict)
+    assert any("cn-beijing-b" in v["message"] and "deepseek-mig-example-nat-cn-beijing-a" in v["message"]
+               for v in strict)
+
+    short = [v for v in policy_runner.analyze(rec, {"kubeconfig-short-lived": {"maxValidHours": 24}})
+             if v["policy"] == "kubeconfig-short-lived"]
+    assert len(short) == 1 and "48 h" in short[0]["message"] and "at most 24" in short[0]["message"]
+    assert not [v for v in policy_runner.analyze(rec, {}) if v["policy"] == "kubeconfig-short-lived"]

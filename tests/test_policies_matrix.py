@@ -216,6 +216,16 @@ MATRIX: list[Case] = [
     Case("egress-through-nat", "prod", "new nodes get public IPs by default",
          transform=on("vke/cluster:Cluster",
                       lambda p: p["clusterConfig"].update(resourcePublicAccessDefaultEnabled=True))),
+    Case("private-cidrs", "prod", "VPC CIDR 8.8.0.0/16 (a public range)",
+         transform=on("vpc/vpc:Vpc", lambda p: p.update(cidrBlock="8.8.0.0/16"))),
+    Case("private-cidrs", "staging", "cluster service CIDR 100.64.0.0/16",
+         transform=on("vke/cluster:Cluster", lambda p: p["servicesConfig"].update(serviceCidrsv4s=["100.64.0.0/16"]))),
+    Case("egress-per-zone", "prod", "zone b's pod subnet moved to zone a, still on zone b's NAT gateway",
+         transform=on("vpc/subnet:Subnet", lambda p: p.update(zoneId="cn-beijing-a"), name_has="pods-cn-beijing-b")),
+    Case("egress-per-zone", "staging", "one shared NAT gateway (class dev, judged by staging's config)",
+         settings=lambda raw: [setting("environment_class", "dev")(raw),
+                               setting("policy_config", "policies/config/staging.json")(raw),
+                               setting("network.nat", "shared")(raw)]),
     # cluster
     Case("gpu-pool-tainted", "prod", "GPU pool without the nvidia.com/gpu taint",
          transform=on("vke/nodePool:NodePool", lambda p: p["kubernetesConfig"].pop("taints"), name_has="gpu")),
@@ -232,6 +242,10 @@ MATRIX: list[Case] = [
          settings=setting("cluster.delete_protection", False)),
     Case("vke-audit-logging", "prod", "cluster.control_plane_logging: false",
          settings=setting("cluster.control_plane_logging", False)),
+    Case("kubeconfig-short-lived", "prod", "cluster.deploy_kubeconfig.valid_hours: 720 (30 days)",
+         settings=setting("cluster.deploy_kubeconfig.valid_hours", 720)),
+    Case("kubeconfig-short-lived", "staging", "kubeconfig without valid_duration (VKE's 3-year default)",
+         transform=on("vke/kubeconfig:Kubeconfig", lambda p: p.pop("validDuration"))),
     # workloads
     Case("image-pinned", "dev", "serving image :latest",
          transform=serving(vllm_containers(lambda c: c.update(

@@ -47,15 +47,67 @@ def test_one_subnet_per_zone_inside_the_vpc(runs, stack):
     assert pods == set(s.zones)  # VPC-CNI in every shipped stack
 
 
+def _dep(r: engine.Recorded, among: dict[str, engine.Recorded]) -> engine.Recorded:
+    (found,) = [among[d] for d in r.dependencies if d in among]
+    return found
+
+
 @pytest.mark.parametrize("stack", STACKS)
-def test_egress_through_nat_with_snat_for_every_subnet(runs, stack):
+def test_egress_through_the_nat_gateway_of_each_zone(runs, stack):
+    """per_zone (staging, prod): a NAT gateway in each zone's node subnet, every subnet
+    SNATs and routes 0.0.0.0/0 through its own zone's; shared (dev): one NAT gateway in the
+    first zone for every subnet, through the VPC's system route table."""
+    s = load(stack)
     rec = runs[stack]
-    nat = of(rec, "nat/gateway:Gateway")
-    assert len(nat) == 1
-    subnets = {r.urn for r in of(rec, "vpc/subnet:Subnet")}
+    subnets = {r.urn: r for r in of(rec, "vpc/subnet:Subnet")}
+    nats = {r.urn: r for r in of(rec, "nat/gateway:Gateway")}
+    nat_zone = {u: _dep(n, subnets).inputs["zoneId"] for u, n in nats.items()}
+    assert all("-nodes-" in _dep(n, subnets).name for n in nats.values())
+    assert sorted(nat_zone.values()) == sorted(s.nat_zones())
+    assert len(nats) == (len(s.zones) if stack != "dev" else 1)
+    assert {n.inputs["spec"] for n in nats.values()} == {s.network.nat_spec}
+    egress_zone = (lambda z: z) if s.nat_mode == "per_zone" else (lambda z: s.zones[0])
+
     snat = of(rec, "nat/snatEntry:SnatEntry")
     assert len(snat) == len(subnets)
-    assert of(rec, "eip/associate:Associate")[0].inputs["instanceType"] == "Nat"
+    for e in snat:
+        subnet = _dep(e, subnets)
+        assert nat_zone[_dep(e, nats).urn] == egress_zone(subnet.inputs["zoneId"]), e.name
+
+    tables = {r.urn: r for r in of(rec, "vpc/routeTable:RouteTable")}
+    routes = of(rec, "vpc/routeEntry:RouteEntry")
+    associations = of(rec, "vpc/routeTableAssociate:RouteTableAssociate")
+    if s.nat_mode == "shared":
+        assert tables == {} and routes == [] and associations == []
+    else:
+        default = {}
+        for r in routes:
+            assert r.inputs["destinationCidrBlock"] == "0.0.0.0/0" and r.inputs["nextHopType"] == "NatGW"
+            default[_dep(r, tables).urn] = nat_zone[_dep(r, nats).urn]
+        assert len(associations) == len(subnets)
+        for a in associations:
+            assert default[_dep(a, tables).urn] == _dep(a, subnets).inputs["zoneId"], a.name
+
+    eips = of(rec, "eip/address:Address")
+    assert {e.inputs["bandwidth"] for e in eips} == {s.network.egress_bandwidth_mbps}
+    assert {a.inputs["instanceType"] for a in of(rec, "eip/associate:Associate")} == {"Nat"}
+    # one egress address per NAT zone, exported for allow-lists
+    ips = rec.outputs["egress_ips"]
+    assert sorted(ips) == sorted(s.nat_zones()) and len(set(ips.values())) == len(ips) == len(eips)
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_first_zone_nat_keeps_its_single_nat_name(new, stack):
+    """The first zone's NAT gateway, EIP and association are aliased to the names the
+    stack's one NAT gateway had, so moving to per-zone egress keeps that EIP (and the
+    address allow-lists hold)."""
+    rec = new[stack]
+    first = load(stack).zones[0]
+    prefix = f"deepseek-{stack}"
+    for suffix in ("nat", "nat-eip", "nat-eip-assoc"):
+        r = rec.named(f"{prefix}-{suffix}-{first}")
+        assert r.aliases == [f"{prefix}-{suffix}"]
+    assert all(not r.aliases for r in of(rec, "nat/gateway:Gateway") if not r.name.endswith(first))
 
 
 @pytest.mark.parametrize("stack", STACKS)
@@ -195,6 +247,49 @@ def test_secrets_are_masked(existing, stack):
     k8s_provider = next(r for r in existing[stack].resources if r.type == "pulumi:providers:kubernetes")
     assert k8s_provider.inputs["kubeconfig"] == engine.MASK
     assert k8s_provider.raw_inputs["kubeconfig"] not in (engine.MASK, engine.UNKNOWN)
+
+
+# --------------------------------------------------------------------------- deploy credentials
+
+
+def test_rotation_windows_count_from_the_epoch():
+    from infra.cluster import rotation_window
+
+    assert rotation_window(0, 24) == rotation_window(86399, 24) == "1970-01-01T00:00Z"
+    assert rotation_window(86400, 24) == "1970-01-02T00:00Z"
+    assert rotation_window(7 * 3600, 6) == "1970-01-01T06:00Z"
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_deploy_kubeconfig_is_short_lived_secret_and_not_exported(existing, stack):
+    s = load(stack)
+    rec = existing[stack]
+    (kc,) = of(rec, "vke/kubeconfig:Kubeconfig")
+    assert kc.inputs["validDuration"] == s.cluster.deploy_kubeconfig.valid_hours
+    assert kc.inputs["type"] == ("Public" if s.cluster.api_server_public else "Private")
+    assert kc.replacement_trigger is not None
+    assert "kubeconfig" not in rec.outputs  # operators get their own (docs/deploy.md)
+    provider = next(r for r in rec.resources if r.type == "pulumi:providers:kubernetes")
+    # the rotated kubeconfig updates the provider; only another cluster would replace it
+    assert provider.inputs["clusterIdentifier"] == of(rec, "vke/cluster:Cluster")[0].id
+
+
+def test_pulumi_up_in_a_new_window_replaces_the_kubeconfig(monkeypatch):
+    """Two updates in one rotation window register the same trigger; the first update of the
+    next window a new one (the engine replaces the kubeconfig, create before delete)."""
+    import infra.cluster
+
+    run = getattr(engine.run, "__wrapped__", engine.run)  # unshared: each run reads the clock
+    hours = load("dev").cluster.deploy_kubeconfig.rotate_hours
+    start = 1_800_000_000 // (hours * 3600) * (hours * 3600)
+    seen = {}
+    for label, at in (("start", start), ("later", start + hours * 3600 - 60), ("next", start + hours * 3600)):
+        monkeypatch.setattr(infra.cluster, "CLOCK", lambda at=at: at)
+        (kc,) = of(run("dev", read_raw("dev"), mode="existing"), "vke/kubeconfig:Kubeconfig")
+        seen[label] = (kc.urn, kc.replacement_trigger, kc.inputs["validDuration"])
+    assert seen["start"] == seen["later"]
+    assert seen["next"][0] == seen["start"][0] and seen["next"][1] != seen["start"][1]
+    assert seen["next"][1] == infra.cluster.rotation_window(start + hours * 3600, hours)
 
 
 def test_runs_do_not_leak_into_each_other(runs):

@@ -149,10 +149,13 @@ INJECTED = [
     ("-vke", "podsConfig.podNetworkMode", "Calico", "Flannel, VpcCniShared"),
     ("-vpc", "cidrBlock", "8.8.0.0/16", "outside 10.0.0.0/8"),
     ("-vpc", "cidrBlock", "10.0.0.0/40", "not a CIDR block"),
-    ("-nat", "spec", "Extra_Large_1", "Small, Medium, Large"),
+    ("-nat-cn-beijing-a", "spec", "Extra_Large_1", "Small, Medium, Large"),
+    ("-routes-cn-beijing-b-default", "nextHopType", "Nat", "NatGW"),
+    ("-vke", "servicesConfig.serviceCidrsv4s", ["8.8.0.0/16"], "outside 10.0.0.0/12"),
+    ("-pods-cn-beijing-c", "cidrBlock", "10.30.160.0/30", "accepted masks are /8 to /29"),
     ("-nodes-ingress-vpc", "priority", 101, "expected 1..100"),
     ("-nodes-ingress-vpc", "protocol", "sctp", "tcp, udp, icmp, all, icmpv6"),
-    ("-nat-eip", "billingType", "Free", "PostPaidByTraffic"),
+    ("-nat-eip-cn-beijing-c", "billingType", "Free", "PostPaidByTraffic"),
     ("-bucket", "publicAcl", "public", "private, public-read"),
     ("-encryption", "rule.applyServerSideEncryptionByDefault.sseAlgorithm", "AES128", "kms, AES256, SM4"),
     ("-bucket-policy", "policy", "{not json", "not a JSON document"),
@@ -282,6 +285,34 @@ def test_a_malformed_contract_is_refused():
         contract.parse(doc)
     doc["resources"]["t"]["arguments"]["a"] = {"type": "string"}
     with pytest.raises(contract.ContractError, match="source file and line"):
+        contract.parse(doc)
+
+
+def test_cidr_blocks_carry_their_masks():
+    """`within` blocks hold a range of masks each (VolcEngine's `10.0.0.0/8~24` notation);
+    an entry whose constraint is the API's names the page that states it."""
+    vpc = C.argument("volcengine:vpc/vpc:Vpc", "cidrBlock")
+    assert vpc.problems("10.0.0.0/8") == vpc.problems("192.168.3.0/24") == []
+    assert "accepted masks are /8 to /24" in vpc.problems("10.1.2.0/25")[0]
+    assert "outside 10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16" in vpc.problems("100.64.0.0/16")[0]
+    vke = C.argument("volcengine:vke/cluster:Cluster", "podsConfig.flannelConfig.podCidrs")
+    assert vke.problems(["172.31.0.0/16"]) == []
+    assert "accepted masks are /16 to /24" in vke.problems(["172.16.0.0/12"])[0]  # 172.16-31.0.0/16~24
+    assert "outside 10.0.0.0/12" in vke.problems(["10.96.0.0/12"])[0]  # 10.0.0.0/12~24
+    for a in (vpc, vke, C.argument("volcengine:vpc/subnet:Subnet", "cidrBlock")):
+        assert a.enforced == "api" and a.doc and a.doc.startswith("https://")
+
+
+@pytest.mark.parametrize("entry,words", [
+    ({"type": "string", "line": 1, "cidr": True, "within": ["10.0.0.0/8~4"]}, "masks must lie between /8 and /32"),
+    ({"type": "string", "line": 1, "cidr": True, "within": [{"block": "10.0.0.0/8"}]}, "expected keys block and masks"),
+    ({"type": "string", "line": 1, "cidr": True, "within": ["10.0.0.1/8"]}, "has host bits set"),
+    ({"type": "string", "line": 1, "doc": "docs.example/page"}, "expected an https URL"),
+])
+def test_a_malformed_cidr_range_or_doc_is_refused(entry, words):
+    doc = {"provider": {"repository": "r", "commit": "c", "version": "v"},
+           "resources": {"t": {"file": "f.go", "arguments": {"a": entry}}}}
+    with pytest.raises(contract.ContractError, match=words):
         contract.parse(doc)
 
 

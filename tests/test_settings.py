@@ -59,7 +59,7 @@ BAD = [
     ({"cluster__gpu_pools__a10__max_nodez": 3}, "cluster.gpu_pools.a10.max_nodez", "expected one of"),
     ({"network__vpc_cidr": "10.10.0.0/33"}, "network.vpc_cidr", "IPv4"),
     ({"network__vpc_cidr": "not-a-cidr"}, "network.vpc_cidr", "IPv4"),
-    ({"network__vpc_cidr": "10.10.0.0/28"}, "network.vpc_cidr", "/8 and /24"),
+    ({"network__vpc_cidr": "10.10.0.0/28"}, "network.vpc_cidr", "accepted masks are /8 to /24"),
     ({"network__subnets": {"cn-beijing-a": "192.168.0.0/24"}}, "network.subnets.cn-beijing-a", "outside"),
     ({"network__subnets": {"cn-beijing-b": "10.10.0.0/24"}}, "network.subnets", "one entry per stack zone"),
     ({"network__pod_subnets": {"cn-beijing-a": "10.10.0.0/24"}}, "network.subnets.cn-beijing-a", "overlaps"),
@@ -187,6 +187,29 @@ BAD = [
     ({"monitoring__model_class": "poetry"}, "monitoring.model_class", "'chat' or 'reasoning'"),
     ({"monitoring__retention_days": 1}, "monitoring.retention_days", "greater than or equal to 2"),
     ({"network__endpoint_cidrs": ["tos"]}, "network.endpoint_cidrs.0", "IPv4"),
+    # every CIDR inside what VolcEngine accepts (provider contract: ranges, masks, documentation)
+    ({"network__vpc_cidr": "8.8.0.0/16"}, "network.vpc_cidr", "outside 10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16"),
+    ({"network__subnets": {"cn-beijing-a": "10.10.0.0/30"}}, "network.subnets.cn-beijing-a",
+     "accepted masks are /8 to /29"),
+    ({"network__pod_subnets": {"cn-beijing-a": "100.64.0.0/24"}}, "network.pod_subnets.cn-beijing-a",
+     "outside 10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16"),
+    ({"network__service_cidr": "8.8.0.0/16"}, "network.service_cidr",
+     "outside 10.0.0.0/12, 172.16.0.0/12, 192.168.0.0/16"),
+    ({"network__service_cidr": "172.16.0.0/12"}, "network.service_cidr", "accepted masks are /16 to /24"),
+    ({"network__flannel_pod_cidr": "10.100.0.0/16"}, "network.flannel_pod_cidr",
+     "VKE Flannel pod CIDR accepts (https://docs.byteplus.com/en/docs/vke/Container-networks)"),
+    # egress per zone, one shared NAT for dev only
+    ({"environment_class": "staging", "network__nat": "shared"}, "network.nat", "for dev-class stacks"),
+    ({"zones": ["cn-beijing-a", "cn-beijing-b", "cn-beijing-c", "cn-beijing-d"], "network__nat": "per_zone"},
+     "network.nat", "at most 3 Internet NAT gateways"),
+    ({"network__nat": "regional"}, "network.nat", "'per_zone' or 'shared'"),
+    # the deploy kubeconfig: short-lived, rotated before it runs out
+    ({"cluster__deploy_kubeconfig": {"valid_hours": 24}}, "cluster.deploy_kubeconfig.valid_hours",
+     "at least rotate_hours + 12 (36)"),
+    ({"cluster__deploy_kubeconfig": {"valid_hours": 50000}}, "cluster.deploy_kubeconfig.valid_hours",
+     "less than or equal to 43800"),
+    ({"cluster__deploy_kubeconfig": {"rotate_hours": 0}}, "cluster.deploy_kubeconfig.rotate_hours",
+     "greater than or equal to 1"),
 ]
 
 
@@ -211,6 +234,31 @@ def test_all_problems_are_reported_at_once():
 
 def test_too_few_bad_inputs_would_fail_the_issue():
     assert len({b[1] + b[2] for b in BAD}) >= 25
+
+
+def test_nat_per_zone_except_for_dev():
+    dev, staging, prod = (load(s) for s in STACKS)
+    assert dev.network.nat is None and dev.nat_mode == "shared" and dev.nat_zones() == dev.zones[:1]
+    assert staging.nat_mode == prod.nat_mode == "per_zone"
+    assert prod.nat_zones() == prod.zones and len(prod.zones) == 3
+    # a dev stack may ask for per-zone egress
+    assert parse(mutated("dev", network__nat="per_zone"), "dev", stack="dev").nat_zones() == ["cn-beijing-a"]
+
+
+def test_every_shipped_cidr_is_one_volcengine_accepts():
+    """The shipped values of every CIDR setting pass the ranges they are held to."""
+    from stacks import contract
+
+    c = contract.load()
+    for stack in STACKS:
+        s = load(stack)
+        assert not c.problems("volcengine:vpc/vpc:Vpc", "cidrBlock", str(s.network.vpc_cidr))
+        for cidr in [*s.node_subnets().values(), *s.pod_subnets().values()]:
+            assert not c.problems("volcengine:vpc/subnet:Subnet", "cidrBlock", str(cidr))
+        assert not c.problems("volcengine:vke/cluster:Cluster", "servicesConfig.serviceCidrsv4s",
+                              [str(s.network.service_cidr)])
+        assert not c.problems("volcengine:vke/cluster:Cluster", "podsConfig.flannelConfig.podCidrs",
+                              [str(s.network.flannel_pod_cidr)])
 
 
 def test_derived_subnets_follow_the_vpc():

@@ -46,6 +46,9 @@ class ServingArgs:
     # remote-writes to; None without VMP
     vmp_remote_write: tuple[pulumi.Input[str], str, pulumi.Input[str]] | None = None
     trace_topic_id: pulumi.Input[str] | None = None  # TLS trace topic the collector writes to
+    # the cluster's id: the Kubernetes provider is replaced only when it changes, not when the
+    # rotated kubeconfig does (pulumi-kubernetes clusterIdentifier)
+    cluster_id: pulumi.Input[str] | None = None
 
 
 def renderers(ctx: ServingContext) -> list[Renderer]:
@@ -79,6 +82,7 @@ class Serving(pulumi.ComponentResource):
         provider = k8s.Provider(
             f"{name}-k8s",
             kubeconfig=args.kubeconfig,
+            cluster_identifier=args.cluster_id,
             enable_server_side_apply=True,
             opts=pulumi.ResourceOptions(parent=self),
         )
@@ -225,6 +229,7 @@ def build_serving(settings, infra) -> Serving:
                 if infra.observability else None
             ),
             trace_topic_id=infra.logs.trace_topic_id if infra.logs else None,
+            cluster_id=infra.cluster.cluster_id,
         ),
         opts=pulumi.ResourceOptions(depends_on=[infra.cluster]),
     )
