@@ -125,6 +125,7 @@ def _resources(args, report):
     kind = _workload(args)
     if kind is None:
         return
+    exempt = mapping(cfg(args, "cpuLimitExempt", {}))
     for _, t, c in iter_workload_containers(kind, args.props):
         where = f"{kind} {name_of(args.props)} container {dig(c, 'name')!r}"
         req = mapping(dig(c, "resources", "requests", default={}))
@@ -132,11 +133,13 @@ def _resources(args, report):
         missing = [f"requests.{k}" for k in ("cpu", "memory") if k not in req]
         missing += ["limits.memory"] if "memory" not in lim else []
         serving = is_vllm(c)
-        if serving and "cpu" not in lim:
+        if "cpu" not in lim and dig(args.props, "metadata", "name") not in exempt:
             missing.append("limits.cpu")
         if missing:
-            report(f"{where} has no {', '.join(missing)}: the scheduler cannot place it safely and a leak takes "
-                   "the node down. Fix: set CPU and memory requests and limits (workloads/manifests.py resources).")
+            report(f"{where} has no {', '.join(missing)}: the scheduler cannot place it safely, a leak takes "
+                   "the node down and a busy loop starves its neighbours. Fix: set CPU and memory requests and "
+                   "limits on every container (init containers included), or exempt the workload by name with a "
+                   "reason (config cpuLimitExempt).")
         if serving:
             argv = engine_argv(t, c)
             tp = number(engine_flag(argv, "--tensor-parallel-size"), 1.0)
@@ -374,6 +377,55 @@ def _privileged(args, report):
                            f"{dig(port, 'hostPort')}. Fix: expose it through a Service instead.")
 
 
+# Where each container's settings come from: the container's securityContext, else the pod's.
+def _effective(t, c, key):
+    v = dig(c, "securityContext", key)
+    return v if v is not None else dig(t, "spec", "securityContext", key)
+
+
+def _read_only_root(args, report):
+    kind = _workload(args)
+    if kind is None:
+        return
+    exempt = mapping(cfg(args, "exempt", {}))
+    if dig(args.props, "metadata", "name") in exempt:
+        return
+    for _, t, c in iter_workload_containers(kind, args.props):
+        if dig(c, "securityContext", "readOnlyRootFilesystem") is not True:
+            report(f"{kind} {name_of(args.props)} container {dig(c, 'name')!r} has a writable root filesystem: "
+                   "whoever runs code in it can change its programs and hide files. Fix: set "
+                   "readOnlyRootFilesystem: true and mount an emptyDir where it must write (workloads/manifests.py "
+                   "writable_mounts), or exempt the workload by name with a reason (config exempt).")
+
+
+def _least_privilege(args, report):
+    kind = _workload(args)
+    if kind is None:
+        return
+    allowed = mapping(cfg(args, "allowedCapabilities", {}))
+    for _, t, c in iter_workload_containers(kind, args.props):
+        cname = str(dig(c, "name"))
+        where = f"{kind} {name_of(args.props)} container {cname!r}"
+        wrong = []
+        if dig(c, "securityContext", "allowPrivilegeEscalation") is not False:
+            wrong.append("allowPrivilegeEscalation is not false")
+        drop = [str(x) for x in items(dig(c, "securityContext", "capabilities", "drop"))]
+        if "ALL" not in drop:
+            wrong.append("capabilities.drop lacks ALL")
+        added = {str(x) for x in items(dig(c, "securityContext", "capabilities", "add"))}
+        extra = sorted(added - {str(x) for x in items(allowed.get(cname))})
+        if extra:
+            wrong.append(f"adds capabilities {extra}")
+        seccomp = _effective(t, c, "seccompProfile")
+        if dig(seccomp, "type") not in ("RuntimeDefault", "Localhost"):
+            wrong.append("no RuntimeDefault or Localhost seccomp profile")
+        if wrong:
+            report(f"{where}: {'; '.join(wrong)}. Fix: allowPrivilegeEscalation: false, drop ALL capabilities, "
+                   "the runtime's default seccomp profile; add back only the capabilities the container is "
+                   "allowed by name (config allowedCapabilities, each with its reason in docs/observability.md "
+                   "or docs/serving.md).")
+
+
 def _env_secrets(args, report):
     kind = _workload(args)
     if kind is None:
@@ -492,9 +544,12 @@ POLICIES = [
     ),
     resource_policy(
         "container-resources",
-        "Containers declare CPU/memory requests and limits; vLLM containers request exactly their GPUs.",
+        "Every container (init containers included) declares CPU/memory requests and limits; vLLM containers "
+        "request exactly their GPUs.",
         _resources,
         fix="Set requests and limits for cpu, memory and nvidia.com/gpu (or one nvidia.com/mig-<profile>).",
+        config={"cpuLimitExempt": {"type": "object", "additionalProperties": {"type": "string"}, "default": {},
+                                   "description": "workload name -> why its containers run without a CPU limit"}},
         tags=["workloads"],
     ),
     resource_policy(
@@ -585,5 +640,32 @@ POLICIES = [
         _labels,
         fix="Use ctx.metadata()/ctx.labels() for every object.",
         tags=["workloads"],
+    ),
+    resource_policy(
+        "read-only-root-filesystem",
+        "Containers run with a read-only root filesystem; they write to emptyDirs only.",
+        _read_only_root,
+        fix="Set readOnlyRootFilesystem: true; mount an emptyDir at each path the container writes.",
+        config={"exempt": {
+            "type": "object", "additionalProperties": {"type": "string"},
+            "default": {"dcgm-exporter": "NVIDIA's entrypoint rewrites /etc/ld.so.cache (ldconfig) and sets file "
+                                         "capabilities on its binary (setcap) under set -e "
+                                         "(docs/observability.md)"},
+            "description": "workload name -> why its root filesystem stays writable"}},
+        tags=["workloads", "security"],
+    ),
+    resource_policy(
+        "container-least-privilege",
+        "Containers cannot escalate privileges, drop every capability, run under a seccomp profile and add back "
+        "only the capabilities allowed to them by name.",
+        _least_privilege,
+        fix="allowPrivilegeEscalation: false, capabilities.drop: [ALL], seccompProfile RuntimeDefault.",
+        config={"allowedCapabilities": {
+            "type": "object", "additionalProperties": {"type": "array", "items": {"type": "string"}},
+            # dcgm-exporter: DCGM's profiling fields (monitoring.dcgm_profiling_metrics);
+            # vllm/triton: RDMA pins memory (workloads/rdma.py)
+            "default": {"dcgm-exporter": ["SYS_ADMIN"], "vllm": ["IPC_LOCK"], "triton": ["IPC_LOCK"]},
+            "description": "container name -> the capabilities it may add"}},
+        tags=["workloads", "security"],
     ),
 ]

@@ -286,6 +286,27 @@ MATRIX: list[Case] = [
                                                   for peer in r["from"]], name_has="ingress-http")),
     Case("recommended-labels", "prod", "stable Service without app.kubernetes.io/part-of",
          transform=on("core/v1:Service", _drop_label("app.kubernetes.io/part-of"), name_has="stable")),
+    Case("container-resources", "prod", "rate-limit Redis without a CPU limit",
+         transform=on("apps/v1:Deployment", lambda p: [c["resources"]["limits"].pop("cpu") for c in
+                                                       p["spec"]["template"]["spec"]["containers"]],
+                      name_has="ratelimit-redis")),
+    Case("container-resources", "staging", "weights init containers without a CPU limit",
+         transform=serving(lambda p: [c["resources"]["limits"].pop("cpu") for t in _templates(p)
+                                      for c in t["spec"].get("initContainers", [])])),
+    Case("read-only-root-filesystem", "prod", "vLLM container with a writable root filesystem",
+         transform=serving(vllm_containers(lambda c: c["securityContext"].update(readOnlyRootFilesystem=False)))),
+    Case("read-only-root-filesystem", "dev", "pre-warm init container with a writable root filesystem",
+         transform=on("apps/v1:DaemonSet", lambda p: p["spec"]["template"]["spec"]["initContainers"][0][
+             "securityContext"].pop("readOnlyRootFilesystem"), name_has="prewarm")),
+    Case("container-least-privilege", "prod", "dcgm-exporter allows privilege escalation",
+         transform=on("apps/v1:DaemonSet", lambda p: p["spec"]["template"]["spec"]["containers"][0][
+             "securityContext"].update(allowPrivilegeEscalation=True), name_has="dcgm-exporter")),
+    Case("container-least-privilege", "prod", "dcgm-exporter without a seccomp profile",
+         transform=on("apps/v1:DaemonSet", lambda p: p["spec"]["template"]["spec"]["containers"][0][
+             "securityContext"].pop("seccompProfile"), name_has="dcgm-exporter")),
+    Case("container-least-privilege", "staging", "rate-limit Redis adds NET_ADMIN",
+         transform=on("apps/v1:Deployment", lambda p: p["spec"]["template"]["spec"]["containers"][0][
+             "securityContext"]["capabilities"].update(add=["NET_ADMIN"]), name_has="ratelimit-redis")),
     # gateway
     Case("gateway-jwt-auth", "prod", "JWT made optional on the route's SecurityPolicy",
          transform=on("SecurityPolicy", lambda p: p["spec"]["jwt"].update(optional=True))),

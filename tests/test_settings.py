@@ -186,6 +186,7 @@ BAD = [
     ({"gateway__request_timeout_seconds": 300}, "monitoring.e2e_p99_seconds", "reasoning class default"),
     ({"monitoring__model_class": "poetry"}, "monitoring.model_class", "'chat' or 'reasoning'"),
     ({"monitoring__retention_days": 1}, "monitoring.retention_days", "greater than or equal to 2"),
+    ({"monitoring__dcgm_profiling_metrics": "sometimes"}, "monitoring.dcgm_profiling_metrics", "valid boolean"),
     ({"network__endpoint_cidrs": ["tos"]}, "network.endpoint_cidrs.0", "IPv4"),
 ]
 
