@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 
+from stacks import pod_security
 from stacks.constants import ENTRY_NAMESPACE
 from stacks.regions import cr_registry_host
 
@@ -481,6 +482,68 @@ def _default_deny(args, report):
                    "Prometheus explicitly.")
 
 
+# --------------------------------------------------------------------------- pod security admission
+
+PSA = "pod-security.kubernetes.io"
+HELM_RELEASE = "kubernetes:helm.sh/v3:Release"
+
+
+def _namespace_pod_security(args, report):
+    """The labels of each Namespace against the pods of the stack in it (stacks/pod_security.py).
+    A namespace holding a Helm release has pods no one sees here: it needs no enforce label,
+    and is not told its enforce level is weaker than its (visible) pods allow."""
+    charts = {str(dig(r.props, "namespace")) for r in of_type(args.resources, HELM_RELEASE)}
+    pods: dict[str, list] = {}
+    for r in args.resources:
+        kind = k8s_kind(r.resource_type)
+        if kind not in WORKLOAD_KINDS:
+            continue
+        ns = str(dig(r.props, "metadata", "namespace", default="default"))
+        for role, t in pod_templates(kind, r.props):
+            pods.setdefault(ns, []).append((f"{kind} {name_of(r.props)} ({role})", t))
+    for r in of_kind(args.resources, "Namespace"):
+        name = str(dig(r.props, "metadata", "name"))
+        labels = {str(k): str(v) for k, v in mapping(dig(r.props, "metadata", "labels", default={})).items()}
+        where = f"namespace {name!r}"
+        for mode in ("audit", "warn"):
+            if labels.get(f"{PSA}/{mode}") != pod_security.RESTRICTED:
+                report(f"{where} has {PSA}/{mode}={labels.get(f'{PSA}/{mode}')!r}, not 'restricted': the API server "
+                       "does not record pods that fall short of the restricted profile. Fix: label it with "
+                       "workloads/namespaces.py psa_labels.", r.urn)
+        for mode in ("audit", "warn", "enforce"):
+            version = labels.get(f"{PSA}/{mode}-version")
+            if f"{PSA}/{mode}" in labels and (version is None or version == "latest"):
+                report(f"{where} has {PSA}/{mode} without a pinned {mode}-version ({version!r}): a cluster "
+                       "upgrade changes what it checks unseen. Fix: pin it to the cluster's minor version.", r.urn)
+        enforce = labels.get(f"{PSA}/enforce")
+        version = labels.get(f"{PSA}/enforce-version") or "latest"
+        templates = pods.get(name, [])
+        try:
+            best = pod_security.strictest_level(
+                ((dig(t, "spec", default={}), dig(t, "metadata", default={})) for _, t in templates), version)
+        except ValueError as exc:
+            report(f"{where}: {exc}", r.urn)
+            continue
+        if enforce is None:
+            if name not in charts:
+                report(f"{where} enforces no Pod Security level though the stack renders all its pods, which meet "
+                       f"{best!r}: nothing in the cluster refuses a pod that breaks it. Fix: label it "
+                       f"{PSA}/enforce={best}.", r.urn)
+            continue
+        if enforce not in pod_security.LEVELS:
+            report(f"{where} has {PSA}/enforce={enforce!r}; expected one of {list(pod_security.LEVELS)}.", r.urn)
+            continue
+        for what, t in templates:
+            broken = pod_security.meets(dig(t, "spec", default={}), dig(t, "metadata", default={}), enforce, version)
+            if broken:
+                report(f"{what} breaks the level its namespace {name!r} enforces ({enforce}, {version}): "
+                       f"{'; '.join(str(f) for f in broken)}. Admission would refuse its pods. Fix: change the pod "
+                       "or let workloads/namespaces.py compute the level.", r.urn)
+        if name not in charts and pod_security.weaker(enforce, best):
+            report(f"{where} enforces {enforce!r} but all its pods meet {best!r}: a pod that breaks {best!r} would "
+                   f"still be admitted. Fix: label it {PSA}/enforce={best}.", r.urn)
+
+
 NS_NAME_LABEL = "kubernetes.io/metadata.name"
 
 
@@ -666,6 +729,15 @@ POLICIES = [
             # vllm/triton: RDMA pins memory (workloads/rdma.py)
             "default": {"dcgm-exporter": ["SYS_ADMIN"], "vllm": ["IPC_LOCK"], "triton": ["IPC_LOCK"]},
             "description": "container name -> the capabilities it may add"}},
+        tags=["workloads", "security"],
+    ),
+    stack_policy(
+        "namespace-pod-security",
+        "Every namespace carries Pod Security Admission labels: audit and warn at restricted, versions pinned, and "
+        "enforce at the strictest level its pods meet where the program renders all of them; no pod breaks the "
+        "level its namespace enforces.",
+        _namespace_pod_security,
+        fix="Build namespaces with workloads/namespaces.py (label / platform_namespaces).",
         tags=["workloads", "security"],
     ),
 ]

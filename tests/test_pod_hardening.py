@@ -1,5 +1,5 @@
 """What every rendered pod runs with: read-only roots, CPU and memory limits, least privilege
-for dcgm-exporter.
+for dcgm-exporter, and Pod Security Admission labels that match the pods of each namespace.
 
 The objects are those `dsvolc manifests` writes (dsvolc/export.py: the program's Kubernetes
 objects under the offline engine, deploy phase 2), for every shipped stack, filled in.
@@ -10,12 +10,13 @@ from __future__ import annotations
 import pytest
 
 from dsvolc import export
-from stacks import load, loader
+from stacks import load, loader, pod_security
 from tests.stack_fixtures import filled_raw
-from workloads import monitoring
+from workloads import monitoring, namespaces
 from workloads.context import build_context
 
 STACKS = loader.shipped_stacks()
+PSA = "pod-security.kubernetes.io"
 
 
 @pytest.fixture(scope="module")
@@ -95,3 +96,52 @@ def test_dcgm_exporter_profiling_is_off_in_the_shipped_stacks():
     # no rule, dashboard or autoscaler reads DCGM_FI_PROF_*: the capability would serve nothing
     for stack in STACKS:
         assert load(stack).monitoring.dcgm_profiling_metrics is False, stack
+
+
+def test_every_namespace_carries_audit_and_warn_restricted_with_pinned_versions(rendered):
+    for stack, objs in rendered.items():
+        version = f"v{load(stack).cluster.kubernetes_version}"
+        nss = [o for o in objs if o["kind"] == "Namespace"]
+        assert nss, stack
+        for ns in nss:
+            labels = ns["metadata"]["labels"]
+            for mode in ("audit", "warn"):
+                assert labels[f"{PSA}/{mode}"] == "restricted", (stack, ns["metadata"]["name"])
+                assert labels[f"{PSA}/{mode}-version"] == version
+            if f"{PSA}/enforce" in labels:
+                assert labels[f"{PSA}/enforce-version"] == version
+
+
+def test_every_namespace_the_charts_use_is_created_labelled(rendered):
+    for stack, objs in rendered.items():
+        created = {o["metadata"]["name"] for o in objs if o["kind"] == "Namespace"}
+        assert namespaces.chart_namespaces(load(stack)) <= created, stack
+
+
+def test_each_namespace_enforces_the_strictest_level_its_pods_meet(rendered):
+    """Where the stack renders every pod of a namespace, enforce is the strictest level they
+    all meet, and each pod meets it (checked by stacks/pod_security.py, itself checked
+    against Pod Security Admission's own fixtures in tests/test_pod_security.py)."""
+    seen = {}
+    for stack, objs in rendered.items():
+        charts = namespaces.chart_namespaces(load(stack))
+        pods = namespaces.pods_by_namespace(objs)
+        for ns in (o for o in objs if o["kind"] == "Namespace"):
+            name, labels = ns["metadata"]["name"], ns["metadata"]["labels"]
+            enforce = labels.get(f"{PSA}/enforce")
+            if name in charts:
+                assert enforce is None, (stack, name)  # the charts' pods are not seen here
+                continue
+            version = labels[f"{PSA}/enforce-version"]
+            for where, t in pods.get(name, []):
+                assert pod_security.meets(t["spec"], t.get("metadata"), enforce, version) == [], (stack, where)
+            stricter = pod_security.LEVELS[pod_security.LEVELS.index(enforce) + 1:]
+            for level in stricter:
+                assert any(pod_security.meets(t["spec"], t.get("metadata"), level, version)
+                           for _, t in pods.get(name, [])), (stack, name, level)
+            seen[(stack, name)] = enforce
+    # stream mode (staging) has no hostPath: its serving pods meet restricted; sync mode's
+    # node model cache is a hostPath (docs/limits.md)
+    serving_ns = load("staging").serving.namespace
+    assert seen[("staging", serving_ns)] == "restricted"
+    assert seen[("prod", load("prod").serving.namespace)] == "privileged"

@@ -273,7 +273,9 @@ MATRIX: list[Case] = [
          settings=setting("serving.replicas", 1)),
     Case("no-privileged-pods", "prod", "serving pods on the host network",
          transform=serving(pod_specs(lambda s: s.update(hostNetwork=True)))),
-    Case("no-privileged-pods", "staging", "privileged vLLM container",
+    # prod: staging's serving namespace enforces restricted, so there namespace-pod-security
+    # refuses a privileged container as well (admission would)
+    Case("no-privileged-pods", "prod", "privileged vLLM container",
          transform=serving(vllm_containers(lambda c: c["securityContext"].update(privileged=True)))),
     Case("no-plaintext-secret-env", "prod", "HF_TOKEN as a plain env value",
          transform=serving(vllm_containers(lambda c: c["env"].append({"name": "HF_TOKEN", "value": "hf_x"})))),
@@ -307,6 +309,18 @@ MATRIX: list[Case] = [
     Case("container-least-privilege", "staging", "rate-limit Redis adds NET_ADMIN",
          transform=on("apps/v1:Deployment", lambda p: p["spec"]["template"]["spec"]["containers"][0][
              "securityContext"]["capabilities"].update(add=["NET_ADMIN"]), name_has="ratelimit-redis")),
+    Case("namespace-pod-security", "prod", "serving namespace without an enforce label",
+         transform=on("core/v1:Namespace", _drop_label("pod-security.kubernetes.io/enforce"),
+                      name_has="namespace-deepseek-serving")),
+    Case("namespace-pod-security", "staging", "serving namespace enforces baseline; its pods meet restricted",
+         transform=on("core/v1:Namespace", lambda p: p["metadata"]["labels"].update(
+             {"pod-security.kubernetes.io/enforce": "baseline"}), name_has="namespace-deepseek-serving")),
+    Case("namespace-pod-security", "prod", "serving namespace enforces restricted; the node model cache is a hostPath",
+         transform=on("core/v1:Namespace", lambda p: p["metadata"]["labels"].update(
+             {"pod-security.kubernetes.io/enforce": "restricted"}), name_has="namespace-deepseek-serving")),
+    Case("namespace-pod-security", "dev", "monitoring namespace without the audit label",
+         transform=on("core/v1:Namespace", _drop_label("pod-security.kubernetes.io/audit"),
+                      name_has="namespace-monitoring")),
     # gateway
     Case("gateway-jwt-auth", "prod", "JWT made optional on the route's SecurityPolicy",
          transform=on("SecurityPolicy", lambda p: p["spec"]["jwt"].update(optional=True))),

@@ -421,13 +421,8 @@ def namespace(ctx: ServingContext) -> dict:
         "kind": "Namespace",
         "metadata": {
             "name": ctx.namespace,
-            "labels": {
-                **ctx.labels("namespace"),
-                # hostPath (the node model cache) is outside the baseline profile, so the
-                # restricted profile is audited and warned about rather than enforced.
-                "pod-security.kubernetes.io/warn": "restricted",
-                "pod-security.kubernetes.io/audit": "restricted",
-            },
+            # Pod Security labels: workloads/namespaces.py, from every pod rendered in it
+            "labels": ctx.labels("namespace"),
         },
     }
 
