@@ -356,6 +356,7 @@ def dcgm_exporter(ctx: ServingContext) -> list[dict]:
                 "spec": {
                     "serviceAccountName": DCGM_NAME,
                     "automountServiceAccountToken": False,
+                    "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
                     "priorityClassName": "system-node-critical",
                     # GPU nodes only: the pools carry the gpu-model label and the GPU taint.
                     "affinity": {
