@@ -97,7 +97,8 @@ def test_the_serving_container_writes_only_to_its_emptydirs(pod):
     _, _, env, tmpfs = pod
     assert sorted(tmpfs) == sorted(["/dev/shm", manifests.HOME_DIR, manifests.TMP_DIR])
     for key, path in manifests.CACHE_ENV.items():
-        assert env[key] == path and path.startswith(manifests.CACHE_DIR + "/") or path == manifests.CACHE_DIR
+        assert env[key] == path, key
+        assert path == manifests.CACHE_DIR or path.startswith(manifests.CACHE_DIR + "/"), (key, path)
 
 
 def test_vllm_serves_with_a_read_only_root_and_home_unwritable(tiny_deepseek_v2, pod, tmp_path):

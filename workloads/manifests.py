@@ -280,7 +280,9 @@ def init_containers(ctx: ServingContext, role_trn_env: dict) -> list[dict]:
             "name": "tos-credentials",
             "command": tool + ["credentials", "--out", f"{CREDENTIALS_DIR}/s3.env",
                                "--s3-endpoint", endpoint, "--region", region],
-            "volumeMounts": [{"name": "run", "mountPath": CREDENTIALS_DIR}] + _token_mount(ctx),
+            # $HOME writable like every container of the image's (read-only root)
+            "volumeMounts": [{"name": "run", "mountPath": CREDENTIALS_DIR},
+                             {"name": "home", "mountPath": HOME_DIR}] + _token_mount(ctx),
         },
         {
             **common,
