@@ -423,7 +423,7 @@ def _least_privilege(args, report):
         if wrong:
             report(f"{where}: {'; '.join(wrong)}. Fix: allowPrivilegeEscalation: false, drop ALL capabilities, "
                    "the runtime's default seccomp profile; add back only the capabilities the container is "
-                   "allowed by name (config allowedCapabilities, each with its reason in docs/observability.md "
+                   "allowed by name (config allowedCapabilities, each with its reason in docs/operations.md "
                    "or docs/serving.md).")
 
 
@@ -713,7 +713,7 @@ POLICIES = [
             "type": "object", "additionalProperties": {"type": "string"},
             "default": {"dcgm-exporter": "NVIDIA's entrypoint rewrites /etc/ld.so.cache (ldconfig) and sets file "
                                          "capabilities on its binary (setcap) under set -e "
-                                         "(docs/observability.md)"},
+                                         "(docs/operations.md)"},
             "description": "workload name -> why its root filesystem stays writable"}},
         tags=["workloads", "security"],
     ),

@@ -817,7 +817,7 @@ class MonitoringSettings(_Model):
     dcgm_profiling_metrics: bool = Field(
         False,
         description="have dcgm-exporter collect DCGM's profiling (DCP) fields, DCGM_FI_PROF_*; they need the "
-        "SYS_ADMIN capability in the exporter (docs/observability.md), which is added only when this is on",
+        "SYS_ADMIN capability in the exporter (docs/operations.md), which is added only when this is on",
     )
 
 # --------------------------------------------------------------------------- SLO classes

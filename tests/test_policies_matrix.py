@@ -304,8 +304,9 @@ MATRIX: list[Case] = [
          transform=on("apps/v1:DaemonSet", lambda p: p["spec"]["template"]["spec"]["containers"][0][
              "securityContext"].update(allowPrivilegeEscalation=True), name_has="dcgm-exporter")),
     Case("container-least-privilege", "prod", "dcgm-exporter without a seccomp profile",
-         transform=on("apps/v1:DaemonSet", lambda p: p["spec"]["template"]["spec"]["containers"][0][
-             "securityContext"].pop("seccompProfile"), name_has="dcgm-exporter")),
+         transform=on("apps/v1:DaemonSet", lambda p: [sc.pop("seccompProfile") for sc in (
+             p["spec"]["template"]["spec"]["securityContext"],
+             p["spec"]["template"]["spec"]["containers"][0]["securityContext"])], name_has="dcgm-exporter")),
     Case("container-least-privilege", "staging", "rate-limit Redis adds NET_ADMIN",
          transform=on("apps/v1:Deployment", lambda p: p["spec"]["template"]["spec"]["containers"][0][
              "securityContext"]["capabilities"].update(add=["NET_ADMIN"]), name_has="ratelimit-redis")),

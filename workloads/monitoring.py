@@ -310,7 +310,7 @@ def _dcgm_labels(ctx: ServingContext) -> dict[str, str]:
     }
 
 
-# What dcgm-exporter runs with, and why (docs/observability.md "DCGM exporter privileges"):
+# What dcgm-exporter runs with, and why (docs/operations.md "dcgm-exporter privileges"):
 #   runAsUser 0   the kubelet's pod-resources socket (which pod holds which GPU) is root's;
 #   SYS_ADMIN     only for DCGM's profiling (DCP) fields, and only when the stack asks for
 #                 them: NVIDIA's manifest adds it for those alone (NVIDIA/dcgm-exporter
