@@ -65,7 +65,7 @@ def test_every_container_but_dcgm_exporter_has_a_read_only_root(rendered):
         for obj, where, c in _containers(objs):
             if (c.get("securityContext") or {}).get("readOnlyRootFilesystem") is not True:
                 writable.add(obj["metadata"]["name"])
-    # the one documented exception (docs/observability.md, policies/workload.py exempt)
+    # the one documented exception (docs/operations.md, policies/workload.py exempt)
     assert writable == {monitoring.DCGM_NAME}
 
 
