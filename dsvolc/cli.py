@@ -4,6 +4,7 @@
   dsvolc size --model M --gpu G ...     engine settings that fit a model on a GPU
   dsvolc policy-config STACK            the policy pack config the stack is judged by
   dsvolc images STACK                   what to mirror into the stack's registry, and its digests
+  dsvolc manifests STACK DIR            every Kubernetes object of the stack as YAML (kubectl diff, scanners)
 """
 
 from __future__ import annotations
@@ -82,6 +83,30 @@ def preview(
         console.print(f"wrote {json_out}")
     if result.all_mandatory:
         raise typer.Exit(1)
+
+
+@app.command("manifests")
+def manifests(
+    stack: str = typer.Argument(..., help="stack name or path to a Pulumi.<stack>.yaml"),
+    directory: Path = typer.Argument(..., help="where to write the files (created if missing)"),
+) -> None:
+    """Write every Kubernetes object the stack registers (as deployed), one YAML file each:
+    DIR/<namespace or _cluster>/<kind>-<name>.yaml. Helm releases and Secrets are left out
+    (docs/preview.md); values the cloud computes are the offline run's stand-ins. Exit 2:
+    invalid settings."""
+    from dsvolc import export
+
+    err = Console(stderr=True, soft_wrap=True)
+    if directory.exists() and not directory.is_dir():
+        err.print(f"error: {directory} exists and is not a directory", highlight=False, markup=False)
+        raise typer.Exit(2)
+    try:
+        objects = export.render(stack)
+    except SettingsError as exc:
+        err.print(f"error: {exc}", highlight=False, markup=False)
+        raise typer.Exit(2) from None
+    written = export.write(objects, directory)
+    Console(soft_wrap=True).print(f"wrote {len(written)} objects under {directory}", highlight=False, markup=False)
 
 
 @app.command("policy-config")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 
+from stacks import pod_security
 from stacks.constants import ENTRY_NAMESPACE
 from stacks.regions import cr_registry_host
 
@@ -125,6 +126,7 @@ def _resources(args, report):
     kind = _workload(args)
     if kind is None:
         return
+    exempt = mapping(cfg(args, "cpuLimitExempt", {}))
     for _, t, c in iter_workload_containers(kind, args.props):
         where = f"{kind} {name_of(args.props)} container {dig(c, 'name')!r}"
         req = mapping(dig(c, "resources", "requests", default={}))
@@ -132,11 +134,13 @@ def _resources(args, report):
         missing = [f"requests.{k}" for k in ("cpu", "memory") if k not in req]
         missing += ["limits.memory"] if "memory" not in lim else []
         serving = is_vllm(c)
-        if serving and "cpu" not in lim:
+        if "cpu" not in lim and dig(args.props, "metadata", "name") not in exempt:
             missing.append("limits.cpu")
         if missing:
-            report(f"{where} has no {', '.join(missing)}: the scheduler cannot place it safely and a leak takes "
-                   "the node down. Fix: set CPU and memory requests and limits (workloads/manifests.py resources).")
+            report(f"{where} has no {', '.join(missing)}: the scheduler cannot place it safely, a leak takes "
+                   "the node down and a busy loop starves its neighbours. Fix: set CPU and memory requests and "
+                   "limits on every container (init containers included), or exempt the workload by name with a "
+                   "reason (config cpuLimitExempt).")
         if serving:
             argv = engine_argv(t, c)
             tp = number(engine_flag(argv, "--tensor-parallel-size"), 1.0)
@@ -374,6 +378,55 @@ def _privileged(args, report):
                            f"{dig(port, 'hostPort')}. Fix: expose it through a Service instead.")
 
 
+# Where each container's settings come from: the container's securityContext, else the pod's.
+def _effective(t, c, key):
+    v = dig(c, "securityContext", key)
+    return v if v is not None else dig(t, "spec", "securityContext", key)
+
+
+def _read_only_root(args, report):
+    kind = _workload(args)
+    if kind is None:
+        return
+    exempt = mapping(cfg(args, "exempt", {}))
+    if dig(args.props, "metadata", "name") in exempt:
+        return
+    for _, t, c in iter_workload_containers(kind, args.props):
+        if dig(c, "securityContext", "readOnlyRootFilesystem") is not True:
+            report(f"{kind} {name_of(args.props)} container {dig(c, 'name')!r} has a writable root filesystem: "
+                   "whoever runs code in it can change its programs and hide files. Fix: set "
+                   "readOnlyRootFilesystem: true and mount an emptyDir where it must write (workloads/manifests.py "
+                   "writable_mounts), or exempt the workload by name with a reason (config exempt).")
+
+
+def _least_privilege(args, report):
+    kind = _workload(args)
+    if kind is None:
+        return
+    allowed = mapping(cfg(args, "allowedCapabilities", {}))
+    for _, t, c in iter_workload_containers(kind, args.props):
+        cname = str(dig(c, "name"))
+        where = f"{kind} {name_of(args.props)} container {cname!r}"
+        wrong = []
+        if dig(c, "securityContext", "allowPrivilegeEscalation") is not False:
+            wrong.append("allowPrivilegeEscalation is not false")
+        drop = [str(x) for x in items(dig(c, "securityContext", "capabilities", "drop"))]
+        if "ALL" not in drop:
+            wrong.append("capabilities.drop lacks ALL")
+        added = {str(x) for x in items(dig(c, "securityContext", "capabilities", "add"))}
+        extra = sorted(added - {str(x) for x in items(allowed.get(cname))})
+        if extra:
+            wrong.append(f"adds capabilities {extra}")
+        seccomp = _effective(t, c, "seccompProfile")
+        if dig(seccomp, "type") not in ("RuntimeDefault", "Localhost"):
+            wrong.append("no RuntimeDefault or Localhost seccomp profile")
+        if wrong:
+            report(f"{where}: {'; '.join(wrong)}. Fix: allowPrivilegeEscalation: false, drop ALL capabilities, "
+                   "the runtime's default seccomp profile; add back only the capabilities the container is "
+                   "allowed by name (config allowedCapabilities, each with its reason in docs/operations.md "
+                   "or docs/serving.md).")
+
+
 def _env_secrets(args, report):
     kind = _workload(args)
     if kind is None:
@@ -427,6 +480,68 @@ def _default_deny(args, report):
                    "cluster can call vLLM directly, bypassing authentication. Fix: add a NetworkPolicy with an "
                    "empty podSelector, policyTypes [Ingress, Egress] and no rules, then allow the gateway and "
                    "Prometheus explicitly.")
+
+
+# --------------------------------------------------------------------------- pod security admission
+
+PSA = "pod-security.kubernetes.io"
+HELM_RELEASE = "kubernetes:helm.sh/v3:Release"
+
+
+def _namespace_pod_security(args, report):
+    """The labels of each Namespace against the pods of the stack in it (stacks/pod_security.py).
+    A namespace holding a Helm release has pods no one sees here: it needs no enforce label,
+    and is not told its enforce level is weaker than its (visible) pods allow."""
+    charts = {str(dig(r.props, "namespace")) for r in of_type(args.resources, HELM_RELEASE)}
+    pods: dict[str, list] = {}
+    for r in args.resources:
+        kind = k8s_kind(r.resource_type)
+        if kind not in WORKLOAD_KINDS:
+            continue
+        ns = str(dig(r.props, "metadata", "namespace", default="default"))
+        for role, t in pod_templates(kind, r.props):
+            pods.setdefault(ns, []).append((f"{kind} {name_of(r.props)} ({role})", t))
+    for r in of_kind(args.resources, "Namespace"):
+        name = str(dig(r.props, "metadata", "name"))
+        labels = {str(k): str(v) for k, v in mapping(dig(r.props, "metadata", "labels", default={})).items()}
+        where = f"namespace {name!r}"
+        for mode in ("audit", "warn"):
+            if labels.get(f"{PSA}/{mode}") != pod_security.RESTRICTED:
+                report(f"{where} has {PSA}/{mode}={labels.get(f'{PSA}/{mode}')!r}, not 'restricted': the API server "
+                       "does not record pods that fall short of the restricted profile. Fix: label it with "
+                       "workloads/namespaces.py psa_labels.", r.urn)
+        for mode in ("audit", "warn", "enforce"):
+            version = labels.get(f"{PSA}/{mode}-version")
+            if f"{PSA}/{mode}" in labels and (version is None or version == "latest"):
+                report(f"{where} has {PSA}/{mode} without a pinned {mode}-version ({version!r}): a cluster "
+                       "upgrade changes what it checks unseen. Fix: pin it to the cluster's minor version.", r.urn)
+        enforce = labels.get(f"{PSA}/enforce")
+        version = labels.get(f"{PSA}/enforce-version") or "latest"
+        templates = pods.get(name, [])
+        try:
+            best = pod_security.strictest_level(
+                ((dig(t, "spec", default={}), dig(t, "metadata", default={})) for _, t in templates), version)
+        except ValueError as exc:
+            report(f"{where}: {exc}", r.urn)
+            continue
+        if enforce is None:
+            if name not in charts:
+                report(f"{where} enforces no Pod Security level though the stack renders all its pods, which meet "
+                       f"{best!r}: nothing in the cluster refuses a pod that breaks it. Fix: label it "
+                       f"{PSA}/enforce={best}.", r.urn)
+            continue
+        if enforce not in pod_security.LEVELS:
+            report(f"{where} has {PSA}/enforce={enforce!r}; expected one of {list(pod_security.LEVELS)}.", r.urn)
+            continue
+        for what, t in templates:
+            broken = pod_security.meets(dig(t, "spec", default={}), dig(t, "metadata", default={}), enforce, version)
+            if broken:
+                report(f"{what} breaks the level its namespace {name!r} enforces ({enforce}, {version}): "
+                       f"{'; '.join(str(f) for f in broken)}. Admission would refuse its pods. Fix: change the pod "
+                       "or let workloads/namespaces.py compute the level.", r.urn)
+        if name not in charts and pod_security.weaker(enforce, best):
+            report(f"{where} enforces {enforce!r} but all its pods meet {best!r}: a pod that breaks {best!r} would "
+                   f"still be admitted. Fix: label it {PSA}/enforce={best}.", r.urn)
 
 
 NS_NAME_LABEL = "kubernetes.io/metadata.name"
@@ -492,9 +607,12 @@ POLICIES = [
     ),
     resource_policy(
         "container-resources",
-        "Containers declare CPU/memory requests and limits; vLLM containers request exactly their GPUs.",
+        "Every container (init containers included) declares CPU/memory requests and limits; vLLM containers "
+        "request exactly their GPUs.",
         _resources,
         fix="Set requests and limits for cpu, memory and nvidia.com/gpu (or one nvidia.com/mig-<profile>).",
+        config={"cpuLimitExempt": {"type": "object", "additionalProperties": {"type": "string"}, "default": {},
+                                   "description": "workload name -> why its containers run without a CPU limit"}},
         tags=["workloads"],
     ),
     resource_policy(
@@ -585,5 +703,41 @@ POLICIES = [
         _labels,
         fix="Use ctx.metadata()/ctx.labels() for every object.",
         tags=["workloads"],
+    ),
+    resource_policy(
+        "read-only-root-filesystem",
+        "Containers run with a read-only root filesystem; they write to emptyDirs only.",
+        _read_only_root,
+        fix="Set readOnlyRootFilesystem: true; mount an emptyDir at each path the container writes.",
+        config={"exempt": {
+            "type": "object", "additionalProperties": {"type": "string"},
+            "default": {"dcgm-exporter": "NVIDIA's entrypoint rewrites /etc/ld.so.cache (ldconfig) and sets file "
+                                         "capabilities on its binary (setcap) under set -e "
+                                         "(docs/operations.md)"},
+            "description": "workload name -> why its root filesystem stays writable"}},
+        tags=["workloads", "security"],
+    ),
+    resource_policy(
+        "container-least-privilege",
+        "Containers cannot escalate privileges, drop every capability, run under a seccomp profile and add back "
+        "only the capabilities allowed to them by name.",
+        _least_privilege,
+        fix="allowPrivilegeEscalation: false, capabilities.drop: [ALL], seccompProfile RuntimeDefault.",
+        config={"allowedCapabilities": {
+            "type": "object", "additionalProperties": {"type": "array", "items": {"type": "string"}},
+            # dcgm-exporter: DCGM's profiling fields (monitoring.dcgm_profiling_metrics);
+            # vllm/triton: RDMA pins memory (workloads/rdma.py)
+            "default": {"dcgm-exporter": ["SYS_ADMIN"], "vllm": ["IPC_LOCK"], "triton": ["IPC_LOCK"]},
+            "description": "container name -> the capabilities it may add"}},
+        tags=["workloads", "security"],
+    ),
+    stack_policy(
+        "namespace-pod-security",
+        "Every namespace carries Pod Security Admission labels: audit and warn at restricted, versions pinned, and "
+        "enforce at the strictest level its pods meet where the program renders all of them; no pod breaks the "
+        "level its namespace enforces.",
+        _namespace_pod_security,
+        fix="Build namespaces with workloads/namespaces.py (label / platform_namespaces).",
+        tags=["workloads", "security"],
     ),
 ]

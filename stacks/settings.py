@@ -877,6 +877,11 @@ class MonitoringSettings(_Model):
         None, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
         description="StorageClass of Prometheus' volume; the cluster's default when unset",
     )
+    dcgm_profiling_metrics: bool = Field(
+        False,
+        description="have dcgm-exporter collect DCGM's profiling (DCP) fields, DCGM_FI_PROF_*; they need the "
+        "SYS_ADMIN capability in the exporter (docs/operations.md), which is added only when this is on",
+    )
 
 # --------------------------------------------------------------------------- SLO classes
 

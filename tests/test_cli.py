@@ -158,3 +158,33 @@ def test_preview_new_stack_shows_phase_one_and_what_comes_next(tmp_path):
     assert plan["deploy_phase"]["phase"] == 1
     types = {r["type"] for r in plan["resources"]}
     assert "volcengine:iam/role:Role" not in types and not any(t.startswith("kubernetes:") for t in types)
+
+
+def test_manifests_writes_each_object_the_stack_registers_as_yaml(tmp_path):
+    out = tmp_path / "m"
+    result = runner.invoke(app, ["manifests", "staging", str(out)])
+    assert result.exit_code == 0, result.output
+    files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*.yaml"))
+    assert f"wrote {len(files)} objects under {out}" in result.output
+    s = load("staging")
+    # the serving workload in the serving namespace, namespaces at cluster scope, no Secrets
+    # (their values are state), no Helm releases (charts rendered at `pulumi up`)
+    dep = yaml.safe_load((out / s.serving.namespace / f"deployment-{s.serving.name}.yaml").read_text())
+    assert dep["kind"] == "Deployment" and dep["metadata"]["namespace"] == s.serving.namespace
+    vllm = next(c for c in dep["spec"]["template"]["spec"]["containers"] if c["name"] == "vllm")
+    assert vllm["securityContext"]["readOnlyRootFilesystem"] is True
+    assert f"_cluster/namespace-{s.serving.namespace}.yaml" in files
+    kinds = {yaml.safe_load((out / f).read_text())["kind"] for f in files}
+    assert "Secret" not in kinds and "Release" not in kinds
+    assert {"Namespace", "Deployment", "Service", "NetworkPolicy"} <= kinds
+
+
+def test_manifests_bad_settings_exit_2_without_a_traceback(tmp_path):
+    bad = tmp_path / "Pulumi.bad.yaml"
+    raw = read_raw("dev")
+    raw["cluster"]["gpu_pools"]["a10"]["max_nodes"] = 0
+    bad.write_text(yaml.safe_dump({"config": {"deepseek-volc:settings": raw}}))
+    result = runner.invoke(app, ["manifests", str(bad), str(tmp_path / "m")])
+    assert result.exit_code == 2, result.output
+    assert "cluster.gpu_pools.a10.max_nodes" in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "m").exists()

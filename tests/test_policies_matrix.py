@@ -287,7 +287,9 @@ MATRIX: list[Case] = [
          settings=setting("serving.replicas", 1)),
     Case("no-privileged-pods", "prod", "serving pods on the host network",
          transform=serving(pod_specs(lambda s: s.update(hostNetwork=True)))),
-    Case("no-privileged-pods", "staging", "privileged vLLM container",
+    # prod: staging's serving namespace enforces restricted, so there namespace-pod-security
+    # refuses a privileged container as well (admission would)
+    Case("no-privileged-pods", "prod", "privileged vLLM container",
          transform=serving(vllm_containers(lambda c: c["securityContext"].update(privileged=True)))),
     Case("no-plaintext-secret-env", "prod", "HF_TOKEN as a plain env value",
          transform=serving(vllm_containers(lambda c: c["env"].append({"name": "HF_TOKEN", "value": "hf_x"})))),
@@ -300,6 +302,40 @@ MATRIX: list[Case] = [
                                                   for peer in r["from"]], name_has="ingress-http")),
     Case("recommended-labels", "prod", "stable Service without app.kubernetes.io/part-of",
          transform=on("core/v1:Service", _drop_label("app.kubernetes.io/part-of"), name_has="stable")),
+    Case("container-resources", "prod", "rate-limit Redis without a CPU limit",
+         transform=on("apps/v1:Deployment", lambda p: [c["resources"]["limits"].pop("cpu") for c in
+                                                       p["spec"]["template"]["spec"]["containers"]],
+                      name_has="ratelimit-redis")),
+    Case("container-resources", "staging", "weights init containers without a CPU limit",
+         transform=serving(lambda p: [c["resources"]["limits"].pop("cpu") for t in _templates(p)
+                                      for c in t["spec"].get("initContainers", [])])),
+    Case("read-only-root-filesystem", "prod", "vLLM container with a writable root filesystem",
+         transform=serving(vllm_containers(lambda c: c["securityContext"].update(readOnlyRootFilesystem=False)))),
+    Case("read-only-root-filesystem", "dev", "pre-warm init container with a writable root filesystem",
+         transform=on("apps/v1:DaemonSet", lambda p: p["spec"]["template"]["spec"]["initContainers"][0][
+             "securityContext"].pop("readOnlyRootFilesystem"), name_has="prewarm")),
+    Case("container-least-privilege", "prod", "dcgm-exporter allows privilege escalation",
+         transform=on("apps/v1:DaemonSet", lambda p: p["spec"]["template"]["spec"]["containers"][0][
+             "securityContext"].update(allowPrivilegeEscalation=True), name_has="dcgm-exporter")),
+    Case("container-least-privilege", "prod", "dcgm-exporter without a seccomp profile",
+         transform=on("apps/v1:DaemonSet", lambda p: [sc.pop("seccompProfile") for sc in (
+             p["spec"]["template"]["spec"]["securityContext"],
+             p["spec"]["template"]["spec"]["containers"][0]["securityContext"])], name_has="dcgm-exporter")),
+    Case("container-least-privilege", "staging", "rate-limit Redis adds NET_ADMIN",
+         transform=on("apps/v1:Deployment", lambda p: p["spec"]["template"]["spec"]["containers"][0][
+             "securityContext"]["capabilities"].update(add=["NET_ADMIN"]), name_has="ratelimit-redis")),
+    Case("namespace-pod-security", "prod", "serving namespace without an enforce label",
+         transform=on("core/v1:Namespace", _drop_label("pod-security.kubernetes.io/enforce"),
+                      name_has="namespace-deepseek-serving")),
+    Case("namespace-pod-security", "staging", "serving namespace enforces baseline; its pods meet restricted",
+         transform=on("core/v1:Namespace", lambda p: p["metadata"]["labels"].update(
+             {"pod-security.kubernetes.io/enforce": "baseline"}), name_has="namespace-deepseek-serving")),
+    Case("namespace-pod-security", "prod", "serving namespace enforces restricted; the node model cache is a hostPath",
+         transform=on("core/v1:Namespace", lambda p: p["metadata"]["labels"].update(
+             {"pod-security.kubernetes.io/enforce": "restricted"}), name_has="namespace-deepseek-serving")),
+    Case("namespace-pod-security", "dev", "monitoring namespace without the audit label",
+         transform=on("core/v1:Namespace", _drop_label("pod-security.kubernetes.io/audit"),
+                      name_has="namespace-monitoring")),
     # gateway
     Case("gateway-jwt-auth", "prod", "JWT made optional on the route's SecurityPolicy",
          transform=on("SecurityPolicy", lambda p: p["spec"]["jwt"].update(optional=True))),

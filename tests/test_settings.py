@@ -186,6 +186,7 @@ BAD = [
     ({"gateway__request_timeout_seconds": 300}, "monitoring.e2e_p99_seconds", "reasoning class default"),
     ({"monitoring__model_class": "poetry"}, "monitoring.model_class", "'chat' or 'reasoning'"),
     ({"monitoring__retention_days": 1}, "monitoring.retention_days", "greater than or equal to 2"),
+    ({"monitoring__dcgm_profiling_metrics": "sometimes"}, "monitoring.dcgm_profiling_metrics", "valid boolean"),
     ({"network__endpoint_cidrs": ["tos"]}, "network.endpoint_cidrs.0", "IPv4"),
     # every CIDR inside what VolcEngine accepts (provider contract: ranges, masks, documentation)
     ({"network__vpc_cidr": "8.8.0.0/16"}, "network.vpc_cidr", "outside 10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16"),

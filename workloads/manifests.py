@@ -116,17 +116,50 @@ def credential_env(ctx: ServingContext, role_trn_env: dict) -> list[dict]:
 
 
 def container_security() -> dict:
-    """Restricted where vLLM allows it: no privilege escalation, no capabilities, default
-    seccomp, a fixed non-root uid. The root filesystem stays writable (Triton, torch and
-    vLLM write caches under $HOME, which is an emptyDir here)."""
+    """Restricted: no privilege escalation, no capabilities, default seccomp, a fixed
+    non-root uid and a read-only root filesystem. What the engine and the in-pod tools
+    write goes to emptyDirs only (`writable_mounts`)."""
     return {
         "allowPrivilegeEscalation": False,
         "capabilities": {"drop": ["ALL"]},
+        "readOnlyRootFilesystem": True,
         "runAsNonRoot": True,
         "runAsUser": SERVING_UID,
         "runAsGroup": SERVING_UID,
         "seccompProfile": {"type": "RuntimeDefault"},
     }
+
+
+# --------------------------------------------------------------------------- writable paths
+#
+# The root filesystem is read-only; these are the only places a serving container writes:
+#   HOME_DIR   emptyDir "home": $HOME and every cache below (CACHE_ENV), kept across
+#              container restarts of the pod, so a restarted engine finds its compiled graphs;
+#   TMP_DIR    emptyDir "tmp": vLLM's ZMQ IPC sockets (VLLM_RPC_BASE_PATH defaults to the
+#              temp dir) and Python's temp files;
+#   /dev/shm   emptyDir "dshm" (memory): NCCL and the workers' shared-memory IPC.
+# tests/test_readonly_root_vllm.py runs a real vLLM with exactly these writable and HOME
+# itself unwritable: the variables below must cover everything it writes.
+HOME_DIR = "/home/vllm"
+CACHE_DIR = f"{HOME_DIR}/.cache"
+TMP_DIR = "/tmp"
+# Where each library caches by default, pointed explicitly into CACHE_DIR (read at the
+# versions the serving image ships: vllm 0.32 vllm/envs.py, triton 3.x triton/knobs.py,
+# torch 2.x torch/_inductor/runtime/cache_dir_utils.py, huggingface_hub constants.py,
+# CUDA's "CUDA Environment Variables" for the JIT ComputeCache):
+CACHE_ENV = {
+    "XDG_CACHE_HOME": CACHE_DIR,  # the default base of vLLM's, Hugging Face's and torch hub's caches
+    "VLLM_CACHE_ROOT": f"{CACHE_DIR}/vllm",  # torch.compile artifacts, model info, assets (~/.cache/vllm)
+    "TORCHINDUCTOR_CACHE_DIR": f"{CACHE_DIR}/inductor",  # Inductor's kernels (/tmp/torchinductor_<user>)
+    "TRITON_CACHE_DIR": f"{CACHE_DIR}/triton",  # compiled Triton kernels, this project's included (~/.triton/cache)
+    "HF_HOME": f"{CACHE_DIR}/huggingface",  # tokenizer and hub files (offline: nothing is downloaded)
+    "CUDA_CACHE_PATH": f"{CACHE_DIR}/nv",  # the driver's PTX JIT cache (~/.nv/ComputeCache)
+}
+
+
+def writable_mounts() -> list[dict]:
+    """The emptyDir mounts of a serving container besides /dev/shm."""
+    return [{"name": "home", "mountPath": HOME_DIR}, {"name": "tmp", "mountPath": TMP_DIR}]
 
 
 def startup_budget_seconds(ctx: ServingContext) -> int:
@@ -191,6 +224,7 @@ def volumes(ctx: ServingContext) -> list[dict]:
     vols = [
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": _gi(shm_bytes(ctx))}},
         {"name": "home", "emptyDir": {"sizeLimit": "20Gi"}},
+        {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}},
         {"name": "run", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}},
     ]
     if ctx.settings.serving.weights_mode == "sync":
@@ -224,7 +258,7 @@ def init_containers(ctx: ServingContext, role_trn_env: dict) -> list[dict]:
         "image": ctx.image,
         "imagePullPolicy": "IfNotPresent",
         "securityContext": container_security(),
-        "env": credential_env(ctx, role_trn_env) + [{"name": "HOME", "value": "/home/vllm"},
+        "env": credential_env(ctx, role_trn_env) + [{"name": "HOME", "value": HOME_DIR},
                                                      {"name": "HF_HUB_OFFLINE", "value": "1"}],
         "resources": {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"cpu": "4", "memory": "8Gi"}},
     }
@@ -238,7 +272,7 @@ def init_containers(ctx: ServingContext, role_trn_env: dict) -> list[dict]:
             "name": "weights-sync",
             "command": tool + ["sync", *source, "--dest", model_dir(ctx), "--verify"],
             "volumeMounts": [{"name": "model-cache", "mountPath": MODEL_CACHE_DIR},
-                             {"name": "home", "mountPath": "/home/vllm"}] + _token_mount(ctx),
+                             {"name": "home", "mountPath": HOME_DIR}] + _token_mount(ctx),
         }]
     return [
         {
@@ -246,7 +280,9 @@ def init_containers(ctx: ServingContext, role_trn_env: dict) -> list[dict]:
             "name": "tos-credentials",
             "command": tool + ["credentials", "--out", f"{CREDENTIALS_DIR}/s3.env",
                                "--s3-endpoint", endpoint, "--region", region],
-            "volumeMounts": [{"name": "run", "mountPath": CREDENTIALS_DIR}] + _token_mount(ctx),
+            # $HOME writable like every container of the image's (read-only root)
+            "volumeMounts": [{"name": "run", "mountPath": CREDENTIALS_DIR},
+                             {"name": "home", "mountPath": HOME_DIR}] + _token_mount(ctx),
         },
         {
             **common,
@@ -254,14 +290,15 @@ def init_containers(ctx: ServingContext, role_trn_env: dict) -> list[dict]:
             "command": tool + ["sync", *source, "--dest", f"/model-meta/{ctx.model.name}",
                                "--metadata-only", "--verify"],
             "volumeMounts": [{"name": "model-meta", "mountPath": "/model-meta"},
-                             {"name": "home", "mountPath": "/home/vllm"}] + _token_mount(ctx),
+                             {"name": "home", "mountPath": HOME_DIR}] + _token_mount(ctx),
         },
     ]
 
 
 def engine_env(ctx: ServingContext) -> list[dict]:
     env = [
-        {"name": "HOME", "value": "/home/vllm"},
+        {"name": "HOME", "value": HOME_DIR},
+        *({"name": k, "value": v} for k, v in CACHE_ENV.items()),
         {"name": "HF_HUB_OFFLINE", "value": "1"},  # weights come from TOS, never the hub
         {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
         {"name": "DSVOLC_KERNELS", "value": "1" if ctx.settings.serving.engine.kernels else "0"},
@@ -307,7 +344,7 @@ def pre_stop_seconds(ctx: ServingContext, *, serving: bool) -> int:
 
 def engine_container(ctx: ServingContext, args: list[str], *, serving: bool, headless: bool = False,
                      shell_args: list[str] | None = None) -> dict:
-    mounts = [{"name": "dshm", "mountPath": "/dev/shm"}, {"name": "home", "mountPath": "/home/vllm"}]
+    mounts = [{"name": "dshm", "mountPath": "/dev/shm"}, *writable_mounts()]
     if ctx.settings.serving.weights_mode == "sync":
         mounts.append({"name": "model-cache", "mountPath": MODEL_CACHE_DIR, "readOnly": True})
     else:
@@ -386,13 +423,8 @@ def namespace(ctx: ServingContext) -> dict:
         "kind": "Namespace",
         "metadata": {
             "name": ctx.namespace,
-            "labels": {
-                **ctx.labels("namespace"),
-                # hostPath (the node model cache) is outside the baseline profile, so the
-                # restricted profile is audited and warned about rather than enforced.
-                "pod-security.kubernetes.io/warn": "restricted",
-                "pod-security.kubernetes.io/audit": "restricted",
-            },
+            # Pod Security labels: workloads/namespaces.py, from every pod rendered in it
+            "labels": ctx.labels("namespace"),
         },
     }
 

@@ -315,6 +315,7 @@ def argo_plugin_values(settings: StackSettings) -> dict:
     init = {"name": "gatewayapi-plugin", "image": plugin_image(settings),
             "command": ["cp", f"/plugin/{PLUGIN_FILE}", f"{PLUGIN_DIR}/{PLUGIN_FILE}"],
             "volumeMounts": [mount],
+            "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"cpu": "100m", "memory": "64Mi"}},
             "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                                 "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}}}
     return {"controller": {"trafficRouterPlugins": [plugin], "initContainers": [init], "volumes": [volume],

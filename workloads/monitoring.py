@@ -310,8 +310,32 @@ def _dcgm_labels(ctx: ServingContext) -> dict[str, str]:
     }
 
 
+# What dcgm-exporter runs with, and why (docs/operations.md "dcgm-exporter privileges"):
+#   runAsUser 0   the kubelet's pod-resources socket (which pod holds which GPU) is root's;
+#   SYS_ADMIN     only for DCGM's profiling (DCP) fields, and only when the stack asks for
+#                 them: NVIDIA's manifest adds it for those alone (NVIDIA/dcgm-exporter
+#                 dcgm-exporter.yaml and docker/dcgm-exporter-entrypoint.sh at tag 4.2.3-4.1.3,
+#                 commit dcbb9276f0a5f380030dc129f043e5d9c25c3045; issue #165 for NVIDIA's
+#                 explanation); without it the exporter logs that it skips them and serves the
+#                 rest;
+#   everything else is dropped; no privilege escalation; the runtime's default seccomp.
+# The root filesystem stays writable: the image's entrypoint runs `ldconfig` (rewrites
+# /etc/ld.so.cache, to find the driver's libraries the NVIDIA runtime mounts) and, unless
+# NO_SETCAP is set, `setcap` on its binary, both under `set -e`.
+DCGM_PROFILING_CAPABILITIES = ("SYS_ADMIN",)
+
+
+def dcgm_security(profiling: bool) -> dict:
+    caps: dict = {"drop": ["ALL"]}
+    if profiling:
+        caps["add"] = list(DCGM_PROFILING_CAPABILITIES)
+    return {"runAsNonRoot": False, "runAsUser": 0, "allowPrivilegeEscalation": False,
+            "capabilities": caps, "seccompProfile": {"type": "RuntimeDefault"}}
+
+
 def dcgm_exporter(ctx: ServingContext) -> list[dict]:
     ns = ctx.settings.monitoring.namespace
+    profiling = ctx.settings.monitoring.dcgm_profiling_metrics
     labels = _dcgm_labels(ctx)
     selector = {"app.kubernetes.io/name": DCGM_NAME}
     sa = {
@@ -332,6 +356,7 @@ def dcgm_exporter(ctx: ServingContext) -> list[dict]:
                 "spec": {
                     "serviceAccountName": DCGM_NAME,
                     "automountServiceAccountToken": False,
+                    "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
                     "priorityClassName": "system-node-critical",
                     # GPU nodes only: the pools carry the gpu-model label and the GPU taint.
                     "affinity": {
@@ -353,17 +378,20 @@ def dcgm_exporter(ctx: ServingContext) -> list[dict]:
                                 # Label each GPU's series with the pod holding it.
                                 {"name": "DCGM_EXPORTER_KUBERNETES", "value": "true"},
                                 {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+                                # Without SYS_ADMIN the entrypoint's setcap can only fail: skip it.
+                                *([] if profiling else [{"name": "NO_SETCAP", "value": "1"}]),
                             ],
                             "ports": [{"name": "metrics", "containerPort": DCGM_PORT}],
-                            # The upstream manifest's: DCGM's profiling counters need SYS_ADMIN.
-                            "securityContext": {"runAsNonRoot": False, "runAsUser": 0,
-                                                "capabilities": {"add": ["SYS_ADMIN"]}},
+                            "securityContext": dcgm_security(profiling),
                             "resources": {
                                 "requests": {"cpu": "100m", "memory": "256Mi"},
-                                "limits": {"memory": "1Gi"},
+                                "limits": {"cpu": "500m", "memory": "1Gi"},
                             },
                             "readinessProbe": {"httpGet": {"path": "/health", "port": DCGM_PORT},
                                                "initialDelaySeconds": 15, "periodSeconds": 10},
+                            "livenessProbe": {"httpGet": {"path": "/health", "port": DCGM_PORT},
+                                              "initialDelaySeconds": 30, "periodSeconds": 20,
+                                              "timeoutSeconds": 5, "failureThreshold": 6},
                             "volumeMounts": [{"name": "pod-resources", "mountPath": "/var/lib/kubelet/pod-resources",
                                               "readOnly": True}],
                         }

@@ -270,7 +270,7 @@ def redis(settings: StackSettings) -> list[dict]:
         "ports": [{"name": "redis", "containerPort": REDIS_PORT, "protocol": "TCP"}],
         "readinessProbe": {"tcpSocket": {"port": "redis"}, "periodSeconds": 5},
         "livenessProbe": {"tcpSocket": {"port": "redis"}, "periodSeconds": 10, "failureThreshold": 6},
-        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}},
+        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"cpu": "1", "memory": "512Mi"}},
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "readOnlyRootFilesystem": True,

@@ -127,7 +127,7 @@ def prewarm(ctx: ServingContext, role_env: dict) -> list[dict]:
         "image": ctx.image,
         "imagePullPolicy": "IfNotPresent",
         "command": ["python3", "-c", "pass"],
-        "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "128Mi"}},
+        "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"cpu": "100m", "memory": "128Mi"}},
         "securityContext": manifests.container_security(),
     }]
     keep = {"home", "volcengine-token"}
@@ -158,7 +158,7 @@ def prewarm(ctx: ServingContext, role_env: dict) -> list[dict]:
                         "image": ctx.image,
                         "imagePullPolicy": "IfNotPresent",
                         "command": SLEEP,
-                        "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "64Mi"}},
+                        "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"cpu": "50m", "memory": "64Mi"}},
                         "securityContext": manifests.container_security(),
                     }],
                     "volumes": [v for v in manifests.volumes(ctx) if v["name"] in keep],
@@ -211,7 +211,7 @@ def warm_capacity(ctx: ServingContext) -> list[dict]:
                             "command": SLEEP,
                             "resources": {
                                 "requests": {"cpu": "100m", "memory": "64Mi", ctx.gpu_resource: gpus},
-                                "limits": {"memory": "64Mi", ctx.gpu_resource: gpus},
+                                "limits": {"cpu": "100m", "memory": "64Mi", ctx.gpu_resource: gpus},
                             },
                             "securityContext": manifests.container_security(),
                         }],

@@ -20,6 +20,7 @@ from workloads import (
     gateway,
     manifests,
     monitoring,
+    namespaces,
     network_policy,
     platform,
     resilience,
@@ -70,7 +71,8 @@ def render_all(ctx: ServingContext, role_trn: pulumi.Input[str] | str) -> list[d
     objs += resilience.render(ctx, role_trn)  # type: ignore[arg-type]
     for render in renderers(ctx):
         objs.extend(render(ctx))
-    return objs
+    pods = objs + platform.manifests(ctx.settings)
+    return [namespaces.label(o, pods, ctx.settings) if o["kind"] == "Namespace" else o for o in objs]
 
 
 class Serving(pulumi.ComponentResource):
@@ -88,8 +90,16 @@ class Serving(pulumi.ComponentResource):
         )
         base = pulumi.ResourceOptions(parent=self, provider=provider)
 
-        # Generated credentials first: the charts and manifests below read them.
-        generated = generated_secrets(name, ctx, base)
+        objs = render_all(ctx, args.reader_role_trn)
+        # The platform's namespaces first, labelled (workloads/namespaces.py): the charts go
+        # into them rather than into namespaces Helm would create without labels.
+        platform_ns = {
+            obj["metadata"]["name"]: k8s_apply.apply(name, obj, base)
+            for obj in namespaces.platform_namespaces(ctx.settings, objs + platform.manifests(ctx.settings),
+                                                      ctx.release)
+        }
+        # Generated credentials next: the charts and manifests below read them.
+        generated = generated_secrets(name, ctx, base, platform_ns)
 
         releases = []
         remote_write = args.vmp_remote_write if ctx.settings.monitoring.enabled else None
@@ -103,12 +113,13 @@ class Serving(pulumi.ComponentResource):
                 chart=rel["chart"],
                 version=rel["version"],
                 namespace=rel["namespace"],
-                create_namespace=True,
+                create_namespace=False,
                 repository_opts={"repo": rel["repository_url"]},
                 values=values,
                 atomic=True,
                 timeout=900,
-                opts=pulumi.ResourceOptions.merge(base, pulumi.ResourceOptions(depends_on=generated)),
+                opts=pulumi.ResourceOptions.merge(base, pulumi.ResourceOptions(
+                    depends_on=generated + [platform_ns[rel["namespace"]]])),
             )
             releases.append(release)
             if remote_write is not None and rel["name"] == "kube-prometheus-stack":
@@ -122,10 +133,9 @@ class Serving(pulumi.ComponentResource):
         after_charts = pulumi.ResourceOptions.merge(base, pulumi.ResourceOptions(depends_on=list(releases)))
         releases += [k8s_apply.apply(name, obj, after_charts) for obj in platform.manifests(ctx.settings)]
 
-        objs = render_all(ctx, args.reader_role_trn)
-        namespaces = {}
+        own_ns = {}
         for obj in [o for o in objs if o["kind"] == "Namespace"]:
-            namespaces[obj["metadata"]["name"]] = k8s_apply.apply(name, obj, base)
+            own_ns[obj["metadata"]["name"]] = k8s_apply.apply(name, obj, base)
 
         if not ctx.settings.cluster.irsa:
             # Static reader key for clusters without IRSA (infra/weights.py creates the user).
@@ -137,7 +147,7 @@ class Serving(pulumi.ComponentResource):
                 string_data={"access_key_id": args.static_access_key_id,
                              "secret_access_key": args.static_secret_access_key},
                 opts=pulumi.ResourceOptions.merge(base, pulumi.ResourceOptions(
-                    depends_on=list(namespaces.values()))),
+                    depends_on=list(own_ns.values()))),
             )
 
         scaled = {(o["spec"]["scaleTargetRef"].get("kind", "Deployment"), o["spec"]["scaleTargetRef"]["name"])
@@ -147,8 +157,8 @@ class Serving(pulumi.ComponentResource):
                 continue
             deps = list(releases)
             ns = obj["metadata"].get("namespace")
-            if ns in namespaces:
-                deps.append(namespaces[ns])
+            if ns in own_ns:
+                deps.append(own_ns[ns])
             ignore = gateway.ignored_changes(ctx, obj)
             if (obj["kind"], obj["metadata"]["name"]) in scaled:
                 # The autoscaler owns the replica count after creation; re-applying the
@@ -181,18 +191,14 @@ def _labels(name: str, instance: str, component: str) -> dict[str, str]:
             "app.kubernetes.io/managed-by": MANAGED_BY}
 
 
-def generated_secrets(name: str, ctx: ServingContext, base: pulumi.ResourceOptions) -> list[pulumi.Resource]:
+def generated_secrets(name: str, ctx: ServingContext, base: pulumi.ResourceOptions,
+                      namespaces: dict[str, pulumi.Resource]) -> list[pulumi.Resource]:
     """The Secrets of workloads/secrets.py, each random key a RandomPassword kept in the
     stack's state (alphanumeric: it goes into command lines and REDIS_AUTH's user:pass
-    form unquoted), in namespaces created here so the Secrets exist before the charts."""
+    form unquoted), in the platform's namespaces (`namespaces`: name -> resource), so the
+    Secrets exist before the charts."""
     out: list[pulumi.Resource] = []
-    namespaces: dict[str, pulumi.Resource] = {}
     for gs in secrets.generated(ctx.settings):
-        if gs.namespace not in namespaces:
-            namespaces[gs.namespace] = k8s_apply.apply(name, {
-                "apiVersion": "v1", "kind": "Namespace",
-                "metadata": {"name": gs.namespace, "labels": _labels(gs.namespace, ctx.release, "platform")},
-            }, base)
         data: dict[str, pulumi.Input[str]] = dict(gs.fixed)
         for key in gs.random_keys:
             data[key] = random.RandomPassword(

@@ -229,7 +229,7 @@ def collector_values(settings: StackSettings, trace_topic_id: Any = None) -> dic
         "podSecurityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
         "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                             "capabilities": {"drop": ["ALL"]}},
-        "resources": {"requests": {"cpu": "200m", "memory": "256Mi"}, "limits": {"memory": "512Mi"}},
+        "resources": {"requests": {"cpu": "200m", "memory": "256Mi"}, "limits": {"cpu": "1", "memory": "512Mi"}},
         "podDisruptionBudget": {"enabled": t.collector_replicas > 1, "minAvailable": 1},
     }
 
