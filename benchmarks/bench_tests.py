@@ -24,8 +24,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TIERS = {
-    "fast": ["-n", "2", "--dist", "loadfile", "-m", "not integration and not slow"],
-    "full": [],
+    "fast": ["-n", "2", "--dist", "loadgroup", "-m", "not integration and not slow"],
+    "full": ["-n", "2", "--dist", "loadgroup"],
 }
 GOALS_S = {"fast": 60, "full": 600}
 

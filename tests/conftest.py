@@ -126,9 +126,25 @@ def _one_program_run_per_stack_and_mode():
 
 _KERNELS = _TESTS / "kernels"
 
+# Test files that start real vLLM servers. Only one server runs at a time (the file lock
+# above), so under `-n 2 --dist loadgroup` these files share one worker (one xdist group)
+# and the other worker runs everything else; a worker never idles waiting for the lock.
+# Every other file is its own group, as with --dist loadfile, so a module's fixtures are
+# computed once.
+VLLM_SERVER_FILES = frozenset({
+    "test_drain_vllm.py", "test_metrics_contract.py", "test_readonly_root_vllm.py",
+    "test_serving_vllm.py", "test_tracing_vllm.py", "test_vllm_kv_capacity.py",
+    "test_vllm_mla.py", "test_vllm_plugin.py",
+})
+
+
+def xdist_group(path: Path) -> str:
+    return "vllm-servers" if path.name in VLLM_SERVER_FILES else str(path.relative_to(_TESTS))
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
+        item.add_marker(pytest.mark.xdist_group(xdist_group(Path(str(item.path)))))
         # The kernels' tests run Triton's interpreter on the CPU: correct, but slow.
         if _KERNELS in Path(str(item.path)).parents and "integration" not in item.keywords:
             item.add_marker(pytest.mark.slow)

@@ -7,6 +7,8 @@ whether a failed start leaves its log behind.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 import vllm_harness
@@ -84,3 +86,17 @@ def test_a_failed_start_releases_the_lock(tmp_path, fake_servers):
     with pytest.raises(VllmStartupError):
         first.get(tmp_path / "model-a")
     ServerPool(tmp_path / "logs", lock_path=tmp_path / "lock", lock_timeout=0.1).get(tmp_path / "model-b")
+
+
+def test_every_file_that_starts_a_vllm_server_is_in_the_vllm_group():
+    """A file that starts real servers outside the group would block the other worker on
+    the server lock under `-n 2 --dist loadgroup` (tests/conftest.py)."""
+    import re
+
+    import conftest
+
+    starts = re.compile(r"\bvllm_server\b|\bVllmServer\(|\(VllmServer\)")
+    users = {p.name for p in Path(conftest.__file__).parent.rglob("test_*.py")
+             if p.name != Path(__file__).name and starts.search(p.read_text())}
+    assert users, "no test starts a vLLM server: the pattern is stale"
+    assert users <= conftest.VLLM_SERVER_FILES, sorted(users - conftest.VLLM_SERVER_FILES)
