@@ -30,7 +30,7 @@ for p in (str(_ROOT), str(_TESTS)):
     if p not in sys.path:
         sys.path.insert(0, p)
 
-from vllm_harness import ServerPool, make_tiny_model  # noqa: E402
+from vllm_harness import VLLM_SERVER_FILES, ServerPool, make_tiny_model  # noqa: E402
 
 VLLM_AVAILABLE = importlib.util.find_spec("vllm") is not None
 
@@ -125,17 +125,6 @@ def _one_program_run_per_stack_and_mode():
 
 
 _KERNELS = _TESTS / "kernels"
-
-# Test files that start real vLLM servers. Only one server runs at a time (the file lock
-# above), so under `-n 2 --dist loadgroup` these files share one worker (one xdist group)
-# and the other worker runs everything else; a worker never idles waiting for the lock.
-# Every other file is its own group, as with --dist loadfile, so a module's fixtures are
-# computed once.
-VLLM_SERVER_FILES = frozenset({
-    "test_drain_vllm.py", "test_metrics_contract.py", "test_readonly_root_vllm.py",
-    "test_serving_vllm.py", "test_tracing_vllm.py", "test_vllm_kv_capacity.py",
-    "test_vllm_mla.py", "test_vllm_plugin.py",
-})
 
 
 def xdist_group(path: Path) -> str:

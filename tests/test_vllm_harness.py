@@ -93,10 +93,8 @@ def test_every_file_that_starts_a_vllm_server_is_in_the_vllm_group():
     the server lock under `-n 2 --dist loadgroup` (tests/conftest.py)."""
     import re
 
-    import conftest
-
     starts = re.compile(r"\bvllm_server\b|\bVllmServer\(|\(VllmServer\)")
-    users = {p.name for p in Path(conftest.__file__).parent.rglob("test_*.py")
+    users = {p.name for p in Path(__file__).parent.rglob("test_*.py")
              if p.name != Path(__file__).name and starts.search(p.read_text())}
     assert users, "no test starts a vLLM server: the pattern is stale"
-    assert users <= conftest.VLLM_SERVER_FILES, sorted(users - conftest.VLLM_SERVER_FILES)
+    assert users <= vllm_harness.VLLM_SERVER_FILES, sorted(users - vllm_harness.VLLM_SERVER_FILES)

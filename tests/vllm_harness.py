@@ -31,6 +31,17 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+# Test files that start real vLLM servers. Only one server runs at a time (SERVER_LOCK
+# below), so under `-n 2 --dist loadgroup` these files share one worker (one xdist group)
+# and the other worker runs everything else; a worker never idles waiting for the lock.
+# Every other file is its own group, as with --dist loadfile, so a module's fixtures are
+# computed once.
+VLLM_SERVER_FILES = frozenset({
+    "test_drain_vllm.py", "test_metrics_contract.py", "test_readonly_root_vllm.py",
+    "test_serving_vllm.py", "test_tracing_vllm.py", "test_vllm_kv_capacity.py",
+    "test_vllm_mla.py", "test_vllm_plugin.py",
+})
+
 # Default engine arguments for a 2-core CPU box: short context, no graph capture.
 # ``--dtype`` defaults to the model's config.json ``torch_dtype``.
 DEFAULT_SERVER_ARGS: tuple[str, ...] = (
@@ -515,4 +526,5 @@ class ServerPool:
 
 
 __all__ = ["make_tiny_model", "tiny_config", "VllmServer", "VllmStartupError", "ServerPool",
-           "parse_kv_cache_tokens", "free_port", "DEFAULT_SERVER_ARGS", "DEFAULT_SERVER_ENV"]
+           "parse_kv_cache_tokens", "free_port", "DEFAULT_SERVER_ARGS", "DEFAULT_SERVER_ENV",
+           "VLLM_SERVER_FILES"]
