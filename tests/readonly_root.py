@@ -5,7 +5,7 @@ the machine read-only, and writable only where the pod mounts an emptyDir.
 
 In a private mount namespace (`unshare --mount`), DIR becomes the new root: a tmpfs that
 holds a read-only bind of each top-level directory of the machine (the Python, the
-virtualenv and the repository stay where they are), a fresh tmpfs at each `--tmpfs` path
+virtualenv and the repository stay where they are, read-only, even under /tmp), a fresh tmpfs at each `--tmpfs` path
 (the pod's emptyDirs), each `--bind-ro` source at its path (a hostPath or a read-only
 volume), each `--bind` source writable (a hostPath the container writes), the machine's
 /proc and /dev, and a read-only /sys. Then the tmpfs root itself is
@@ -48,6 +48,12 @@ def command(root: str | os.PathLike, tmpfs: list[str], bind_ro: dict[str, str], 
     """The command line that runs `argv` under a read-only root at `root` (an empty
     directory): `tmpfs` paths writable and empty, `bind_ro` {host: path} read-only, `bind`
     {host: path} writable."""
+    # The Python, its virtualenv and the repository stay visible where they are, also when
+    # they live under a directory an image starts empty (a clone in /tmp): bound read-only.
+    here = Path(__file__).resolve().parent.parent
+    keep = {str(p): str(p) for p in map(Path, (sys.prefix, sys.base_prefix, here))
+            if len(p.parts) > 1 and p.parts[1] in FRESH}
+    bind_ro = {**keep, **bind_ro}
     direct = subprocess.run(["unshare", "--mount", "true"], capture_output=True).returncode == 0
     ns = ["unshare", "--mount", "--propagation", "private"]
     if not direct:
