@@ -44,7 +44,7 @@ def _digest_file(entry) -> str:
 def copy_script(settings, entries) -> str:
     """A POSIX shell script copying every artifact into the mirror with standard tools,
     each writing the digest it resolved to digests/<kind>-<name>.digest."""
-    from workloads import mirror
+    from workloads.supply_chain import mirror
 
     host = mirror.registry_host(settings)
     lines = [
@@ -90,7 +90,7 @@ def copy_script(settings, entries) -> str:
 def record(settings, entries, directory: Path) -> list[str]:
     """Read digests/<kind>-<name>.digest into the lock; returns what changed. A digest that
     differs from the one recorded is refused: the upstream artifact moved under its tag."""
-    from workloads import mirror
+    from workloads.supply_chain import mirror
 
     lock = mirror.read_lock(settings)
     sections = {"images": dict(lock.images), "charts": dict(lock.charts), "files": dict(lock.files)}
@@ -122,7 +122,7 @@ def record(settings, entries, directory: Path) -> list[str]:
 
 def record_build(stack: str, settings, metadata: Path, image: str) -> str:
     """The digest a build pushed, from docker buildx's --metadata-file, into the stack."""
-    from workloads import mirror
+    from workloads.supply_chain import mirror
 
     try:
         meta = json.loads(metadata.read_text())
@@ -168,13 +168,13 @@ def images(
 ) -> None:
     """List every chart, image and file the stack deploys, as copied into its own registry
     (source, target, digest), and record the digests the copy or the build resolved."""
-    from workloads import mirror
+    from workloads.supply_chain import mirror
 
     try:
         settings = loader.load(stack)
     except SettingsError as exc:
         _fail(str(exc), 2)
-    from workloads import inventory
+    from workloads.supply_chain import inventory
 
     entries = inventory.entries(settings)
     console = Console(soft_wrap=True)

@@ -264,7 +264,7 @@ def build_log_collection(s: StackSettings, cluster: Cluster, logs: LogStore, opt
     """Container stdout of the serving pods, the gateway's proxies and the platform into
     their topics. The selections follow the workloads' labels: the serving pods carry
     app.kubernetes.io/instance=<serving.name>; Envoy Gateway labels our Gateway's proxies
-    (workloads/gateway.py proxy_selector)."""
+    (workloads/edge/gateway.py proxy_selector)."""
     platform_namespaces = [ENTRY_NAMESPACE, KEDA_NAMESPACE, ROLLOUTS_NAMESPACE, LWS_NAMESPACE,
                            s.monitoring.namespace, s.observability.tracing.collector_namespace, "kube-system"]
     identifier = s.observability.logs.collector_identifier or f"{s.resource_prefix}-nodes"

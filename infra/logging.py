@@ -135,7 +135,7 @@ def collection_rules(
 ) -> list[CollectionRule]:
     """The three container rules: serving pods, the gateway's proxies, everything else of
     the platform. `gateway_proxy_labels` are labels Envoy Gateway puts on our Gateway's
-    proxy pods (workloads/gateway.py proxy_selector)."""
+    proxy pods (workloads/edge/gateway.py proxy_selector)."""
     proxy_component = {"app.kubernetes.io/component": gateway_proxy_labels["app.kubernetes.io/component"]}
     return [
         CollectionRule(

@@ -1,9 +1,9 @@
 """Managed Prometheus (VMP) workspace that receives the serving metrics and rule files.
 
 Metrics reach it by Prometheus remote write: the in-cluster Prometheus (kube-prometheus-stack,
-workloads/platform.py) writes to the workspace's intranet write endpoint with the
+workloads/platform/controllers.py) writes to the workspace's intranet write endpoint with the
 workspace's basic-auth user, whose password is generated here and handed to Prometheus
-through a Kubernetes Secret (workloads/vmp.py), never as a plain value. The APIG edge sends
+through a Kubernetes Secret (workloads/observability/vmp.py), never as a plain value. The APIG edge sends
 its own metrics to the same workspace (`monitor_spec`, infra/gateway.py).
 """
 

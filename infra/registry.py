@@ -13,7 +13,7 @@ readable; a private repository needs two things before a pod can pull from it:
 The policy `image-pullable` checks at preview that every pod image has both.
 
 A private mirror namespace holds copies of every upstream image and chart the stack deploys
-(workloads/mirror.py; `dsvolc images <stack>` lists them).
+(workloads/supply_chain/mirror.py; `dsvolc images <stack>` lists them).
 """
 
 from __future__ import annotations

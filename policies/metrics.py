@@ -41,7 +41,7 @@ def _vmp_fed(args, report):
         if not writers:
             report(f"nothing writes to VMP workspace {name!r}: no in-cluster Prometheus remote-writes to its endpoint "
                    "with basic auth from a Secret. Fix: keep monitoring.enabled with observability.vmp_enabled "
-                   "(workloads/vmp.py remote_write_values).", ws.urn)
+                   "(workloads/observability/vmp.py remote_write_values).", ws.urn)
 
 
 POLICIES = [

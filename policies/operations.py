@@ -82,7 +82,7 @@ def _alerts(args, report):
     for what, alerts in found.items():
         if not alerts:
             report(f"no alert with a severity label watches serving {what}: a broken model server pages nobody. "
-                   "Fix: set monitoring.enabled: true (workloads/rules/alerts.yaml holds the latency and error "
+                   "Fix: set monitoring.enabled: true (workloads/observability/rules/alerts.yaml holds the latency and error "
                    "alerts).")
 
 

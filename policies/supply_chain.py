@@ -102,7 +102,7 @@ def _mirrored(args, report):
             registry = host or "no CR registry in the stack"
             report(f"{where} pulls {ref!r} from outside the stack's registry ({registry}): cn-beijing clusters do not reliably reach docker.io, quay.io, ghcr.io, nvcr.io, "
                    "registry.k8s.io or GitHub, and a public tag can change under the stack. Fix: render it from "
-                   "the mirror (workloads/mirror.py) and copy it there (dsvolc images <stack> --script).", r.urn)
+                   "the mirror (workloads/supply_chain/mirror.py) and copy it there (dsvolc images <stack> --script).", r.urn)
 
 
 def _by_digest(args, report):

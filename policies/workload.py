@@ -181,7 +181,7 @@ def _probes(args, report):
             p = dig(c, probe)
             if p is None:
                 report(f"{where} has no {probe}. Fix: probe GET /health on port http with startup, readiness "
-                       "and liveness probes (workloads/manifests.py probes).")
+                       "and liveness probes (workloads/engine/manifests.py probes).")
                 continue
             missing = [k for k in ("timeoutSeconds", "periodSeconds", "failureThreshold") if dig(p, k) is None]
             if missing:
@@ -281,7 +281,7 @@ def _drain(args, report):
                     report(f"{where}: vLLM stops {shutdown:g} s after SIGTERM (--shutdown-timeout; 0 aborts every "
                            f"request in flight) while the edge lets a request run {edge:g} s: every scale-down and "
                            "rollout cuts long generations. Fix: render --shutdown-timeout = "
-                           "gateway.request_timeout_seconds (workloads/engine_args.py).", w.urn)
+                           "gateway.request_timeout_seconds (workloads/engine/engine_args.py).", w.urn)
                 if grace < pre + shutdown:
                     report(f"{where}: terminationGracePeriodSeconds {grace:g} is shorter than preStop {pre:g} s + "
                            f"vLLM's drain {shutdown:g} s: the kubelet kills the drain. Fix: leave "
@@ -395,7 +395,7 @@ def _read_only_root(args, report):
         if dig(c, "securityContext", "readOnlyRootFilesystem") is not True:
             report(f"{kind} {name_of(args.props)} container {dig(c, 'name')!r} has a writable root filesystem: "
                    "whoever runs code in it can change its programs and hide files. Fix: set "
-                   "readOnlyRootFilesystem: true and mount an emptyDir where it must write (workloads/manifests.py "
+                   "readOnlyRootFilesystem: true and mount an emptyDir where it must write (workloads/engine/manifests.py "
                    "writable_mounts), or exempt the workload by name with a reason (config exempt).")
 
 
@@ -509,7 +509,7 @@ def _namespace_pod_security(args, report):
             if labels.get(f"{PSA}/{mode}") != pod_security.RESTRICTED:
                 report(f"{where} has {PSA}/{mode}={labels.get(f'{PSA}/{mode}')!r}, not 'restricted': the API server "
                        "does not record pods that fall short of the restricted profile. Fix: label it with "
-                       "workloads/namespaces.py psa_labels.", r.urn)
+                       "workloads/platform/namespaces.py psa_labels.", r.urn)
         for mode in ("audit", "warn", "enforce"):
             version = labels.get(f"{PSA}/{mode}-version")
             if f"{PSA}/{mode}" in labels and (version is None or version == "latest"):
@@ -538,7 +538,7 @@ def _namespace_pod_security(args, report):
             if broken:
                 report(f"{what} breaks the level its namespace {name!r} enforces ({enforce}, {version}): "
                        f"{'; '.join(str(f) for f in broken)}. Admission would refuse its pods. Fix: change the pod "
-                       "or let workloads/namespaces.py compute the level.", r.urn)
+                       "or let workloads/platform/namespaces.py compute the level.", r.urn)
         if name not in charts and pod_security.weaker(enforce, best):
             report(f"{where} enforces {enforce!r} but all its pods meet {best!r}: a pod that breaks {best!r} would "
                    f"still be admitted. Fix: label it {PSA}/enforce={best}.", r.urn)
@@ -570,7 +570,7 @@ def _ingress_scoped(args, report):
                 who = f"namespace {ns!r}" if ns else "every namespace the selector matches"
                 report(f"NetworkPolicy {name_of(p.props)} admits every pod of {who} to the model server, past "
                        "the gateway's JWT and rate limits. Fix: add a podSelector naming the pods that need it "
-                       "(Prometheus by its operator's labels, workloads/network_policy.py).", p.urn)
+                       "(Prometheus by its operator's labels, workloads/edge/network_policy.py).", p.urn)
 
 
 def _labels(args, report):
@@ -726,7 +726,7 @@ POLICIES = [
         config={"allowedCapabilities": {
             "type": "object", "additionalProperties": {"type": "array", "items": {"type": "string"}},
             # dcgm-exporter: DCGM's profiling fields (monitoring.dcgm_profiling_metrics);
-            # vllm/triton: RDMA pins memory (workloads/rdma.py)
+            # vllm/triton: RDMA pins memory (workloads/engine/rdma.py)
             "default": {"dcgm-exporter": ["SYS_ADMIN"], "vllm": ["IPC_LOCK"], "triton": ["IPC_LOCK"]},
             "description": "container name -> the capabilities it may add"}},
         tags=["workloads", "security"],
@@ -737,7 +737,7 @@ POLICIES = [
         "enforce at the strictest level its pods meet where the program renders all of them; no pod breaks the "
         "level its namespace enforces.",
         _namespace_pod_security,
-        fix="Build namespaces with workloads/namespaces.py (label / platform_namespaces).",
+        fix="Build namespaces with workloads/platform/namespaces.py (label / platform_namespaces).",
         tags=["workloads", "security"],
     ),
 ]

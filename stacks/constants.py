@@ -63,7 +63,7 @@ ENGINE_ARGS_ANNOTATION = f"{LABEL_PREFIX}/engine-args"
 # Envoy Gateway runs its proxies in its controller namespace; a stable-named Service there
 # selects the proxies of our Gateway, so the edge has a fixed target.
 ENTRY_NAMESPACE = "envoy-gateway-system"
-# Namespaces of the platform controllers' charts (workloads/platform.py); the platform log
+# Namespaces of the platform controllers' charts (workloads/platform/controllers.py); the platform log
 # topic collects them (infra/logging.py).
 KEDA_NAMESPACE = "keda"
 ROLLOUTS_NAMESPACE = "argo-rollouts"

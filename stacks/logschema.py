@@ -1,7 +1,7 @@
 """The shape of the log lines the stack writes, and so what the TLS topics index.
 
 The in-cluster gateway writes its access log as one JSON object per request with exactly
-the keys of `ACCESS_LOG_KEYS` (workloads/telemetry.py holds the Envoy command operator of
+the keys of `ACCESS_LOG_KEYS` (workloads/observability/telemetry.py holds the Envoy command operator of
 each key); vLLM, run with `--logging-config.formatter json`, writes the keys of
 `SERVING_LOG_KEYS` (vllm/logging_utils/formatter.py JSON_FORMAT in vLLM 0.32:
 asctime, levelname, name, processName, process, message). infra/logging.py indexes these

@@ -1504,7 +1504,7 @@ class StackSettings(_Model):
         log-collector where container logs go to TLS."""
         names = ["cluster-autoscaler", "nvidia-device-plugin", "metrics-server"]
         if any(p.mig is not None for p in self.cluster.gpu_pools.values()):
-            # a MIG pool runs NVIDIA's device plugin chart instead (workloads/platform.py), whose
+            # a MIG pool runs NVIDIA's device plugin chart instead (workloads/platform/controllers.py), whose
             # per-node config gives MIG nodes the mixed strategy; two plugins on one node would
             # both advertise its GPUs
             names.remove("nvidia-device-plugin")

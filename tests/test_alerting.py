@@ -35,8 +35,10 @@ from runtime import alert_relay
 from stacks import SettingsError, parse
 from tests.k8s_schema import validate_all
 from tests.stack_fixtures import filled_raw
-from workloads import alerting, monitoring, platform
-from workloads.context import build_context
+from workloads.observability import alerting
+from workloads.observability import monitoring
+from workloads.platform import controllers as platform
+from workloads.engine.context import build_context
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -8,8 +8,9 @@ import pytest
 
 from k8s_schema import validate_all
 from stacks import parse, read_raw
-from workloads import autoscaling, monitoring
-from workloads.context import build_context
+from workloads.engine import autoscaling
+from workloads.observability import monitoring
+from workloads.engine.context import build_context
 
 STACKS = ["dev", "staging", "prod"]
 

@@ -20,8 +20,8 @@ import pytest
 
 from stacks import load
 from vllm_harness import VllmServer
-from workloads import engine_args
-from workloads.context import build_context
+from workloads.engine import engine_args
+from workloads.engine.context import build_context
 
 pytestmark = pytest.mark.integration
 MAX_TOKENS = 400

@@ -8,8 +8,8 @@ import json
 import pytest
 
 from stacks import load, parse, read_raw
-from workloads import engine_args
-from workloads.context import build_context
+from workloads.engine import engine_args
+from workloads.engine.context import build_context
 
 
 def ctx_for(stack: str, raw: dict | None = None):

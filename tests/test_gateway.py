@@ -6,8 +6,8 @@ import pytest
 
 import stacks
 from tests.k8s_schema import known_kinds, validate
-from workloads import gateway
-from workloads.context import build_context
+from workloads.edge import gateway
+from workloads.engine.context import build_context
 from stacks.constants import HTTP_PORT, ENTRY_NAMESPACE, entry_service
 
 ENVS = ("dev", "staging", "prod")

@@ -27,7 +27,8 @@ from runtime.gpu_health import (
 )
 from stacks import SettingsError, parse, read_raw
 from test_autoscaling import ctx_for
-from workloads import network_policy, resilience
+from workloads.edge import network_policy
+from workloads.engine import resilience
 
 
 # --------------------------------------------------------------------------- decisions
@@ -133,7 +134,7 @@ def test_prewarm_syncs_the_same_weights_as_the_serving_pod():
     ctx = ctx_for("dev")
     (ds,) = [o for o in resilience.render(ctx) if o["kind"] == "DaemonSet"]
     init = {c["name"]: c for c in ds["spec"]["template"]["spec"]["initContainers"]}
-    from workloads import manifests
+    from workloads.engine import manifests
     serving_sync = manifests.init_containers(ctx, {"name": "VOLCENGINE_OIDC_ROLE_TRN", "value": ""})[0]
     assert init["weights-sync"]["command"] == serving_sync["command"]
     assert init["pull"]["image"] == ctx.image == ds["spec"]["template"]["spec"]["containers"][0]["image"]

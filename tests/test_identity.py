@@ -21,8 +21,8 @@ from policies.gateway import reserved_domain
 from stacks import SettingsError, parse, read_raw
 from tests.k8s_schema import validate_all
 from tests.stack_fixtures import FILLED_IDENTITY, filled_raw, filled_stack_file
-from workloads import gateway
-from workloads.context import build_context
+from workloads.edge import gateway
+from workloads.engine.context import build_context
 
 POLICY = "identity-provider-not-placeholder"
 PLACEHOLDER_FIELDS = ("serving.auth.issuer", "serving.auth.jwks_uri")

@@ -15,8 +15,8 @@ from dsvolc import engine
 from infra import logging as tls
 from stacks import load, parse, read_raw
 from stacks.logschema import ACCESS_LOG_ANALYSED, ACCESS_LOG_KEYS, SERVING_LOG_KEYS
-from workloads import gateway
-from workloads.context import build_context
+from workloads.edge import gateway
+from workloads.engine.context import build_context
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,8 @@ import pytest
 
 import k8s_schema
 from stacks import load, parse, read_raw
-from workloads import manifests
-from workloads.context import build_context
+from workloads.engine import manifests
+from workloads.engine.context import build_context
 
 STACKS = ["dev", "staging", "prod"]
 ROLE = "trn:iam::2100000000:role/reader"

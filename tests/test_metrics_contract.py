@@ -27,8 +27,10 @@ import pytest
 
 from stacks import load
 from test_autoscaling import STACKS, ctx_for
-from workloads import engine_args, monitoring, queries
-from workloads.context import build_context
+from workloads.engine import engine_args
+from workloads.observability import monitoring
+from workloads.observability import queries
+from workloads.engine.context import build_context
 
 DATA = Path(__file__).resolve().parent / "data"  # sources: data/SOURCES.md
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")

@@ -14,8 +14,9 @@ from capacity.planner import plan
 from capacity.specs import MiB
 from dsvolc import engine, preview
 from stacks import SettingsError, load, parse, read_raw
-from workloads import manifests, platform
-from workloads.context import build_context
+from workloads.engine import manifests
+from workloads.platform import controllers as platform
+from workloads.engine.context import build_context
 
 STACK = "mig-example"
 

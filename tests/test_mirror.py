@@ -18,7 +18,10 @@ from dsvolc.cli import app
 from stacks import parse, read_raw
 from stacks.loader import SETTINGS_KEY
 from tests.stack_fixtures import filled_raw, synthetic_digest
-from workloads import inventory, mirror, platform, versions
+from workloads.supply_chain import inventory
+from workloads.supply_chain import mirror
+from workloads.platform import controllers as platform
+from workloads.supply_chain import versions
 
 ROOT = Path(__file__).resolve().parent.parent
 runner = CliRunner()

@@ -13,7 +13,8 @@ import yaml
 from stacks.constants import GPU_MODEL_LABEL, GPU_TAINT
 from k8s_schema import validate_all
 from test_autoscaling import STACKS, ctx_for
-from workloads import manifests, monitoring
+from workloads.engine import manifests
+from workloads.observability import monitoring
 
 ROOT = Path(__file__).resolve().parents[1]
 

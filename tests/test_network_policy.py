@@ -8,8 +8,8 @@ import pytest
 
 import stacks
 from tests.k8s_schema import validate_all
-from workloads import network_policy
-from workloads.context import build_context
+from workloads.edge import network_policy
+from workloads.engine.context import build_context
 from stacks.constants import HTTP_PORT, ENTRY_NAMESPACE
 
 NS = network_policy.NS_LABEL

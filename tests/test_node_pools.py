@@ -11,8 +11,9 @@ import pytest
 
 from stacks import SettingsError, load, parse, read_raw
 from stacks.nodepools import PoolHardware, pool_hardware, rdma_per_pod, single_numa_refusal, topology_policy
-from workloads import manifests, rdma
-from workloads.context import build_context
+from workloads.engine import manifests
+from workloads.engine import rdma
+from workloads.engine.context import build_context
 
 
 def hw(gpus: int, numa: int | None, nics: int | None = 0) -> PoolHardware:

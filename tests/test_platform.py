@@ -8,7 +8,9 @@ import pytest
 
 import stacks
 from tests.k8s_schema import CRD_DIR, validate_all
-from workloads import platform, secrets, versions
+from workloads.platform import controllers as platform
+from workloads.platform import secrets
+from workloads.supply_chain import versions
 from stacks.constants import ENTRY_NAMESPACE
 
 ENVS = ("dev", "staging", "prod")
@@ -56,7 +58,7 @@ def test_release_shape(env):
     for r in rels:
         assert set(r) == {"name", "namespace", "chart", "version", "repository_url", "values"}
         assert re.fullmatch(r"v?\d+\.\d+\.\d+", r["version"]), r
-        # every chart is the stack mirror's OCI copy (workloads/mirror.py): no repository
+        # every chart is the stack mirror's OCI copy (workloads/supply_chain/mirror.py): no repository
         assert r["repository_url"] is None and r["chart"].startswith("oci://"), r
 
 

@@ -12,8 +12,9 @@ import pytest
 from dsvolc import export
 from stacks import load, loader, pod_security
 from tests.stack_fixtures import filled_raw
-from workloads import monitoring, namespaces
-from workloads.context import build_context
+from workloads.observability import monitoring
+from workloads.platform import namespaces
+from workloads.engine.context import build_context
 
 STACKS = loader.shipped_stacks()
 PSA = "pod-security.kubernetes.io"

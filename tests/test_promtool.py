@@ -27,7 +27,10 @@ import pytest
 import yaml
 
 from test_autoscaling import STACKS, ctx_for
-from workloads import autoscaling, monitoring, queries, rollout
+from workloads.engine import autoscaling
+from workloads.observability import monitoring
+from workloads.observability import queries
+from workloads.engine import rollout
 
 pytestmark = pytest.mark.integration
 

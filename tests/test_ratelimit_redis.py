@@ -13,7 +13,7 @@ import time
 import pytest
 
 import stacks
-from workloads import platform
+from workloads.platform import controllers as platform
 
 pytestmark = pytest.mark.integration
 

@@ -8,7 +8,7 @@ node cache would be, the rendered environment. torch.compile is on (no `--enforc
 the compile cache is what vLLM writes at start.
 
 HOME is then made unwritable too (pointed at a directory of the read-only root): the
-cache variables the renderer sets (workloads/manifests.py CACHE_ENV) must cover everything
+cache variables the renderer sets (workloads/engine/manifests.py CACHE_ENV) must cover everything
 vLLM writes, not $HOME by accident. The control run drops those variables: vLLM falls back
 to $HOME and fails to start, which is what makes the first run a proof.
 
@@ -32,8 +32,9 @@ import readonly_root
 from stacks import load
 from stacks.constants import MODEL_CACHE_DIR
 from vllm_harness import DEFAULT_SERVER_ARGS, VllmServer, VllmStartupError
-from workloads import engine_args, manifests
-from workloads.context import build_context
+from workloads.engine import engine_args
+from workloads.engine import manifests
+from workloads.engine.context import build_context
 
 pytestmark = pytest.mark.integration
 

@@ -6,7 +6,8 @@ import pytest
 
 from k8s_schema import validate_all
 from test_autoscaling import ctx_for
-from workloads import monitoring, rollout
+from workloads.observability import monitoring
+from workloads.engine import rollout
 
 
 def objects(ctx) -> dict[str, dict]:
@@ -106,7 +107,7 @@ def test_no_rollout_when_disabled_or_multi_node():
 
 
 def test_the_route_argo_edits_exists_and_splits_between_the_two_services():
-    from workloads import gateway
+    from workloads.edge import gateway
 
     ctx = ctx_for("dev")
     plugin = objects(ctx)["Rollout"]["spec"]["strategy"]["canary"]["trafficRouting"]["plugins"][
@@ -124,7 +125,7 @@ def test_ab_header_routing_is_an_argo_managed_route_that_survives_a_rollout(stac
     """The A/B header reaches the canary through a header route Argo adds when a rollout
     starts and removes when it ends (promoted or aborted): the header then follows the
     weighted rule like any request, instead of hitting a canary backend Argo set to 0."""
-    from workloads import gateway
+    from workloads.edge import gateway
 
     ctx = ctx_for(stack)
     canary = objects(ctx)["Rollout"]["spec"]["strategy"]["canary"]

@@ -17,8 +17,8 @@ import json
 import pytest
 
 from stacks import load
-from workloads import engine_args
-from workloads.context import build_context
+from workloads.engine import engine_args
+from workloads.engine.context import build_context
 
 pytestmark = pytest.mark.integration
 

@@ -19,8 +19,16 @@ from stacks import parse, read_raw
 from stacks.constants import CONSUMER_HEADER
 from stacks.logschema import ACCESS_LOG_KEYS
 import k8s_schema
-from workloads import mirror, engine_args, gateway, manifests, monitoring, network_policy, platform, telemetry, versions
-from workloads.context import build_context
+from workloads.supply_chain import mirror
+from workloads.engine import engine_args
+from workloads.edge import gateway
+from workloads.engine import manifests
+from workloads.observability import monitoring
+from workloads.edge import network_policy
+from workloads.platform import controllers as platform
+from workloads.observability import telemetry
+from workloads.supply_chain import versions
+from workloads.engine.context import build_context
 
 DATA = Path(__file__).resolve().parent / "data" / "otel-collector"
 STACKS = ("dev", "staging", "prod")
@@ -271,7 +279,7 @@ def test_collector_release_follows_the_settings():
     s = stack("prod", observability__tracing__collector_replicas=3)
     (rel,) = [r for r in platform.releases(s, "t") if r["name"] == "otel-collector"]
     assert rel["namespace"] == "observability"
-    # from the stack's mirror, like every chart (workloads/mirror.py)
+    # from the stack's mirror, like every chart (workloads/supply_chain/mirror.py)
     assert (rel["chart"], rel["version"]) == (mirror.chart_ref(s, versions.OTEL_COLLECTOR), versions.OTEL_COLLECTOR.version)
     assert rel["repository_url"] is None
     v = rel["values"]

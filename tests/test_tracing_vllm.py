@@ -30,8 +30,9 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 
 from stacks import parse, read_raw
 from stacks.logschema import MESSAGE_DELIMITERS, SERVING_LOG_KEYS
-from workloads import engine_args, telemetry
-from workloads.context import build_context
+from workloads.engine import engine_args
+from workloads.observability import telemetry
+from workloads.engine.context import build_context
 
 pytestmark = pytest.mark.integration
 

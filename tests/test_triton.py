@@ -17,7 +17,12 @@ import yaml
 from dsvolc import preview
 from stacks import SettingsError, load, parse, read_raw
 from test_autoscaling import ctx_for
-from workloads import autoscaling, engine_args, manifests, monitoring, queries, triton
+from workloads.engine import autoscaling
+from workloads.engine import engine_args
+from workloads.engine import manifests
+from workloads.observability import monitoring
+from workloads.observability import queries
+from workloads.engine import triton
 
 STACK = "triton-example"
 DATA = Path(__file__).resolve().parent / "data"

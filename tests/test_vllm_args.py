@@ -23,8 +23,9 @@ from pathlib import Path
 import pytest
 
 from stacks import parse, read_raw
-from workloads import engine_args, manifests
-from workloads.context import build_context
+from workloads.engine import engine_args
+from workloads.engine import manifests
+from workloads.engine.context import build_context
 
 # vLLM's own parser: importing the real engine package takes seconds (full run only)
 pytestmark = pytest.mark.integration

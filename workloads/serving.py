@@ -15,21 +15,19 @@ import pulumi_random as random
 import pulumi_volcengine as volc
 
 from stacks.constants import HTTP_PORT, MANAGED_BY, PART_OF
-from workloads import (
-    autoscaling,
-    gateway,
-    manifests,
-    monitoring,
-    namespaces,
-    network_policy,
-    platform,
-    resilience,
-    rollout,
-    secrets,
-    vmp,
-)
-from workloads import k8s as k8s_apply
-from workloads.context import ServingContext, build_context
+from workloads.engine import autoscaling
+from workloads.edge import gateway
+from workloads.engine import manifests
+from workloads.observability import monitoring
+from workloads.platform import namespaces
+from workloads.edge import network_policy
+from workloads.platform import controllers as platform
+from workloads.engine import resilience
+from workloads.engine import rollout
+from workloads.platform import secrets
+from workloads.observability import vmp
+from workloads.platform import k8s as k8s_apply
+from workloads.engine.context import ServingContext, build_context
 
 Renderer = Callable[[ServingContext], list[dict]]
 
@@ -91,7 +89,7 @@ class Serving(pulumi.ComponentResource):
         base = pulumi.ResourceOptions(parent=self, provider=provider)
 
         objs = render_all(ctx, args.reader_role_trn)
-        # The platform's namespaces first, labelled (workloads/namespaces.py): the charts go
+        # The platform's namespaces first, labelled (workloads/platform/namespaces.py): the charts go
         # into them rather than into namespaces Helm would create without labels.
         platform_ns = {
             obj["metadata"]["name"]: k8s_apply.apply(name, obj, base)
@@ -193,7 +191,7 @@ def _labels(name: str, instance: str, component: str) -> dict[str, str]:
 
 def generated_secrets(name: str, ctx: ServingContext, base: pulumi.ResourceOptions,
                       namespaces: dict[str, pulumi.Resource]) -> list[pulumi.Resource]:
-    """The Secrets of workloads/secrets.py, each random key a RandomPassword kept in the
+    """The Secrets of workloads/platform/secrets.py, each random key a RandomPassword kept in the
     stack's state (alphanumeric: it goes into command lines and REDIS_AUTH's user:pass
     form unquoted), in the platform's namespaces (`namespaces`: name -> resource), so the
     Secrets exist before the charts."""

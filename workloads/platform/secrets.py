@@ -6,9 +6,9 @@ it is stable across `pulumi up` and never appears in a file); `fixed` keys are p
 values. `workloads.serving` creates them before the Helm releases that read them:
 
 * the rate-limit Redis password (Redis requires it; Envoy Gateway's rate-limit service
-  reads it as REDIS_AUTH): `workloads/platform.py`;
+  reads it as REDIS_AUTH): `workloads/platform/controllers.py`;
 * Grafana's admin user and password (the chart reads them through `admin.existingSecret`
-  instead of its built-in default password): `workloads/platform.py`.
+  instead of its built-in default password): `workloads/platform/controllers.py`.
 
 Pure: describes, never touches Pulumi.
 """
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from stacks.constants import ENTRY_NAMESPACE
 from stacks.settings import StackSettings
-from workloads.features import global_rate_limit
+from workloads.platform.features import global_rate_limit
 
 PASSWORD_LENGTH = 32
 

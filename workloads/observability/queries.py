@@ -6,9 +6,10 @@ May import: the renderers whose queries it gathers.
 
 from __future__ import annotations
 
-from workloads import autoscaling, rollout
-from workloads.context import ServingContext
-from workloads.monitoring import as_promql, dashboard, dashboard_queries, rule_groups
+from workloads.engine import autoscaling
+from workloads.engine import rollout
+from workloads.engine.context import ServingContext
+from workloads.observability.monitoring import as_promql, dashboard, dashboard_queries, rule_groups
 
 
 def all_queries(ctx: ServingContext) -> list[tuple[str, str]]:

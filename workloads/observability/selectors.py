@@ -1,12 +1,12 @@
 """PromQL label selectors and names shared by the monitoring, autoscaling and rollout
 renderers (one place, so the three never disagree about which series they read).
 
-May import: workloads.context.
+May import: workloads.engine.context.
 """
 
 from __future__ import annotations
 
-from workloads.context import ServingContext
+from workloads.engine.context import ServingContext
 
 VLLM_JOB = "vllm"  # the PodMonitor's job label of the serving pods
 DCGM_NAME = "dcgm-exporter"  # job label (and name) of the DCGM exporter

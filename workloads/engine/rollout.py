@@ -13,14 +13,14 @@ and on failure sets the canary weight back to 0 and scales it away, leaving the 
 pods, which were never scaled down, serving everything.
 
 The Rollout points at the serving Deployment (`workloadRef`), so the pod template lives
-in one place (workloads/manifests.py); Argo scales that Deployment down as the Rollout
+in one place (workloads/engine/manifests.py); Argo scales that Deployment down as the Rollout
 takes over (`scaleDown: progressively`). Multi-node models run as a LeaderWorkerSet,
 which Argo cannot manage: they use LWS's own rolling update, group by group, with
 `rollout.partition` for a staged release (docs/operations.md).
 
 The A/B header (`gateway.ab_header`) reaches the canary through a header route Argo adds
 after its first canary weight and removes at its end (`setHeaderRoute`, `managedRoutes`);
-`pulumi up` leaves the route's weights to Argo (workloads/gateway.py
+`pulumi up` leaves the route's weights to Argo (workloads/edge/gateway.py
 `ignored_changes`).
 
 What the analysis measures, on the canary's pods only (Prometheus label
@@ -41,9 +41,9 @@ fail a healthy canary. The next, larger step gets the traffic and the verdict.
 
 from __future__ import annotations
 
-from workloads.context import ServingContext
-from workloads.gateway import AB_RULE
-from workloads.selectors import ROLLOUT_HASH_LABEL, vllm_selector
+from workloads.engine.context import ServingContext
+from workloads.edge.gateway import AB_RULE
+from workloads.observability.selectors import ROLLOUT_HASH_LABEL, vllm_selector
 
 GATEWAY_API_PLUGIN = "argoproj-labs/gatewayAPI"
 HASH_ARG = "canary-hash"

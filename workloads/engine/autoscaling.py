@@ -31,8 +31,8 @@ not fit stay Pending and the pool grows up to its max_nodes.
 
 from __future__ import annotations
 
-from workloads.context import ServingContext
-from workloads.selectors import hpa_name, vllm_selector
+from workloads.engine.context import ServingContext
+from workloads.observability.selectors import hpa_name, vllm_selector
 
 # Window of the request-rate query: long enough to hold 8 scrapes at 15 s, short enough
 # to follow a ramp within the scale-up stabilisation.

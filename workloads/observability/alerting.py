@@ -26,7 +26,7 @@ from importlib import resources
 
 from stacks.constants import MANAGED_BY, PART_OF
 from stacks.settings import StackSettings
-from workloads import versions
+from workloads.supply_chain import versions
 
 RELAY_NAME = "alert-relay"
 RELAY_PORT = 8080

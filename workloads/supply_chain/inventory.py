@@ -1,7 +1,7 @@
 """What a stack needs in its mirror: every chart, image and file it deploys or builds
 from, with its source, mirror target and recorded digest (`dsvolc images STACK`).
 
-The catalog and the references live in workloads/mirror.py; this module knows which of
+The catalog and the references live in workloads/supply_chain/mirror.py; this module knows which of
 them a given stack uses (which releases it installs, which optional pieces it runs).
 """
 
@@ -10,9 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from stacks.settings import StackSettings
-from workloads import alerting, platform
-from workloads.features import global_rate_limit
-from workloads.mirror import (
+from workloads.observability import alerting
+from workloads.platform import controllers as platform
+from workloads.platform.features import global_rate_limit
+from workloads.supply_chain.mirror import (
     ARGO,
     CHARTS,
     GATEWAYAPI_PLUGIN,

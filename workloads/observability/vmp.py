@@ -1,6 +1,6 @@
 """Metrics into the stack's VMP workspace: Prometheus remote write.
 
-The in-cluster Prometheus (kube-prometheus-stack, workloads/platform.py) scrapes the serving
+The in-cluster Prometheus (kube-prometheus-stack, workloads/platform/controllers.py) scrapes the serving
 pods, DCGM and the gateway, and writes every sample on to the workspace's intranet write
 endpoint with basic auth. The credentials live in a Secret of the Prometheus namespace and
 are referenced from the Prometheus resource (prometheus-operator's RemoteWriteSpec

@@ -14,7 +14,10 @@ from dataclasses import replace
 
 from capacity.planner import checkpoint_bytes
 from stacks.regions import tos_internal_s3_host
-from workloads import engine_args, rdma, telemetry, triton
+from workloads.engine import engine_args
+from workloads.engine import rdma
+from workloads.observability import telemetry
+from workloads.engine import triton
 from stacks.constants import (
     GPU_RESOURCE,
     HTTP_PORT,
@@ -25,7 +28,7 @@ from stacks.constants import (
     SERVING_UID,
     STS_AUDIENCE,
 )
-from workloads.context import ServingContext
+from workloads.engine.context import ServingContext
 
 GIB = 1024**3
 TOKEN_DIR = "/var/run/secrets/volcengine"
@@ -423,7 +426,7 @@ def namespace(ctx: ServingContext) -> dict:
         "kind": "Namespace",
         "metadata": {
             "name": ctx.namespace,
-            # Pod Security labels: workloads/namespaces.py, from every pod rendered in it
+            # Pod Security labels: workloads/platform/namespaces.py, from every pod rendered in it
             "labels": ctx.labels("namespace"),
         },
     }
@@ -536,7 +539,7 @@ def leader_worker_set(ctx: ServingContext, role_trn_env: dict) -> dict:
 
 def with_rdma(ctx: ServingContext, template: dict) -> dict:
     """A multi-node pod template with the RDMA NICs, NCCL settings and IPC_LOCK the engine
-    container needs on an RDMA pool (workloads/rdma.py); unchanged without RDMA."""
+    container needs on an RDMA pool (workloads/engine/rdma.py); unchanged without RDMA."""
     extra = rdma.extras(ctx)
     if extra is None:
         return template

@@ -3,10 +3,10 @@
 `releases(settings)` describes each release as a plain dict
 {name, namespace, chart, version, repository_url, values}; `workloads.serving` wraps them
 in `pulumi_kubernetes.helm.v3.Release` (the chart is fetched at `pulumi up`). A chart
-given as `oci://...` has `repository_url` None. Versions live in `workloads.versions`.
+given as `oci://...` has `repository_url` None. Versions live in `workloads.supply_chain.versions`.
 
 `manifests(settings)` renders the Redis that Envoy Gateway's global rate limit counts in,
-with a password from a generated Secret (`workloads/secrets.py`) and a NetworkPolicy that
+with a password from a generated Secret (`workloads/platform/secrets.py`) and a NetworkPolicy that
 admits only Envoy Gateway's rate-limit pods.
 
 Availability of the rate limit (a documented choice, docs/serving.md): one Redis, and the
@@ -25,10 +25,12 @@ our tests validate against (tests/data/crds, sources in tests/data/SOURCES.md).
 from __future__ import annotations
 
 from stacks.settings import StackSettings
-from workloads import mirror, telemetry, versions
-from workloads.mirror import merge_values, mirrored_release  # noqa: F401  (re-exported)
-from workloads.features import global_rate_limit  # noqa: F401  (re-exported)
-from workloads.secrets import (
+from workloads.supply_chain import mirror
+from workloads.observability import telemetry
+from workloads.supply_chain import versions
+from workloads.supply_chain.mirror import merge_values, mirrored_release  # noqa: F401  (re-exported)
+from workloads.platform.features import global_rate_limit  # noqa: F401  (re-exported)
+from workloads.platform.secrets import (
     GRAFANA_ADMIN_SECRET,
     GRAFANA_PASSWORD_KEY,
     GRAFANA_USER_KEY,
@@ -99,7 +101,7 @@ def keda(settings: StackSettings) -> dict:
 
 def argo_rollouts(settings: StackSettings) -> dict:
     values = {
-        # The Gateway API traffic-router plugin comes from the mirror (workloads/mirror.py
+        # The Gateway API traffic-router plugin comes from the mirror (workloads/supply_chain/mirror.py
         # argo_plugin_values), not from GitHub at start.
         "controller": {},
         # RBAC for the Gateway API plugin only; the chart grants every mesh by default.
@@ -189,7 +191,7 @@ def grafana_admin_values(settings: StackSettings) -> dict:
 
 def alertmanager_values(settings: StackSettings) -> dict:
     """Alertmanager's receivers, routes and inhibitions from settings.alerting."""
-    from workloads import alerting
+    from workloads.observability import alerting
 
     return alerting.chart_values(settings)
 
@@ -337,8 +339,8 @@ def redis_network_policy(settings: StackSettings) -> dict:
 
 def manifests(settings: StackSettings) -> list[dict]:
     """Plain objects the controllers need besides their charts: the rate-limit Redis and
-    the alert relay (workloads/alerting.py)."""
-    from workloads import alerting
+    the alert relay (workloads/observability/alerting.py)."""
+    from workloads.observability import alerting
 
     out = [*redis(settings), redis_network_policy(settings)] if global_rate_limit(settings) else []
     return out + alerting.relay(settings, _mirror_ref(settings, "alert-relay"))

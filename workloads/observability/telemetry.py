@@ -21,7 +21,7 @@ One request keeps one id and one trace from the edge to the engine:
   one for `sampling_percent` of requests, and sends `traceparent` upstream; vLLM parents
   its `llm_request` span (with `gen_ai.latency.*` and `gen_ai.usage.*`) on it.
 
-May import: `stacks`, `workloads.context`, `workloads.versions`.
+May import: `stacks`, `workloads.engine.context`, `workloads.supply_chain.versions`.
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ from stacks.constants import CONSUMER_HEADER
 from stacks.logschema import ACCESS_LOG_KEYS
 from stacks.regions import tls_console
 from stacks.settings import StackSettings
-from workloads import versions
-from workloads.mirror import mirrored_release
-from workloads.context import ServingContext
+from workloads.supply_chain import versions
+from workloads.supply_chain.mirror import mirrored_release
+from workloads.engine.context import ServingContext
 
 COLLECTOR = "otel-collector"  # the chart's fullnameOverride: Service, Deployment and labels
 OTLP_GRPC_PORT = 4317
@@ -235,7 +235,7 @@ def collector_values(settings: StackSettings, trace_topic_id: Any = None) -> dic
 
 
 def collector_release(settings: StackSettings, trace_topic_id: Any = None) -> dict:
-    """The collector's release, from the stack's mirror like every chart (workloads/mirror.py)."""
+    """The collector's release, from the stack's mirror like every chart (workloads/supply_chain/mirror.py)."""
     return mirrored_release(COLLECTOR, settings.observability.tracing.collector_namespace, versions.OTEL_COLLECTOR,
                             collector_values(settings, trace_topic_id), settings)
 

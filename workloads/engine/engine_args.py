@@ -10,8 +10,8 @@ from dataclasses import dataclass, field, replace
 
 from capacity.planner import speculative_config
 from stacks.constants import HTTP_PORT
-from workloads import telemetry
-from workloads.context import ServingContext
+from workloads.observability import telemetry
+from workloads.engine.context import ServingContext
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 # The data-parallel engines of a multi-node replica coordinate over this port on the leader

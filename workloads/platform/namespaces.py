@@ -81,7 +81,7 @@ def enforce_level(templates: list[tuple[str, dict]], version: str) -> str:
 
 def chart_namespaces(settings: StackSettings) -> set[str]:
     """Namespaces that hold a Helm release (pods this program does not render)."""
-    from workloads import platform
+    from workloads.platform import controllers as platform
     return {rel["namespace"] for rel in platform.releases(settings)}
 
 
@@ -101,7 +101,8 @@ def label(namespace_obj: dict[str, Any], objs: Iterable[dict[str, Any]], setting
 def platform_namespaces(settings: StackSettings, objs: Iterable[dict[str, Any]], instance: str) -> list[dict]:
     """The namespaces of the platform, labelled: one per Helm release's namespace and per
     namespace holding generated Secrets, but those `objs` already create (the serving one)."""
-    from workloads import platform, secrets
+    from workloads.platform import controllers as platform
+    from workloads.platform import secrets
     objs = list(objs)
     own = {o["metadata"]["name"] for o in objs if o.get("kind") == "Namespace"}
     names = [rel["namespace"] for rel in platform.releases(settings)] + [g.namespace for g in secrets.generated(settings)]

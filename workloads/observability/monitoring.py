@@ -12,12 +12,12 @@ What is rendered, and where:
 * dcgm-exporter as a DaemonSet in `settings.monitoring.namespace`, on GPU nodes only (it
   needs the NVIDIA driver; elsewhere it would crash-loop), with a PodMonitor;
 * a PodMonitor for vLLM's `/metrics` in the serving namespace;
-* PrometheusRule objects built from `workloads/rules/*.yaml` (templates: `${name}` is
+* PrometheusRule objects built from `workloads/observability/rules/*.yaml` (templates: `${name}` is
   filled from the settings at render time; the rendered text is what promtool checks);
-* the Grafana dashboard `workloads/dashboards/vllm.json` in a ConfigMap labelled
+* the Grafana dashboard `workloads/observability/dashboards/vllm.json` in a ConfigMap labelled
   `grafana_dashboard: "1"`, which the Grafana sidecar (kube-prometheus-stack) loads, with
   a request-id box and the searches that find that request's logs and trace
-  (workloads/telemetry.py).
+  (workloads/observability/telemetry.py).
 
 Label conventions every query relies on (set by the PodMonitors below):
 
@@ -40,11 +40,14 @@ from typing import Any
 import yaml
 
 from stacks.constants import ENTRY_NAMESPACE, GPU_MODEL_LABEL, GPU_RESOURCE, HTTP_PORT, MANAGED_BY, PART_OF
-from workloads import mirror, telemetry, triton, versions
-from workloads.context import ServingContext
-from workloads.manifests import serving_selector
-from workloads.platform import REDIS_NAME, global_rate_limit
-from workloads.selectors import (  # noqa: F401  (re-exported: the selectors the rules use)
+from workloads.supply_chain import mirror
+from workloads.observability import telemetry
+from workloads.engine import triton
+from workloads.supply_chain import versions
+from workloads.engine.context import ServingContext
+from workloads.engine.manifests import serving_selector
+from workloads.platform.controllers import REDIS_NAME, global_rate_limit
+from workloads.observability.selectors import (  # noqa: F401  (re-exported: the selectors the rules use)
     DCGM_NAME,
     ROLLOUT_HASH_LABEL,
     ROLLOUT_HASH_POD_LABEL,
@@ -55,7 +58,7 @@ from workloads.selectors import (  # noqa: F401  (re-exported: the selectors the
     vllm_selector,
 )
 
-# Upstream image (workloads/versions.py); pods pull the stack mirror's copy (workloads/mirror.py).
+# Upstream image (workloads/supply_chain/versions.py); pods pull the stack mirror's copy (workloads/supply_chain/mirror.py).
 DCGM_EXPORTER_IMAGE = versions.DCGM_EXPORTER_IMAGE
 DCGM_PORT = 9400
 # Node labels and taint of the GPU pools (infra/cluster.py).
@@ -128,11 +131,11 @@ def fill(template: Any, values: dict[str, str]) -> Any:
 
 
 def _package_text(*parts: str) -> str:
-    return resources.files("workloads").joinpath(*parts).read_text()
+    return resources.files("workloads.observability").joinpath(*parts).read_text()
 
 
 def rule_groups(ctx: ServingContext) -> dict[str, list[dict]]:
-    """The rule groups of each file in workloads/rules/, filled from the settings.
+    """The rule groups of each file in workloads/observability/rules/, filled from the settings.
 
     Without autoscaling there is no HPA, so the replicas-at-max group is left out; without
     the global rate limit there is no Redis to watch."""
@@ -152,7 +155,7 @@ def rule_groups(ctx: ServingContext) -> dict[str, list[dict]]:
 
 def _for_triton(files: dict[str, list[dict]], values: dict[str, str]) -> dict[str, list[dict]]:
     """Behind Triton: leave out every rule that reads a vLLM series Triton does not export
-    (or a recorded series so left out), and add workloads/rules/triton.yaml."""
+    (or a recorded series so left out), and add workloads/observability/rules/triton.yaml."""
     dropped: set[str] = set()
 
     def readable(rule: dict) -> bool:

@@ -11,7 +11,7 @@ rendered reference `<target>:<tag>@<digest>`; an artifact not yet recorded rende
 and the `images-by-digest` policy reports it (mandatory for prod).
 
 Where the charts take their image settings, and which images they run by default, was
-read from the charts at the versions `workloads.versions` pins (sources in
+read from the charts at the versions `workloads.supply_chain.versions` pins (sources in
 tests/data/SOURCES.md, "Chart image settings").
 
 Pure: reads the lock file, touches nothing else.
@@ -27,9 +27,9 @@ import yaml
 
 from stacks.regions import cr_registry_host
 from stacks.settings import StackSettings
-from workloads import versions
+from workloads.supply_chain import versions
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DIGEST_PREFIX = "sha256:"
 
 
@@ -79,7 +79,7 @@ class File:
 
 
 EG, KEDA, ARGO, LWS, KPS = "envoy-gateway", "keda", "argo-rollouts", "lws", "kube-prometheus-stack"
-NVDP, OTEL = "nvidia-device-plugin", "otel-collector"  # release names (OTEL: workloads/telemetry.py COLLECTOR)
+NVDP, OTEL = "nvidia-device-plugin", "otel-collector"  # release names (OTEL: workloads/observability/telemetry.py COLLECTOR)
 
 IMAGES: tuple[Image, ...] = (
     # envoyproxy/gateway v1.9.0: charts/gateway-helm/values.tmpl.yaml (global.images.*) and
@@ -136,9 +136,9 @@ IMAGES: tuple[Image, ...] = (
     Image("otel-collector", f"docker.io/{versions.OTEL_COLLECTOR_IMAGE}:{versions.OTEL_COLLECTOR.app_version}",
           OTEL, "repository+tag", (("image",),), "OpenTelemetry Collector (traces)"),
     # Our own manifests.
-    Image("dcgm-exporter", versions.DCGM_EXPORTER_IMAGE, None, purpose="GPU metrics (workloads/monitoring.py)"),
-    Image("redis", versions.REDIS_IMAGE, None, purpose="rate-limit counters (workloads/platform.py)"),
-    Image("alert-relay", versions.ALERT_RELAY_IMAGE, None, purpose="alert relay (workloads/alerting.py)"),
+    Image("dcgm-exporter", versions.DCGM_EXPORTER_IMAGE, None, purpose="GPU metrics (workloads/observability/monitoring.py)"),
+    Image("redis", versions.REDIS_IMAGE, None, purpose="rate-limit counters (workloads/platform/controllers.py)"),
+    Image("alert-relay", versions.ALERT_RELAY_IMAGE, None, purpose="alert relay (workloads/observability/alerting.py)"),
     # Not deployed: the base of the serving image (runtime/Dockerfile), built from the mirror.
     Image("vllm-base", versions.VLLM_BASE_IMAGE, None, purpose="base of the serving image (runtime/build.sh)"),
     Image("plugin-base", versions.PLUGIN_BASE_IMAGE, None,
@@ -196,7 +196,7 @@ def read_lock(settings: StackSettings) -> Lock:
 
 
 def write_lock(path: Path, lock: Lock) -> None:
-    header = ("# Digests of every artifact the stacks mirror into their own registry (workloads/mirror.py).\n"
+    header = ("# Digests of every artifact the stacks mirror into their own registry (workloads/supply_chain/mirror.py).\n"
               "# Written by `dsvolc images STACK --record DIR` from what the copy commands of\n"
               "# `dsvolc images STACK --script` resolved; null: not mirrored yet. Never edit by hand.\n")
     body = {"images": dict(sorted(lock.images.items())), "charts": dict(sorted(lock.charts.items())),
@@ -333,7 +333,7 @@ def merge_values(base: dict, extra: dict) -> dict:
 def mirrored_release(name: str, namespace: str, chart: versions.Chart, values: dict,
                      settings: StackSettings) -> dict:
     """The release from the stack's own registry: the chart's mirror copy (OCI), and its
-    images pointed at the mirror (workloads/mirror.py)."""
+    images pointed at the mirror (workloads/supply_chain/mirror.py)."""
     return {"name": name, "namespace": namespace, "chart": chart_ref(settings, chart),
             "version": chart.version, "repository_url": None,
             "values": merge_values(values, release_values(settings, name))}

@@ -29,7 +29,7 @@ KEDA = Chart("keda", "2.20.2", "https://kedacore.github.io/charts", "2.20.2")
 ARGO_ROLLOUTS = Chart("argo-rollouts", "2.41.1", "https://argoproj.github.io/argo-helm", "v1.9.1")
 
 # The Gateway API traffic-router plugin; packed into an image of the stack's mirror
-# (workloads/mirror.py) instead of being downloaded by the controller at start.
+# (workloads/supply_chain/mirror.py) instead of being downloaded by the controller at start.
 ARGO_GATEWAYAPI_PLUGIN = "v0.17.0"
 
 # LWS publishes an OCI chart without the "v". CRD: leaderworkerset.x-k8s.io at v0.10.0.
@@ -47,7 +47,7 @@ KUBE_PROMETHEUS_STACK = Chart(
 NVIDIA_DEVICE_PLUGIN = Chart("nvidia-device-plugin", "0.18.2", "https://nvidia.github.io/k8s-device-plugin", "v0.18.2")
 
 # Counter store of Envoy Gateway's global rate-limit service (plain manifests, see
-# workloads/platform.py: no maintained Redis chart without a vendor image licence).
+# workloads/platform/controllers.py: no maintained Redis chart without a vendor image licence).
 REDIS_IMAGE = "docker.io/library/redis:7.4.2-alpine"
 
 # The OpenTelemetry Collector chart 0.170.0 deploys collector 0.158.0 (Chart.yaml appVersion,
@@ -64,7 +64,7 @@ OTEL_COLLECTOR_IMAGE = "otel/opentelemetry-collector-k8s"
 ALERT_RELAY_IMAGE = "docker.io/library/python:3.12-slim"
 
 # ---------------------------------------------------------------- images the charts run
-# Read from the charts at the versions above (workloads/mirror.py says where each chart
+# Read from the charts at the versions above (workloads/supply_chain/mirror.py says where each chart
 # takes them; tests/data/SOURCES.md, "Chart image settings", names the files):
 # envoyproxy/gateway v1.9.0 api/v1alpha1/shared_types.go
 ENVOY_PROXY_TAG = "distroless-v1.39.0"

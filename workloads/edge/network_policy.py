@@ -20,8 +20,8 @@ from __future__ import annotations
 import ipaddress
 
 from stacks.constants import ENTRY_NAMESPACE, HTTP_PORT
-from workloads import telemetry
-from workloads.context import ServingContext
+from workloads.observability import telemetry
+from workloads.engine.context import ServingContext
 
 NS_LABEL = "kubernetes.io/metadata.name"  # set by the API server on every namespace (1.22+)
 API = "networking.k8s.io/v1"

@@ -24,8 +24,8 @@
 from __future__ import annotations
 
 from stacks.constants import GPU_MODEL_LABEL, GPU_RESOURCE, POOL_LABEL
-from workloads import manifests
-from workloads.context import ServingContext
+from workloads.engine import manifests
+from workloads.engine.context import ServingContext
 
 HEALTH_NAME = "gpu-health"
 WARM_PRIORITY = -1

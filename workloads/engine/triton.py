@@ -30,10 +30,10 @@ from __future__ import annotations
 import json
 
 from stacks.constants import ENGINE_ARGS_ANNOTATION, HTTP_PORT, MODEL_CACHE_DIR
-from workloads import engine_args
+from workloads.engine import engine_args
 
 __all__ = ["ENGINE_ARGS_ANNOTATION"]
-from workloads.context import ServingContext
+from workloads.engine.context import ServingContext
 
 OPENAI_FRONTEND = "/opt/tritonserver/python/openai/openai_frontend/main.py"
 REPOSITORY_DIR = "/model-repository"

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from workloads.context import ServingContext
+from workloads.engine.context import ServingContext
 
 RDMA_RESOURCE = "vke.volcengine.com/rdma"
 POD_NETWORKS_ANNOTATION = "k8s.volcengine.com/pod-networks"

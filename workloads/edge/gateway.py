@@ -16,8 +16,9 @@ splits traffic itself (`StackSettings.edge_upstreams`).
 from __future__ import annotations
 
 from stacks.constants import CONSUMER_HEADER, ENTRY_NAMESPACE, HTTP_PORT, entry_service
-from workloads import mirror, telemetry
-from workloads.context import ServingContext
+from workloads.supply_chain import mirror
+from workloads.observability import telemetry
+from workloads.engine.context import ServingContext
 
 GATEWAY_API = "gateway.networking.k8s.io/v1"
 ENVOY_GATEWAY_API = "gateway.envoyproxy.io/v1alpha1"
@@ -43,7 +44,7 @@ OWNING_GATEWAY_NAMESPACE = "gateway.envoyproxy.io/owning-gateway-namespace"
 
 API_PREFIX = "/v1/"
 # The A/B header rule. Without Argo Rollouts it is a static rule to the canary Service.
-# With Argo it is a rule Argo manages (workloads/rollout.py `setHeaderRoute`): the
+# With Argo it is a rule Argo manages (workloads/engine/rollout.py `setHeaderRoute`): the
 # gatewayAPI plugin treats any rule whose only backend is the canary Service as its own
 # (it re-weights such rules, or deletes them when a rollout ends), so a static one would
 # send header-routed requests to a zero-weight backend, or vanish, after the first rollout.
@@ -102,7 +103,7 @@ def envoy_proxy(ctx: ServingContext) -> dict:
             "provider": {
                 "type": "Kubernetes",
                 "kubernetes": {
-                    # The proxies' image from the stack's mirror (workloads/mirror.py): a
+                    # The proxies' image from the stack's mirror (workloads/supply_chain/mirror.py): a
                     # Gateway's EnvoyProxy replaces Envoy Gateway's defaults, so it is set here.
                     "envoyDeployment": {"replicas": ctx.settings.serving.gateway_replicas,
                                         "container": {"image": mirror.ref(ctx.settings, "envoy-proxy")}},
@@ -274,7 +275,7 @@ def rate_limit_rules(ctx: ServingContext) -> list[dict]:
 
 def backend_traffic_policy(ctx: ServingContext) -> dict:
     """Per-consumer rate limits (Global: counted across all proxy replicas in Redis, see
-    workloads/platform.py; Local limits would multiply by the replica count and Envoy
+    workloads/platform/controllers.py; Local limits would multiply by the replica count and Envoy
     Gateway does not support Distinct keys for them) and the upstream timeouts.
 
     Rate limits need a verified consumer identity, so they are rendered only with auth on;

@@ -1,0 +1,3 @@
+"""The serving engine: the context every renderer reads, vLLM arguments, the Deployment or
+LeaderWorkerSet, RDMA, the Triton front, autoscaling, canary rollout and node resilience.
+"""

@@ -1,0 +1,3 @@
+"""Monitoring, alerting, traces and logs: scrape configs, rules, dashboards, Alertmanager
+routing, OpenTelemetry and the VMP remote write.
+"""
