@@ -195,7 +195,11 @@ class Cluster(pulumi.ComponentResource):
                 ],
             },
             tags=tag_list(args.tags),
-            opts=child(self, protect=args.delete_protection),
+            # kubernetes_version is ForceNew in the pinned provider (stacks/provider_changes.yaml):
+            # a bump would replace the cluster. VKE upgrades a cluster in place instead
+            # (docs/deploy.md, "Upgrading Kubernetes"); the program leaves the version the
+            # cloud reports alone rather than fight that upgrade.
+            opts=child(self, protect=args.delete_protection, ignore_changes=["kubernetesVersion"]),
         )
 
         # Add-ons. cluster-autoscaler is a managed add-on that node-pool autoscaling needs
