@@ -50,6 +50,11 @@ ALLOWED = {
     "kube_horizontalpodautoscaler_spec_max_replicas": "kube-state-metrics",
     "kube_node_spec_taint": "kube-state-metrics",
     "kube_deployment_status_replicas_available": "kube-state-metrics",
+    # docs/metrics/cluster/node-metrics.md (the gpu-health controller's capacity signal)
+    "kube_node_status_capacity": "kube-state-metrics",
+    "kube_node_status_allocatable": "kube-state-metrics",
+    # docs/metrics/workload/pod-metrics.md (VllmTargetDown: only pods that were Ready)
+    "kube_pod_status_ready": "kube-state-metrics",
 }
 
 

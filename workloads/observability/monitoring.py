@@ -39,6 +39,7 @@ from typing import Any
 
 import yaml
 
+from runtime import gpu_health
 from stacks.constants import ENTRY_NAMESPACE, GPU_MODEL_LABEL, GPU_RESOURCE, HTTP_PORT, MANAGED_BY, PART_OF
 from workloads.supply_chain import mirror
 from workloads.observability import telemetry
@@ -371,7 +372,11 @@ def dcgm_exporter(ctx: ServingContext) -> list[dict]:
                             }
                         }
                     },
-                    "tolerations": [{"key": GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}],
+                    # The GPU taint, and the gpu-health quarantine: the exporter must keep
+                    # reporting a quarantined node (a restarted exporter pod must land there
+                    # again), or the node's signals would vanish instead of clearing.
+                    "tolerations": [{"key": GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"},
+                                    {"key": gpu_health.TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}],
                     "containers": [
                         {
                             "name": DCGM_NAME,
