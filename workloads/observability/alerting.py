@@ -103,7 +103,12 @@ def inhibit_rules() -> list[dict]:
 def config(settings: StackSettings) -> dict:
     a = settings.alerting
     repeat = {"critical": a.critical_repeat_minutes, "warning": a.warning_repeat_minutes}
-    routes: list[dict] = [{"matchers": ['alertname=~"Watchdog|InfoInhibitor"'], "receiver": NULL}]
+    routes: list[dict] = []
+    if a.watchdog is not None:
+        # Sent at once and again every few minutes, alone: a heartbeat, not a notification.
+        routes.append({"matchers": ['alertname="Watchdog"'], "receiver": a.watchdog, "group_by": ["alertname"],
+                       "group_wait": "0s", "group_interval": "1m", "repeat_interval": f"{a.watchdog_repeat_minutes}m"})
+    routes.append({"matchers": ['alertname=~"Watchdog|InfoInhibitor"'], "receiver": NULL})
     for sev in SEVERITIES:
         for name in getattr(a, sev):
             routes.append({"matchers": [f'severity="{sev}"'], "receiver": name, "continue": True,
