@@ -366,3 +366,18 @@ def test_auto_repair_reaches_the_node_pool():
     dev = engine.run("dev", read_raw("dev"))
     pool = next(r.inputs for r in dev.resources if r.type.endswith("vke/nodePool:NodePool") and "-gpu-" in r.name)
     assert "management" not in pool
+
+
+def test_the_xid_alerts_are_rendered_from_the_controllers_table(monkeypatch):
+    def xid_rule(ctx) -> str:
+        (r,) = [r for g in monitoring.rule_groups(ctx)["recording"] for r in g["rules"]
+                if r.get("record") == "node_gpu:dcgm_xid_errors:last"]
+        return r["expr"]
+
+    expr = xid_rule(ctx_for("dev"))
+    hw = "|".join(str(x) for x, (_, c, _) in sorted(XID_ACTIONS.items()) if c == HARDWARE)
+    app = "|".join(str(x) for x, (_, c, _) in sorted(XID_ACTIONS.items()) if c == APPLICATION)
+    assert f'"class", "hardware", "xid", "{hw}"' in expr and f'"class", "application", "xid", "{app}"' in expr
+    # one table: a code the controller learns is the alerts' too
+    monkeypatch.setitem(XID_ACTIONS, 154, (DRAIN, HARDWARE, "GPU recovery action changed (RESET_GPU)"))
+    assert "|154" in xid_rule(ctx_for("dev")).split('"hardware"')[1]
