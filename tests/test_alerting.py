@@ -353,6 +353,21 @@ def test_a_cause_inhibits_the_alerts_it_makes_redundant(delivery):
     assert "VllmKVCacheHigh on deepseek-b" in told
 
 
+@pytest.mark.integration
+def test_the_gateway_error_alert_yields_to_its_cause(delivery):
+    am = delivery["am"]
+    gw = {"labels": {"alertname": "GatewayErrorRateHigh", "severity": "critical"},
+          "annotations": {"summary": "GatewayErrorRateHigh at the gateway"}}
+    _post_alerts(am, [_alert("RateLimitStoreDown", "critical", deployment="envoy-ratelimit-redis"), gw])
+
+    def gateway_state():
+        alerts = json.loads(urllib.request.urlopen(f"{am}/api/v2/alerts", timeout=10).read())
+        got = [a["status"] for a in alerts if a["labels"]["alertname"] == "GatewayErrorRateHigh"]
+        return got if got and got[0]["inhibitedBy"] else None
+
+    assert _until(gateway_state), "the gateway's error alert was not inhibited by its cause"
+
+
 # --------------------------------------------------------------------------- the relay alone
 
 
