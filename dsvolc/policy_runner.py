@@ -252,10 +252,13 @@ class ConversionCache:
     are); everything else is the real module.
 
     Sharing one answer is sound because the servicer only reads it: every use is
-    `deserialize_properties(MessageToDict(...))`, which copies each dict and list."""
+    `deserialize_properties(MessageToDict(...))`, which copies each dict and list. The same
+    message object asked for again (the servicer asks once per policy) is answered without
+    serialising it again; that holds because nothing changes a request while it is judged."""
 
     def __init__(self) -> None:
         self._dicts: dict[tuple[str, bytes], dict] = {}
+        self._seen: dict[int, tuple[Message, dict]] = {}  # id -> (the message, kept alive; its dict)
         self.calls = 0  # MessageToDict calls the servicer made
         self.conversions = 0  # of which converted (the others were answered from the cache)
 
@@ -263,11 +266,15 @@ class ConversionCache:
         self.calls += 1
         if args or kwargs:  # the servicer never passes options; convert such a call as asked
             return json_format.MessageToDict(message, *args, **kwargs)
+        seen = self._seen.get(id(message))
+        if seen is not None and seen[0] is message:
+            return seen[1]
         key = (message.DESCRIPTOR.full_name, message.SerializeToString(deterministic=True))
         found = self._dicts.get(key)
         if found is None:
             found = self._dicts[key] = json_format.MessageToDict(message)
             self.conversions += 1
+        self._seen[id(message)] = (message, found)
         return found
 
     def __getattr__(self, name: str) -> Any:
