@@ -168,7 +168,8 @@ def _allows(policy: dict, action: str, resource: str = "*") -> bool:
     return False
 
 
-def test_policy_is_volcengine_policy_grammar(policy):
+def _check_grammar(policy: dict) -> None:
+    """VolcEngine's policy grammar: a Statement list of Effect, Action, Resource (Condition)."""
     assert set(policy) <= {"Statement", "Version"}
     assert policy["Statement"]
     for st in policy["Statement"]:
@@ -178,6 +179,10 @@ def test_policy_is_volcengine_policy_grammar(policy):
         assert all(isinstance(a, str) and ACTION.match(a) for a in st["Action"]), st["Action"]
         assert isinstance(st["Resource"], list) and st["Resource"]
         assert all(r == "*" or r.startswith("trn:") for r in st["Resource"]), st["Resource"]
+
+
+def test_policy_is_volcengine_policy_grammar(policy):
+    _check_grammar(policy)
 
 
 def test_policy_covers_exactly_the_services_the_program_registers_resources_of(recordings, policy):
@@ -232,3 +237,20 @@ def test_runbook_reads_only_outputs_the_program_exports(recordings):
 def test_runbook_names_the_policy_file_that_exists():
     assert "docs/deploy-iam-policy.json" in RUNBOOK.read_text()
     assert POLICY.is_file()
+
+
+UPLOADER = ROOT / "docs" / "weights-uploader-policy.json"
+
+
+@pytest.mark.parametrize("stack", shipped_stacks())
+def test_weights_uploader_writes_the_model_prefix_and_nothing_else(stack):
+    up = json.loads(UPLOADER.read_text())
+    _check_grammar(up)
+    s = load(stack)
+    key = f"trn:tos:::{s.bucket_name}/{s.weights.prefix}/{s.serving.model}/model-00001-of-00002.safetensors"
+    assert _allows(up, "tos:PutObject", key)
+    for action in ("tos:GetObject", "tos:DeleteObject", "tos:PutBucketPolicy", "tos:DeleteBucket"):
+        assert not _allows(up, action, key) and not _allows(up, action, f"trn:tos:::{s.bucket_name}")
+    assert not _allows(up, "tos:PutObject", f"trn:tos:::{s.bucket_name}/elsewhere/x")
+    (listing,) = [st for st in up["Statement"] if "tos:ListBucket" in st["Action"]]
+    assert listing["Condition"]["StringLike"]["tos:prefix"] == [f"{s.weights.prefix}/*"]
