@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from dsvolc import engine
-from infra.gateway import public_default_domain
 from stacks import load, read_raw, shipped_stacks
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,6 +57,8 @@ def test_public_endpoint_of_a_new_stack_knows_its_domain_and_waits_for_the_addre
 
 
 def test_public_address_is_the_public_domain_whatever_the_order():
+    from infra.gateway import public_default_domain
+
     class D:
         def __init__(self, domain, type_):
             self.domain, self.type = domain, type_
