@@ -257,7 +257,7 @@ class Cluster(pulumi.ComponentResource):
                         f"{name}-hpc-{pool_name}",
                         zone_id=pool.hpc_zone,
                         name=f"{args.cluster_name}-{pool_name}",
-                        description=f"RDMA fabric of GPU pool {pool_name}",
+                        description=f"RDMA-fabric-of-GPU-pool-{pool_name}",
                         project_name=args.project_name,
                         tags=tag_list(args.tags),
                         opts=child(self),

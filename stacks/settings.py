@@ -69,6 +69,9 @@ SseAlgorithm = _C.literal("volcengine:tos/bucketEncryption:BucketEncryption",
 PodNetworkMode = _C.literal("volcengine:vke/cluster:Cluster", "podsConfig.podNetworkMode")
 ApigInstanceSpec = _C.literal("volcengine:apig/apigGateway:ApigGateway", "resourceSpec.instanceSpecCode")
 KUBECONFIG = "volcengine:vke/kubeconfig:Kubeconfig"
+# The NAT gateways' EIPs are billed by traffic (infra/network.py): the bandwidth range the
+# API accepts for that billing type.
+EIP_TRAFFIC_MAX_MBPS = dict(_C.argument("volcengine:eip/address:Address", "bandwidth").range_when[1])["PostPaidByTraffic"][1]
 # Internet NAT gateways one VPC holds (BytePlus NAT gateway FAQ, "How many Internet NAT
 # Gateways can I create in a Virtual Private Cloud?": up to three;
 # https://docs.byteplus.com/en/docs/natgateway/NAT-gateway-FAQ).
@@ -132,7 +135,8 @@ class NetworkSettings(_Model):
     )
     nat_spec: NatSpec = Field("Small", description="NAT gateway specification (as the provider accepts it)")
     egress_bandwidth_mbps: int = Field(
-        100, ge=1, le=10000, description="EIP bandwidth of each NAT gateway (each zone's with per_zone)"
+        100, ge=1, le=EIP_TRAFFIC_MAX_MBPS,
+        description="EIP bandwidth of each NAT gateway (each zone's with per_zone), Mbit/s; billed by traffic"
     )
     endpoint_cidrs: list[Cidr] = Field(
         default_factory=list,
