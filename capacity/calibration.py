@@ -164,4 +164,60 @@ def calibration_rows(hw: Hardware | None = None, path: str | Path | None = None)
     return rows
 
 
-__all__ = ["Figure", "Row", "load_figures", "predict", "calibration_rows", "describe", "CALIBRATION_FILE", "METRICS"]
+DOC_PAGE = Path(__file__).resolve().parents[1] / "docs" / "planner.md"
+DOC_BEGIN = "<!-- BEGIN GENERATED: python -m capacity.calibration --update -->"
+DOC_END = "<!-- END GENERATED: calibration -->"
+_UNITS = {"decode_tokens_per_s_per_gpu": "output tok/s/GPU", "prefill_tokens_per_s_per_gpu": "input tok/s/GPU",
+          "itl_ms": "ITL ms", "throughput_gain": "throughput x"}
+
+
+def _fmt(v: float) -> str:
+    return f"{v:,.0f}" if v >= 100 else f"{v:,.2f}"
+
+
+def docs_markdown(hw: Hardware | None = None) -> str:
+    """The calibration table, the factors and the figures not compared (docs/planner.md)."""
+    hw = hw or load_hardware()
+    tol, figures, nc = load_figures()
+    lines = [f"Tolerance ±{tol:.0%}. Predicted with one set of factors (below) for every figure.", "",
+             "| figure | source | configuration | metric | published | model | ratio |", "|---|---|---|---|---|---|---|"]
+    for r in calibration_rows(hw):
+        lines.append(f"| `{r.id}` | [source]({r.source}) | {r.configuration} | {_UNITS[r.metric]} | "
+                     f"{_fmt(r.published)} | {_fmt(r.predicted)} | {r.ratio:.2f} |")
+    lines += ["", "Assumptions per figure (capacity/calibration.yaml `assumed`):", ""]
+    for f in figures:
+        if f.assumed:
+            lines.append(f"- `{f.id}`: " + "; ".join(f.assumed))
+    lines += ["", "| factor | value | kind | basis |", "|---|---|---|---|"]
+    for section in (hw.efficiency, hw.communication):
+        for k, fac in section.items():
+            lines.append(f"| `{k}` | {fac.value:g} | {fac.kind} | {fac.basis} |")
+    lines += ["", "Published figures not compared:", ""]
+    for e in nc:
+        lines.append(f"- `{e['id']}` ([source]({e['source']})): {e['published']}. Not compared: {e['why']}.")
+    return "\n".join(lines)
+
+
+def _update_docs(path: str) -> bool:
+    doc = Path(path)
+    text = doc.read_text()
+    if DOC_BEGIN not in text or DOC_END not in text:
+        raise SystemExit(f"{path}: markers {DOC_BEGIN!r} ... {DOC_END!r} not found")
+    pre, rest = text.split(DOC_BEGIN, 1)
+    _, post = rest.split(DOC_END, 1)
+    new = f"{pre}{DOC_BEGIN}\n{docs_markdown()}\n{DOC_END}{post}"
+    doc.write_text(new)
+    return new != text
+
+
+if __name__ == "__main__":  # python -m capacity.calibration [--update [PATH]]
+    import sys
+
+    if len(sys.argv) >= 2 and sys.argv[1] == "--update":
+        target = sys.argv[2] if len(sys.argv) > 2 else str(DOC_PAGE)
+        print(f"{target}: {'updated' if _update_docs(target) else 'already up to date'}")
+    else:
+        print(docs_markdown())
+
+
+__all__ = ["Figure", "Row", "load_figures", "predict", "calibration_rows", "describe", "CALIBRATION_FILE", "METRICS", "docs_markdown", "DOC_BEGIN", "DOC_END"]

@@ -177,6 +177,13 @@ def _load_hardware(path: str) -> Hardware:
                     _factors(doc, "efficiency", _EFF_KEYS, p), rdma)
 
 
+def _quant(m: ModelSpec, quantization: str | None) -> str:
+    """The effective weight format; a plan's own (already normalised, e.g. fp32) passes."""
+    if quantization in ("bf16", "fp16", "fp32", "fp8", "awq"):
+        return quantization
+    return normalize_quantization(m, quantization)
+
+
 def gpu_perf(name: str, hw: Hardware | None = None) -> GPUPerf:
     hw = hw or load_hardware()
     if name not in hw.gpus:
@@ -379,7 +386,7 @@ def decode_step(m: ModelSpec, gpu: GPUPerf, lay: Layout, *, batch: float, contex
     """One decode step of one pipeline stage on one GPU of an engine holding ``batch``
     sequences (per pipeline micro-batch) of mean ``context`` cached tokens."""
     hw = hw or load_hardware()
-    quant = normalize_quantization(m, quantization)
+    quant = _quant(m, quantization)
     if batch <= 0 or context <= 0:
         raise PlanError(f"batch and context: expected > 0, got {batch!r}, {context!r}")
     tokens = batch * (1 + lay.mtp_tokens)  # tokens the engine's forward processes
@@ -419,7 +426,7 @@ def prefill_step(m: ModelSpec, gpu: GPUPerf, lay: Layout, *, tokens: float, seq:
     already cached (prefix cache): they cost neither linear FLOPs nor communication, and
     the new tokens attend to the cached prefix too."""
     hw = hw or load_hardware()
-    quant = normalize_quantization(m, quantization)
+    quant = _quant(m, quantization)
     if tokens <= 0 or seq <= 0 or not 0.0 <= cache_hit < 1.0:
         raise PlanError("tokens and seq: expected > 0; cache_hit: expected a fraction in [0, 1)")
     new = tokens * (1 - cache_hit)
