@@ -63,6 +63,7 @@ class Capacity:
     prefill_share: float = 0.0  # fraction of the GPUs' time spent prefilling
     reasons: list[str] = field(default_factory=list)
     disaggregated: dict[str, Any] | None = None
+    notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -131,9 +132,15 @@ def size_for_load(m: ModelSpec, gpu: GPUPerf, p: Plan, lay: Layout, w: Workload,
     """Replicas and nodes for ``w`` with the plan's layout (co-located), plus the P/D split."""
     hw = hw or load_hardware()
     c, perf = best_concurrency(m, gpu, p, lay, w, hw)
-    reasons = []
+    reasons, notes = [], []
     if not p.fits:
         reasons.append("the memory plan does not fit")
+    if w.concurrency is not None and c and c < w.concurrency:
+        notes.append(f"concurrency {w.concurrency} lowered to {c}: the KV cache holds {c} sequences of "
+                     f"{w.input_tokens + w.output_tokens} tokens per replica")
+    if w.concurrency is not None and perf is not None and c and not _meets(perf, w):
+        reasons.append(f"at concurrency {c} the SLOs are not met: TTFT {perf.ttft_s:.3f} s, ITL "
+                       f"{perf.itl_s * 1e3:.1f} ms")
     if c == 0:
         if perf is None:
             reasons.append(f"one sequence of {w.input_tokens + w.output_tokens} tokens does not fit the KV cache")
@@ -146,7 +153,7 @@ def size_for_load(m: ModelSpec, gpu: GPUPerf, p: Plan, lay: Layout, w: Workload,
     replicas = max(1, math.ceil(w.target_rps / perf.requests_per_s)) if w.target_rps else 1
     cap = Capacity(not reasons, c, max_concurrency(p, w), perf.requests_per_s, replicas, replicas * lay.gpus,
                    replicas * p.nodes, perf.ttft_s, perf.itl_s, perf.output_tokens_per_s_per_gpu,
-                   perf.prefill_share, reasons)
+                   perf.prefill_share, reasons, notes=notes)
     if w.target_rps:
         cap.disaggregated = disaggregated(m, gpu, p, lay, w, hw)
     return cap

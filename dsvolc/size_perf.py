@@ -99,6 +99,8 @@ def render(s: Sized, w: Workload, console: Console) -> None:
         console.print(f"[yellow]![/yellow] cost: {c.note}", highlight=False)
     for r in cap.reasons:
         console.print(f"[red]✗[/red] {r}", highlight=False)
+    for n in cap.notes:
+        console.print(f"[yellow]![/yellow] {n}", highlight=False)
 
 
 def _shapes(gpu_key: str | None, instance_type: str | None, per_node: int) -> list[tuple[str, int, str | None]]:

@@ -160,3 +160,28 @@ def test_cost_needs_a_price_and_says_which_it_used(tmp_path):
     with pytest.raises(PerfDataError, match=r"prices\.ecs\.x"):
         load_pricing(f)
     assert PRICING_FILE.exists()
+
+
+def test_a_given_concurrency_is_checked_against_the_slos_and_the_kv_cache():
+    m = get_model("deepseek-r1-distill-qwen-7b")
+    p = plan(m, get_gpu("L20"), gpus_per_node=1, context=8192)
+    lay = Layout.from_plan(p)
+    slow = size_for_load(m, gpu_perf("L20"), p, lay, Workload(1024, 256, concurrency=64, itl_slo_s=0.01))
+    assert not slow.feasible and "at concurrency 64 the SLOs are not met" in slow.reasons[0]
+    big = size_for_load(m, gpu_perf("L20"), p, lay, Workload(1024, 256, concurrency=100000))
+    assert big.concurrency_per_replica == big.max_concurrency_per_replica < 100000
+    assert "lowered to" in big.notes[0]
+
+
+def test_the_worked_examples_in_the_docs_are_the_models_own_numbers():
+    from pathlib import Path
+    text = " ".join(Path(__file__).resolve().parents[1].joinpath("docs", "planner.md").read_text().split())
+    itl, s = decode_itl(get_model("deepseek-r1-distill-llama-8b"), gpu_perf("A100-40G"), Layout(), concurrency=1,
+                        context=1088)
+    assert f"weights {s.weight_bytes / 1e9:.2f} GB / (1,555 GB/s × {HW.efficiency['hbm'].value:.2f}) = " \
+           f"{s.t_linear * 1e3:.2f} ms" in text
+    assert f"ITL {itl * 1e3:.1f} ms, {1 / itl:.0f} tok/s" in text
+    lay = Layout(dp=72, ep=72, rdma_gb_s=50, overlap=True, redundant_experts=32)
+    itl, s = decode_itl(get_model("deepseek-v3"), gpu_perf("H100"), lay, concurrency=256 * 72, context=2000)
+    assert f"step {s.t_step * 1e3:.1f} ms" in text and f"{256 / s.t_step:,.0f} tok/s per GPU" in text
+    assert f"{s.t_all_to_all * 1e3:.0f} ms" in text

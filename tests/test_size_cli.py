@@ -246,3 +246,10 @@ def test_compare_ranks_by_cost_when_priced(tmp_path):
     assert priced and all(r["cost"]["pricing_source"] == str(f) for r in priced)
     costs = [r["cost"]["per_million_tokens"] for r in priced]
     assert costs == sorted(costs) and rows[:len(priced)] == priced
+
+
+def test_a_malformed_pricing_file_exits_2_naming_the_entry(tmp_path):
+    f = tmp_path / "prices.yaml"
+    f.write_text("currency: CNY\nprices:\n  ecs.gni2.3xlarge: {per_hour: -1, source: x, read: '2026-12-01'}\n")
+    res = run("--model", "deepseek-r1-distill-qwen-1.5b", "--gpu", "ecs.gni2.3xlarge", "--pricing", str(f))
+    assert res.exit_code == 2 and "prices.ecs.gni2.3xlarge.per_hour" in res.output and "Traceback" not in res.output
