@@ -180,7 +180,8 @@ def docs_markdown(hw: Hardware | None = None) -> str:
     hw = hw or load_hardware()
     tol, figures, nc = load_figures()
     lines = [f"Tolerance ±{tol:.0%}. Predicted with one set of factors (below) for every figure.", "",
-             "| figure | source | configuration | metric | published | model | ratio |", "|---|---|---|---|---|---|---|"]
+             "| figure | source | configuration | metric | published | model | ratio |",
+             "|---|---|---|---|---|---|---|"]
     for r in calibration_rows(hw):
         lines.append(f"| `{r.id}` | [source]({r.source}) | {r.configuration} | {_UNITS[r.metric]} | "
                      f"{_fmt(r.published)} | {_fmt(r.predicted)} | {r.ratio:.2f} |")
@@ -220,4 +221,5 @@ if __name__ == "__main__":  # python -m capacity.calibration [--update [PATH]]
         print(docs_markdown())
 
 
-__all__ = ["Figure", "Row", "load_figures", "predict", "calibration_rows", "describe", "CALIBRATION_FILE", "METRICS", "docs_markdown", "DOC_BEGIN", "DOC_END"]
+__all__ = ["Figure", "Row", "load_figures", "predict", "calibration_rows", "describe", "CALIBRATION_FILE", "METRICS",
+           "docs_markdown", "DOC_BEGIN", "DOC_END"]

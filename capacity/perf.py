@@ -9,7 +9,8 @@ Pure functions. Per engine step (docs/planner.md, "The performance model"):
   NVLink or PCIe) and the expert all-to-all (dispatch FP8 + combine BF16 per routed copy,
   the share leaving the node over RDMA, the rest over NVLink); with two-batch overlap a
   fraction of the shorter of compute and communication is hidden; a fixed step overhead
-  is added. Only the routed experts that some token of the step selects are read.
+  is added. Only the routed experts that some token of the step selects are read, and
+  the busiest expert-parallel rank (``moe_imbalance`` x the mean) sets the pace.
 * **prefill** of ``N`` tokens: linear FLOPs (plus the quadratic attention term) at the
   GEMM and attention rates, never faster than reading the weights once; communication as
   above, the all-to-all sent once per destination node (DeepEP normal kernels).
@@ -276,8 +277,12 @@ def _stage_parts(m: ModelSpec, quant: str, lay: Layout) -> tuple[float, float, f
         g = layer_params(m, i, lay.tp, ep)
         linear += g.linear + g.other
     moe_layers = sum(1 for i in range(a, b) if m.layer_is_moe(i))
+    # the embedding table is looked up (one row per token), not streamed; a tied table is
+    # the LM head too, and that is read in full
+    tied = m.tie_word_embeddings and lay.pp == 1
+    embed = m.vocab_size * m.hidden_size / lay.tp * activation_bytes(m) if a == 0 and not tied else 0.0
     if not m.is_moe:
-        return float(total), linear, head, 0.0, 0, 0
+        return float(total - embed), linear, head, 0.0, 0, 0
     expert = 3 * m.hidden_size * m.moe_intermediate_size
     if ep:
         resident = experts_per_rank(m, ep) if not lay.redundant_experts else \
@@ -289,7 +294,7 @@ def _stage_parts(m: ModelSpec, quant: str, lay: Layout) -> tuple[float, float, f
         one = expert / lay.tp
         counted = resident * one * moe_layers
     wb = weight_bytes_per_param(quant)
-    return float(total - counted * wb), linear - counted, head, one * wb, resident, moe_layers
+    return float(total - counted * wb - embed), linear - counted, head, one * wb, resident, moe_layers
 
 
 def _link(gpu: GPUPerf, lay: Layout, hw: Hardware, span: int) -> float:
