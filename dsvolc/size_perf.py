@@ -166,6 +166,9 @@ def render_compare(rows: list[Sized], w: Workload, console: Console) -> None:
                   f"{s.capacity.output_tokens_per_s_per_gpu:,.0f}", _ms(s.capacity.ttft_s), _ms(s.capacity.itl_s),
                   price)
     console.print(t)
+    if not rows:
+        console.print("[red]✗[/red] no catalogued layout and instance type fits and meets the SLOs", highlight=False)
+        return
     if not any(s.cost.priced for s in rows):
         console.print("[yellow]![/yellow] cost: the pricing table (capacity/pricing.yaml) has no VolcEngine price "
                       "with a source; give --price-per-hour for one instance type or --pricing FILE. Ranked by "

@@ -253,3 +253,8 @@ def test_a_malformed_pricing_file_exits_2_naming_the_entry(tmp_path):
     f.write_text("currency: CNY\nprices:\n  ecs.gni2.3xlarge: {per_hour: -1, source: x, read: '2026-12-01'}\n")
     res = run("--model", "deepseek-r1-distill-qwen-1.5b", "--gpu", "ecs.gni2.3xlarge", "--pricing", str(f))
     assert res.exit_code == 2 and "prices.ecs.gni2.3xlarge.per_hour" in res.output and "Traceback" not in res.output
+
+
+def test_compare_with_an_unreachable_slo_says_so_and_exits_1():
+    res = run("--model", "deepseek-r1-distill-qwen-7b", "--gpu", "A10", "--itl-slo", "0.0001", "--compare")
+    assert res.exit_code == 1 and "no catalogued layout" in " ".join(res.stdout.split())
