@@ -175,12 +175,31 @@ class ExistingStackMocks(pulumi_mocks.Mocks):
             }
         if args.token == "volcengine:vke/getClusters:getClusters":
             return _clusters_answer(args.args.get("name"), existing=True)
+        if args.token == "volcengine:apig/getGatewayServices:getGatewayServices":
+            return _gateway_services_answer(args.args.get("gatewayId"), args.args.get("name"))
         if args.token == "volcengine:tls/getTraceInstances:getTraceInstances":
             # A trace instance owns a trace topic (infra/logging.py reads its id back).
             iid = args.args.get("traceInstanceId") or "trace-instance"
             return {"traceInstances": [{"traceInstanceId": iid, "traceTopicId": f"{iid}-trace-topic"}],
                     "totalCount": 1}
         return {}
+
+
+def _gateway_services_answer(gateway_id: str | None, name: str | None) -> dict:
+    """apig.get_gateway_services: the named service with the two default domains APIG gives
+    it, one in the VPC and one public (the shape of APIG's generated hosts, a made-up id)."""
+    if not gateway_id or not name:
+        return {"gatewayServices": [], "totalCount": 0}
+    sid = f"sd{zlib.crc32(f'{gateway_id}/{name}'.encode()):08x}preview"
+    return {
+        "gatewayServices": [{
+            "id": sid, "name": name, "gatewayId": gateway_id, "status": "Running",
+            "domains": [{"domain": f"{sid}.apigateway-preview.ivolces.com", "type": "private"},
+                        {"domain": f"{sid}.apigateway-preview.volceapi.com", "type": "public"}],
+            "customDomains": [],
+        }],
+        "totalCount": 1,
+    }
 
 
 def _clusters_answer(name: str | None, existing: bool) -> dict:
