@@ -118,7 +118,16 @@ BAD = [
     ({"serving__engine__speculative_tokens": 1}, "serving.engine", "ships no MTP module"),
     ({"serving__engine__speculative_tokens": 9}, "serving.engine.speculative_tokens", "less than or equal to 4"),
     ({"weights__sse_algorithm": "kms"}, "weights.kms_key_id", "required"),
-    ({"weights__bucket_name": "Bad_Bucket"}, "weights.bucket_name", "pattern"),
+    ({"weights__bucket_name": "Bad_Bucket"}, "weights.bucket_name", "expected 3-57 lower-case letters"),
+    # names the stack derives cloud names from, held to the API's rules (stacks/names.py)
+    ({"weights__bucket_name": "b" * 58}, "weights.bucket_name", "the IAM role <bucket>-reader must fit IAM's 64"),
+    ({"cluster__name": "a" * 41}, "cluster.name", "expected 2-40 lower-case letters"),
+    ({"cluster__name": "1st-cluster"}, "cluster.name", "starting with a letter"),
+    ({"cluster__name": "c"}, "cluster.name", "expected 2-40"),
+    ({"registry__name": "r" * 31}, "registry.name", "expected 3-30 lower-case letters"),
+    ({"registry__name": "9registry"}, "registry.name", "starting with a letter"),
+    ({"registry__namespace": "a--b"}, "registry.namespace", "with single - between them"),
+    ({"registry__mirror_namespace": "m"}, "registry.mirror_namespace", "expected 2-40"),
     ({"gateway__canary_weight": 120}, "gateway.canary_weight", "less than or equal to 100"),
     ({"rollout__steps": [5, 50, 90]}, "rollout.steps", "last step to be 100"),
     ({"rollout__steps": [50, 5, 100]}, "rollout.steps", "strictly increasing"),
@@ -254,6 +263,16 @@ def test_all_problems_are_reported_at_once():
     with pytest.raises(SettingsError) as info:
         parse(raw, stack="dev")
     assert len(info.value.problems) == 2
+
+
+def test_a_gpu_pool_name_too_long_for_its_node_pool_is_refused():
+    raw = mutated("dev")
+    raw["cluster"]["gpu_pools"]["p" * 24] = raw["cluster"]["gpu_pools"].pop("a10")
+    raw["serving"]["gpu_pool"] = "p" * 24
+    with pytest.raises(SettingsError) as info:
+        parse(raw, stack="dev")
+    (line,) = [p for p in info.value.problems if p.startswith("cluster.gpu_pools.")]
+    assert "expected 1-23 lower-case letters" in line and "fits VKE's 64 characters" in line
 
 
 def test_too_few_bad_inputs_would_fail_the_issue():
