@@ -21,7 +21,9 @@ Memory model per GPU (the worst pipeline stage), as vLLM allocates it::
   explained in README.md).
 * KV per token per GPU: GQA ``2 x layers/pp x max(1, kv_heads/tp) x head_dim x bytes``;
   MLA ``layers/pp x (kv_lora_rank + rope_dim) x bytes`` (the latent is replicated on
-  every tensor-parallel rank). An FP8 KV cache halves it. Tokens are counted in whole
+  every tensor-parallel rank), plus DeepSeek-V3.2's sparse-attention indexer key
+  (``ModelSpec.indexer_bytes_per_token``, FP8 whatever the KV dtype). An FP8 KV cache
+  halves the latent. Tokens are counted in whole
   blocks exactly as vLLM does (``available // (page_bytes x layers) x block_size``).
 """
 
@@ -42,7 +44,7 @@ from capacity.params import (
     mtp_params,
     pp_layer_ranges,
 )
-from capacity.specs import GiB, GPUSpec, MiB, ModelSpec
+from capacity.specs import GiB, GPUSpec, MiB, ModelSpec, sparse_attention_problem
 
 # ----------------------------------------------------------------------------
 # Constants of the reserve estimate (see README.md for where they come from)
@@ -173,8 +175,9 @@ def kv_element_bytes(m: ModelSpec, kv_cache_dtype: str = "auto") -> int:
 def kv_bytes_per_token_per_layer(m: ModelSpec, tp: int = 1, kv_cache_dtype: str = "auto") -> int:
     b = kv_element_bytes(m, kv_cache_dtype)
     if m.is_mla:
-        return (m.kv_lora_rank + m.qk_rope_head_dim) * b
+        return (m.kv_lora_rank + m.qk_rope_head_dim) * b + m.indexer_bytes_per_token
     return 2 * kv_heads_per_rank(m, tp) * m.head_dim * b
+
 
 
 def max_stage_layers(m: ModelSpec, pp: int, mtp: bool = False) -> int:
@@ -461,6 +464,8 @@ def _evaluate(model: ModelSpec, gpu: GPUSpec, *, tp: int, pp: int, gpus_per_node
                      f"long prompts are prefilled in chunks (chunked prefill)")
     if max_num_seqs is not None and mnbt is not None and mnbt < max_num_seqs:
         reasons.append(f"max_num_batched_tokens={mnbt} must be >= max_num_seqs={max_num_seqs}")
+    if (why := sparse_attention_problem(model, gpu)) is not None:
+        reasons.append(why)
     if quant == "fp8" and not gpu.fp8:
         notes.append(f"{gpu.name} has no FP8 tensor cores: vLLM runs FP8 weights with "
                      f"weight-only FP8 (Marlin) kernels, slower than on Hopper")
@@ -575,6 +580,9 @@ def plan(model: ModelSpec, gpu: GPUSpec, *, gpus_per_node: int = 8, context: int
                          mnbt=max_num_batched_tokens, block_size=block_size, dp=dp, ep=ep, rdma=rdma,
                          spec_tokens=speculative_tokens)
 
+    if sparse_attention_problem(model, gpu):  # missing kernels, not memory: no layout helps
+        valid = [t for t in range(1, gpus_per_node + 1) if not tp_problems(model, t, quant)] or [1]
+        return ev(tensor_parallel_size or valid[-1], pipeline_parallel_size or 1, targets[0])
     sizes_given = tensor_parallel_size is not None or pipeline_parallel_size is not None
     if parallelism == "tp_pp" or (parallelism == "auto" and (not model.is_moe or sizes_given)):
         if data_parallel_size not in (None, 1):
