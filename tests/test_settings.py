@@ -516,3 +516,10 @@ def test_every_sighting_names_a_known_region_zone_and_source():
         for s in sightings:
             assert s.region in REGION_ZONES and set(s.zones) <= set(REGION_ZONES[s.region])
             assert "file id" in s.source and s.read == "2026-12-01"
+
+
+def test_the_availability_table_in_the_docs_is_current():
+    from stacks.docs import DOC_PAGE, availability_table, section
+
+    assert section(DOC_PAGE.read_text(), "availability") == availability_table(), \
+        "docs/infrastructure.md is stale: python -m stacks.docs --update"
