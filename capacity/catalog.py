@@ -144,7 +144,8 @@ MODELS: dict[str, ModelSpec] = {
     # https://huggingface.co/mlx-community/DeepSeek-R1-0528-8bit/blob/main/config.json
     # (61 layers, hidden 7168, 128 heads, kv_lora 512, q_lora 1536, rope 64, nope 128,
     # 256 routed + 1 shared experts, top-8, moe_intermediate 2048, first_k_dense_replace 3,
-    # max_position_embeddings 163840, num_nextn_predict_layers 1). Read 2026-12-01.
+    # max_position_embeddings 163840, num_nextn_predict_layers 1). v_head_dim and
+    # vocab_size lie past the excerpts read and are V3's. Read 2026-12-01.
     "deepseek-r1-0528": ModelSpec(
         name="deepseek-r1-0528", hf_id="deepseek-ai/DeepSeek-R1-0528",
         source="https://huggingface.co/deepseek-ai/DeepSeek-R1-0528/blob/main/config.json "
@@ -158,14 +159,13 @@ MODELS: dict[str, ModelSpec] = {
     # (https://huggingface.co/deepseek-ai/DeepSeek-V3.1/blob/main/config.json) in a public
     # R1/V3.1/V3.2 comparison note (GitHub code index, file id 69308580305, recorded
     # 2026-09-17; read 2026-12-01): identical to R1, full causal MLA, no indexer. Experts,
-    # vocabulary and dtype are not in that note; V3.1 is post-trained from the V3 base
-    # checkpoint (model card), so they are V3's.
+    # vocabulary and dtype are not in that note and were not read from another source:
+    # they are taken from V3 (docs/limits.md says so).
     "deepseek-v3.1": ModelSpec(
         name="deepseek-v3.1", hf_id="deepseek-ai/DeepSeek-V3.1",
         source="https://huggingface.co/deepseek-ai/DeepSeek-V3.1/blob/main/config.json "
                "(attention fields via a public comparison of the official configs, GitHub code index "
-               "file id 69308580305, read 2026-12-01; MoE, vocabulary and dtype from the V3 base it is "
-               "post-trained from)",
+               "file id 69308580305, read 2026-12-01; MoE, vocabulary and dtype not read: V3's)",
         **_V3_COMMON,
     ),
     # DeepSeek-V3.2-Exp: the V3.1-Terminus architecture plus DeepSeek Sparse Attention.
@@ -173,7 +173,9 @@ MODELS: dict[str, ModelSpec] = {
     # commit 3b99a535 (2025-10-02), inference/config_671B_v3.2.json: vocab 129280, dim 7168,
     # inter 18432, moe_inter 2048, 61 layers, 3 dense, 128 heads, 256 routed + 1 shared,
     # 8 active, q_lora 1536, kv_lora 512, nope 128, rope 64, v 128, dtype fp8 (ue8m0
-    # scales), index_n_heads 64, index_head_dim 128, index_topk 2048. Read 2026-12-01.
+    # scales; block_size 128 in inference/model.py), index_n_heads 64, index_head_dim 128,
+    # index_topk 2048. max_position_embeddings (163840) is the comparison note's (file id
+    # 69308580305); the inference config does not carry it. Read 2026-12-01.
     "deepseek-v3.2-exp": ModelSpec(
         name="deepseek-v3.2-exp", hf_id="deepseek-ai/DeepSeek-V3.2-Exp",
         source="https://huggingface.co/deepseek-ai/DeepSeek-V3.2-Exp/blob/main/config.json "
