@@ -30,7 +30,7 @@ Memory model per GPU (the worst pipeline stage), as vLLM allocates it::
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from capacity.params import (
@@ -580,9 +580,10 @@ def plan(model: ModelSpec, gpu: GPUSpec, *, gpus_per_node: int = 8, context: int
                          mnbt=max_num_batched_tokens, block_size=block_size, dp=dp, ep=ep, rdma=rdma,
                          spec_tokens=speculative_tokens)
 
-    if sparse_attention_problem(model, gpu):  # missing kernels, not memory: no layout helps
+    if why := sparse_attention_problem(model, gpu):  # missing kernels, not memory: no layout helps
         valid = [t for t in range(1, gpus_per_node + 1) if not tp_problems(model, t, quant)] or [1]
-        return ev(tensor_parallel_size or valid[-1], pipeline_parallel_size or 1, targets[0])
+        return replace(ev(tensor_parallel_size or valid[-1], pipeline_parallel_size or 1, targets[0]),
+                       fits=False, reasons=[why])
     sizes_given = tensor_parallel_size is not None or pipeline_parallel_size is not None
     if parallelism == "tp_pp" or (parallelism == "auto" and (not model.is_moe or sizes_given)):
         if data_parallel_size not in (None, 1):
