@@ -38,6 +38,7 @@ from stacks.regions import (
     SUPPORTED_KUBERNETES_VERSIONS,
     apmplus_otlp_endpoint,
     cr_registry_host,
+    refuse_unsold,
     tls_otlp_endpoint,
 )
 
@@ -1463,6 +1464,7 @@ class StackSettings(_Model):
             elif pool.hpc_cluster_id is not None:
                 raise ValueError(f"{path}.hpc_cluster_id: {pool.instance_type} is not an HPC instance type "
                                  "(ecs.hpc* / ecs.ebmhpc*); remove hpc_cluster_id")
+            refuse_unsold(path, pool.instance_type, self.region, self.pool_zones(name))
             if pool.mig is not None:
                 try:
                     mig_profile(pool.hardware()[0], pool.mig.profile)

@@ -479,3 +479,66 @@ def test_nothing_close_suggests_nothing(changes, path):
         parse(mutated("dev", **changes), "dev", stack="dev")
     (line,) = [p for p in info.value.problems if p.startswith(path)]
     assert "did you mean" not in line
+
+
+# -- where instance types are sold (stacks.regions.refuse_unsold) ----------------------------
+
+def _placed(stack_: str, pool: str, region: str, zones: list[str]) -> dict:
+    return mutated(stack_, region=region, zones=zones,
+                   **{f"cluster__gpu_pools__{pool}__zones": zones[:1]})
+
+
+@pytest.mark.parametrize("stack_,pool,region,zones,seen", [
+    # H20 (hpcpni3ln) is seen only in cn-beijing; A100 (hpcpni2) only in cn-shanghai
+    ("prod", "h20", "ap-southeast-1", ["ap-southeast-1a", "ap-southeast-1b"], "seen in cn-beijing (cn-beijing-e)"),
+    ("staging", "a100", "cn-hongkong", ["cn-hongkong-a", "cn-hongkong-b"], "seen in cn-shanghai (cn-shanghai-a)"),
+])
+def test_a_pool_where_no_source_shows_its_type_is_warned_with_where_it_is_seen(stack_, pool, region, zones, seen):
+    from stacks.regions import PlacementWarning
+
+    with pytest.warns(PlacementWarning) as caught:
+        parse(_placed(stack_, pool, region, zones), stack_, stack=stack_)
+    text = " ".join(str(w.message) for w in caught if issubclass(w.category, PlacementWarning))
+    assert text.startswith(f"cluster.gpu_pools.{pool}.instance_type: no source shows")
+    assert region in text and seen in text
+
+
+def test_a_pool_where_its_type_is_seen_is_not_warned():
+    import warnings
+
+    from stacks.regions import PlacementWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PlacementWarning)
+        load("prod")  # ecs.hpcpni3ln.45xlarge in cn-beijing: seen there
+
+
+def test_a_type_a_source_says_is_not_sold_in_the_region_is_refused(monkeypatch):
+    from stacks import regions
+
+    monkeypatch.setitem(regions.NOT_SOLD, ("ecs.hpcpni3ln.45xlarge", "ap-southeast-1"), "a test source")
+    with pytest.raises(SettingsError) as info:
+        parse(_placed("prod", "h20", "ap-southeast-1", ["ap-southeast-1a", "ap-southeast-1b"]), "prod", stack="prod")
+    line = next(p for p in info.value.problems if p.startswith("cluster.gpu_pools.h20.instance_type"))
+    assert "is not sold in ap-southeast-1 (a test source)" in line
+    assert "expected a region where it is sold: seen in cn-beijing (cn-beijing-e)" in line
+
+
+def test_every_sighting_names_a_known_region_zone_and_source():
+    from capacity.instances import INSTANCE_CATALOG
+    from stacks.regions import REGION_ZONES, where_sold
+
+    seen = {t: where_sold(t) for t in INSTANCE_CATALOG}
+    assert where_sold("ecs.unknown.large") is None
+    assert seen["ecs.hpcpni3ln.45xlarge"][0].region == "cn-beijing"
+    for sightings in seen.values():
+        for s in sightings:
+            assert s.region in REGION_ZONES and set(s.zones) <= set(REGION_ZONES[s.region])
+            assert "file id" in s.source and s.read == "2026-12-01"
+
+
+def test_the_availability_table_in_the_docs_is_current():
+    from stacks.docs import DOC_PAGE, availability_table, section
+
+    assert section(DOC_PAGE.read_text(), "availability") == availability_table(), \
+        "docs/infrastructure.md is stale: python -m stacks.docs --update"
