@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_volcengine as volc
 
+from infra.availability import PoolPlacement, require_available
 from infra.cluster import AddonArgs, Cluster, ClusterArgs, GpuPoolArgs
 from infra.gateway import EdgeArgs, EdgeGateway, EdgeRetry, EdgeTls, EdgeUpstream
 from infra.identity import DeployPhase, decide, lookup_cluster
@@ -56,6 +57,12 @@ def build_infra(s: StackSettings) -> Infra:
         raise pulumi.RunError(f"{BOOTSTRAP_ENV}=1 but cluster {s.cluster_name!r} exists ({phase.describe()}): "
                               "bootstrap is for a new stack only; deploy from the stack's runner in its VPC "
                               "(docs/deploy.md)")
+
+    # Every GPU pool's type is sold in each zone it is placed in, as VolcEngine answers
+    # (infra/availability.py): refused here, not when node creation fails after the VPC and
+    # the cluster exist.
+    require_available([PoolPlacement(n, p.instance_type, tuple(s.pool_zones(n)))
+                       for n, p in s.cluster.gpu_pools.items()], s.region, provider)
 
     node_subnets = s.node_subnets()
     vpc_cni = s.cluster.pod_network_mode == "VpcCniShared"
