@@ -691,6 +691,19 @@ class RateLimitSettings(_Model):
     requests: int = Field(60, ge=1, description="default requests per consumer per unit")
     unit: Literal["Second", "Minute", "Hour"] = Field("Minute", description="rate-limit window")
     consumers: list[ConsumerLimit] = Field(default_factory=list, description="per-consumer overrides")
+    backstop_requests: int | None = Field(
+        None, ge=1,
+        description="requests per unit one gateway proxy admits in all, counted in the proxy itself: the backstop "
+        "while the global per-consumer limit fails open (its Redis or rate-limit service down); it applies at "
+        "all times, so keep it above what one consumer may send; 10 x the largest per-consumer limit of this unit "
+        "when unset",
+    )
+
+    @property
+    def backstop(self) -> int:
+        if self.backstop_requests is not None:
+            return self.backstop_requests
+        return 10 * max([self.requests] + [c.requests for c in self.consumers if c.unit == self.unit])
 
 
 class TritonSettings(_Model):

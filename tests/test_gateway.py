@@ -169,6 +169,22 @@ def test_staging_override_is_exempt_from_the_default():
     }
 
 
+def test_a_local_backstop_caps_each_proxy_while_the_global_limit_fails_open():
+    """The global limit fails open (no single pod stops the API); each proxy's local count
+    over all consumers is what holds while Redis or the rate-limit service is gone."""
+    s = stacks.load("staging")
+    rl = s.serving.rate_limits
+    same_unit = [c.requests for c in rl.consumers if c.unit == rl.unit]
+    bt = _one(gateway.render(_ctx(s)), "BackendTrafficPolicy")
+    (rule,) = bt["spec"]["rateLimit"]["local"]["rules"]
+    assert "clientSelectors" not in rule  # every request of the route, whoever sends it
+    assert rule["limit"] == {"requests": 10 * max([rl.requests, *same_unit]), "unit": rl.unit}
+    validate(bt)
+    s = _with(s, **{"serving.rate_limits": {"backstop_requests": 5000}})
+    bt = _one(gateway.render(_ctx(s)), "BackendTrafficPolicy")
+    assert bt["spec"]["rateLimit"]["local"]["rules"][0]["limit"]["requests"] == 5000
+
+
 def test_rate_limits_can_be_turned_off():
     ctx = _ctx(_with(stacks.load("staging"), **{"serving.rate_limits": {"enabled": False}}))
     assert "rateLimit" not in _one(gateway.render(ctx), "BackendTrafficPolicy")["spec"]

@@ -122,9 +122,29 @@ def test_redis_requires_the_generated_password():
     assert dep["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
 
 
-def test_the_rate_limit_fails_closed():
+def test_the_rate_limit_fails_open():
+    """One Redis pod: failing closed would make its eviction an outage of the whole API."""
     (eg,) = [r for r in platform.releases(stacks.load("prod")) if r["name"] == "envoy-gateway"]
-    assert eg["values"]["config"]["envoyGateway"]["rateLimit"]["failClosed"] is True
+    assert eg["values"]["config"]["envoyGateway"]["rateLimit"]["failClosed"] is False
+
+
+def test_no_single_rate_limit_pod_is_a_single_point_of_failure():
+    """envoy-ratelimit: several pods (Envoy Gateway's default is one), spread one per node,
+    a rolling update that adds before it removes, and a PDB that keeps one through a drain."""
+    s = stacks.load("prod")
+    (eg,) = [r for r in platform.releases(s) if r["name"] == "envoy-gateway"]
+    dep = eg["values"]["config"]["envoyGateway"]["provider"]["kubernetes"]["rateLimitDeployment"]
+    assert dep["replicas"] >= 2
+    assert dep["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    (spread,) = dep["pod"]["topologySpreadConstraints"]
+    assert spread["topologyKey"] == "kubernetes.io/hostname" and spread["whenUnsatisfiable"] == "DoNotSchedule"
+    assert spread["labelSelector"]["matchLabels"] == platform.RATELIMIT_POD_LABELS
+    (pdb,) = [o for o in platform.manifests(s) if o["kind"] == "PodDisruptionBudget"
+              and o["metadata"]["name"] == platform.RATELIMIT_DEPLOYMENT]
+    assert pdb["metadata"]["namespace"] == ENTRY_NAMESPACE
+    assert pdb["spec"]["selector"]["matchLabels"] == platform.RATELIMIT_POD_LABELS
+    assert 1 <= pdb["spec"]["minAvailable"] < dep["replicas"]  # one may go, one stays
+    validate_all([pdb])
 
 
 def test_only_the_rate_limit_service_reaches_redis():

@@ -276,7 +276,8 @@ def rate_limit_rules(ctx: ServingContext) -> list[dict]:
 def backend_traffic_policy(ctx: ServingContext) -> dict:
     """Per-consumer rate limits (Global: counted across all proxy replicas in Redis, see
     workloads/platform/controllers.py; Local limits would multiply by the replica count and Envoy
-    Gateway does not support Distinct keys for them) and the upstream timeouts.
+    Gateway does not support Distinct keys for them), a Local backstop over all consumers
+    per proxy, and the upstream timeouts.
 
     Rate limits need a verified consumer identity, so they are rendered only with auth on;
     no retries here: a generation is not idempotent, and the edge already retries the
@@ -287,7 +288,11 @@ def backend_traffic_policy(ctx: ServingContext) -> dict:
         "timeout": {"http": {"requestTimeout": _timeout(ctx)}},
     }
     if sv.auth.enabled and sv.rate_limits.enabled:
-        spec["rateLimit"] = {"global": {"rules": rate_limit_rules(ctx)}}
+        rl = sv.rate_limits
+        # The global limit fails open (workloads/platform/controllers.py); each proxy's own
+        # count, over all consumers, is the ceiling while it cannot be checked.
+        backstop = {"rules": [{"limit": {"requests": rl.backstop, "unit": rl.unit}}]}
+        spec["rateLimit"] = {"global": {"rules": rate_limit_rules(ctx)}, "local": backstop}
     return {
         "apiVersion": ENVOY_GATEWAY_API,
         "kind": "BackendTrafficPolicy",

@@ -59,8 +59,8 @@ DEPENDENTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "VllmTokenRateLow": (("VllmEndToEndLatencyP99High",), ("namespace", "model_name")),
     # An OOM kill is a restart with its reason.
     "VllmPodOOMKilled": (("VllmPodRestarting",), ("namespace", "pod", "container")),
-    # vLLM's own 5xx, and the fail-closed rate limit's 500s, are what the gateway's error
-    # ratio then counts: page for the cause. (The gateway's series carry no namespace; one
+    # vLLM's own 5xx are what the gateway's error ratio then counts, and a store outage
+    # (the limit fails open) only in the moments a proxy takes to notice: page for the cause. (The gateway's series carry no namespace; one
     # stack per cluster, so no label needs to match.)
     "VllmErrorRateHigh": (("GatewayErrorRateHigh",), ()),
     "RateLimitStoreDown": (("GatewayErrorRateHigh",), ()),

@@ -48,7 +48,7 @@ from workloads.engine import triton
 from workloads.supply_chain import versions
 from workloads.engine.context import ServingContext
 from workloads.engine.manifests import serving_selector
-from workloads.platform.controllers import REDIS_NAME, global_rate_limit
+from workloads.platform.controllers import RATELIMIT_DEPLOYMENT, RATELIMIT_REPLICAS, REDIS_NAME, global_rate_limit
 from workloads.observability.selectors import (  # noqa: F401  (re-exported: the selectors the rules use)
     DCGM_NAME,
     ROLLOUT_HASH_LABEL,
@@ -105,6 +105,8 @@ def template_values(ctx: ServingContext) -> dict[str, str]:
         "triton_queue_seconds": _num(m.triton_queue_seconds),
         "entry_ns": ENTRY_NAMESPACE,
         "redis": REDIS_NAME,
+        "ratelimit": RATELIMIT_DEPLOYMENT,
+        "ratelimit_replicas": str(RATELIMIT_REPLICAS),
         "envoy": envoy_selector(),
         # the API listener's HTTP connection manager (Envoy Gateway names it http-<port>)
         "envoy_listener": f"http-{gateway.PROXY_CONTAINER_PORT}",

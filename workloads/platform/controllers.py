@@ -9,13 +9,15 @@ given as `oci://...` has `repository_url` None. Versions live in `workloads.supp
 with a password from a generated Secret (`workloads/platform/secrets.py`) and a NetworkPolicy that
 admits only Envoy Gateway's rate-limit pods.
 
-Availability of the rate limit (a documented choice, docs/serving.md): one Redis, and the
-limiter fails *closed*. When the rate-limit service cannot answer (Redis down or
-unreachable), the proxies refuse requests instead of letting them through unlimited:
-Envoy Gateway's `rateLimit.failClosed` turns on Envoy's `failure_mode_deny`, whose local
-reply is HTTP 500 (Envoy's `status_on_error` default; Envoy Gateway v1.9 does not expose
-it). Redis holds only counters of windows of at most an hour and restarts in seconds, and
-its rolling update starts the new pod before the old one stops.
+Availability of the rate limit (a documented choice, docs/serving.md): no single pod stops
+the API. The rate-limit service (envoy-ratelimit) runs RATELIMIT_REPLICAS pods spread over
+nodes behind a PodDisruptionBudget, so a drain or node-pool upgrade keeps one answering.
+Its Redis stays one pod (counters of windows of at most an hour, nothing worth
+replicating), and the limiter fails *open* (`failClosed: false`): while Redis or every
+envoy-ratelimit pod is gone, requests pass the global per-consumer limit unchecked and
+each proxy's own local limit (`serving.rate_limits.backstop`, workloads/edge/gateway.py)
+caps what it admits in all. Failure mode: for that time one consumer can take more than
+its share, up to the backstop; `RateLimitStoreDown` and `RateLimitServiceDown` page.
 
 VKE offers some of these as cluster add-ons (Prometheus/VMP agent, KEDA-like autoscaling);
 we ship pinned charts instead so a stack is self-contained and its CRDs match the schemas
@@ -58,6 +60,11 @@ RATELIMIT_POD_LABELS = {"app.kubernetes.io/name": "envoy-ratelimit", "app.kubern
                         "app.kubernetes.io/managed-by": "envoy-gateway"}
 # The environment variable envoyproxy/ratelimit authenticates to Redis with.
 RATELIMIT_REDIS_AUTH_ENV = "REDIS_AUTH"
+# The Deployment Envoy Gateway runs its rate-limit service as (same source, ratelimit.go).
+RATELIMIT_DEPLOYMENT = "envoy-ratelimit"
+# Two pods on two nodes: one survives an eviction, a drain or the loss of a node.
+RATELIMIT_REPLICAS = 2
+HOSTNAME_KEY = "kubernetes.io/hostname"
 GATEWAYAPI_PLUGIN = "argoproj-labs/gatewayAPI"
 
 
@@ -75,13 +82,30 @@ def _release(name: str, namespace: str, chart: versions.Chart, values: dict,
 
 def rate_limit_config() -> dict:
     """The EnvoyGateway config for the global rate limit: this Redis, its password from the
-    generated Secret (REDIS_AUTH of envoyproxy/ratelimit), and fail closed."""
+    generated Secret (REDIS_AUTH of envoyproxy/ratelimit), fail open, and the service's
+    pods replicated and spread over nodes (Envoy Gateway runs one by default)."""
     auth = {"name": RATELIMIT_REDIS_AUTH_ENV,
             "valueFrom": {"secretKeyRef": {"name": REDIS_AUTH_SECRET, "key": REDIS_AUTH_KEY}}}
+    spread = {"maxSkew": 1, "topologyKey": HOSTNAME_KEY, "whenUnsatisfiable": "DoNotSchedule",
+              "labelSelector": {"matchLabels": dict(RATELIMIT_POD_LABELS)}}
+    deployment = {"replicas": RATELIMIT_REPLICAS,
+                  "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+                  "pod": {"topologySpreadConstraints": [spread]},
+                  "container": {"env": [auth]}}
     return {
-        "rateLimit": {"backend": {"type": "Redis", "redis": {"url": redis_url()}}, "failClosed": True},
-        "provider": {"type": "Kubernetes",
-                     "kubernetes": {"rateLimitDeployment": {"container": {"env": [auth]}}}},
+        "rateLimit": {"backend": {"type": "Redis", "redis": {"url": redis_url()}}, "failClosed": False},
+        "provider": {"type": "Kubernetes", "kubernetes": {"rateLimitDeployment": deployment}},
+    }
+
+
+def rate_limit_pdb(settings: StackSettings) -> dict:
+    """Voluntary evictions (drains, node-pool upgrades) leave one rate-limit pod answering."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": RATELIMIT_DEPLOYMENT, "namespace": ENTRY_NAMESPACE,
+                     "labels": {"app.kubernetes.io/part-of": PART_OF, "app.kubernetes.io/managed-by": MANAGED_BY}},
+        "spec": {"minAvailable": RATELIMIT_REPLICAS - 1, "selector": {"matchLabels": dict(RATELIMIT_POD_LABELS)}},
     }
 
 
@@ -296,7 +320,7 @@ def redis(settings: StackSettings) -> list[dict]:
             "metadata": md,
             "spec": {
                 "replicas": 1,
-                # The new pod is up before the old one stops: no gap for the fail-closed limiter.
+                # The new pod is up before the old one stops: counting goes on through a rollout.
                 "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
                 "selector": {"matchLabels": selector},
                 "template": {
@@ -351,5 +375,6 @@ def manifests(settings: StackSettings) -> list[dict]:
     the alert relay (workloads/observability/alerting.py)."""
     from workloads.observability import alerting
 
-    out = [*redis(settings), redis_network_policy(settings)] if global_rate_limit(settings) else []
+    out = ([*redis(settings), redis_network_policy(settings), rate_limit_pdb(settings)]
+           if global_rate_limit(settings) else [])
     return out + alerting.relay(settings, _mirror_ref(settings, "alert-relay"))
