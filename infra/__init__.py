@@ -219,11 +219,13 @@ def build_infra(s: StackSettings) -> Infra:
                 ab_header_value=g.ab_header.value,
                 # the canary when the edge splits, else the in-cluster gateway's one upstream
                 ab_upstream_role=upstreams[-1].role,
-                timeout_seconds=g.request_timeout_seconds,
+                # behind the in-cluster gateway its idle timeout bounds a request; the edge
+                # sets no total, which would cut a long stream (workloads/edge/gateway.py)
+                timeout_seconds=None if s.serving.in_cluster_gateway else g.request_timeout_seconds,
                 retry=EdgeRetry(
                     enabled=g.retry.enabled,
                     attempts=g.retry.attempts,
-                    per_try_timeout_seconds=g.retry.per_try_timeout_seconds or g.request_timeout_seconds,
+                    per_try_timeout_seconds=g.retry.per_try_timeout_seconds,
                     retry_on=tuple(g.retry.retry_on),
                     http_codes=tuple(g.retry.http_codes),
                 ),

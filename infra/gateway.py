@@ -60,7 +60,9 @@ class EdgeArgs:
     ab_header_name: str
     ab_header_value: str
     ab_upstream_role: str
-    timeout_seconds: int
+    # the route's total timeout; None: none (behind the in-cluster gateway, whose idle
+    # timeout bounds a silent request while a stream runs as long as it flows)
+    timeout_seconds: int | None
     retry: "EdgeRetry"
     tls: "EdgeTls"
     vmp_workspace_id: pulumi.Input[str] | None
@@ -81,7 +83,7 @@ class EdgeRetry:
 
     enabled: bool
     attempts: int
-    per_try_timeout_seconds: int
+    per_try_timeout_seconds: int | None  # None: no per-try timer (it would cut a stream)
     retry_on: tuple[str, ...]
     http_codes: tuple[int, ...]
 
@@ -97,13 +99,22 @@ def retry_policy(r: EdgeRetry) -> dict:
     """APIG's retry_policy_setting: status codes as strings, the per-try timeout in ms."""
     if not r.enabled:
         return {"enable": False}
-    return {
+    out = {
         "enable": True,
         "attempts": r.attempts,
         "retry_ons": list(r.retry_on),
         "http_codes": [str(c) for c in r.http_codes],
-        "per_try_timeout": r.per_try_timeout_seconds * MS_PER_SECOND,
     }
+    if r.per_try_timeout_seconds is not None:
+        out["per_try_timeout"] = r.per_try_timeout_seconds * MS_PER_SECOND
+    return out
+
+
+def timeout_setting(timeout_seconds: int | None) -> dict:
+    """APIG's route timeout (seconds), or none (`enable: false`)."""
+    if timeout_seconds is None:
+        return {"enable": False}
+    return {"enable": True, "timeout": timeout_seconds}
 
 
 def protocols(tls: EdgeTls) -> list[str]:
@@ -234,11 +245,12 @@ class EdgeGateway(pulumi.ComponentResource):
             )
             upstream_ids[up.role] = upstream.id
 
-        # LLM responses stream for minutes; by default retries only for failures before a
-        # response started (connect errors, 503 from a draining pod), never for 5xx
-        # mid-generation. The route timeout is in seconds, the per-try timeout in ms.
+        # LLM responses stream for as long as the max_tokens ceiling lets them; retries only
+        # where nothing reached an engine (connect failure, refused stream, 503 from a proxy
+        # with no ready backend), never mid-generation. The route timeout is in seconds, the
+        # per-try timeout in ms.
         advanced = {
-            "timeout_setting": {"enable": True, "timeout": args.timeout_seconds},
+            "timeout_setting": timeout_setting(args.timeout_seconds),
             "retry_policy_setting": retry_policy(args.retry),
         }
         default_route = volc.apig.ApigRoute(

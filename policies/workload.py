@@ -247,7 +247,7 @@ def _seconds(value) -> float | None:
 
 def _edge_timeout(resources) -> float | None:
     """The longest request the edge lets run: the APIG routes' timeout and the in-cluster
-    gateway's request timeout."""
+    gateway's request timeout; None where neither sets a total (0s is none)."""
     found = [_seconds(dig(r.props, "advancedSetting", "timeoutSetting", "timeout"))
              for r in of_type(resources, APIG_ROUTE)]
     found += [_seconds(dig(r.props, "spec", "timeout", "http", "requestTimeout"))
@@ -277,11 +277,15 @@ def _drain(args, report):
                     # exit timeout; it takes no flag for it (docs/limits.md)
                     continue
                 shutdown = number(engine_flag(container_argv(c), "--shutdown-timeout"), 0.0)
-                if edge and shutdown < edge:
+                if not shutdown:
+                    report(f"{where}: vLLM has no --shutdown-timeout (0 aborts every request in flight): every "
+                           "scale-down and rollout cuts the generations running. Fix: render --shutdown-timeout = "
+                           "serving.inflight_drain_seconds (workloads/engine/engine_args.py).", w.urn)
+                elif edge and shutdown < edge:
                     report(f"{where}: vLLM stops {shutdown:g} s after SIGTERM (--shutdown-timeout; 0 aborts every "
                            f"request in flight) while the edge lets a request run {edge:g} s: every scale-down and "
-                           "rollout cuts long generations. Fix: render --shutdown-timeout = "
-                           "gateway.request_timeout_seconds (workloads/engine/engine_args.py).", w.urn)
+                           "rollout cuts long generations. Fix: raise serving.inflight_drain_seconds to the edge's "
+                           "timeout.", w.urn)
                 if grace < pre + shutdown:
                     report(f"{where}: terminationGracePeriodSeconds {grace:g} is shorter than preStop {pre:g} s + "
                            f"vLLM's drain {shutdown:g} s: the kubelet kills the drain. Fix: leave "
@@ -647,10 +651,10 @@ POLICIES = [
     ),
     stack_policy(
         "serving-drain",
-        "A stopping model server finishes the longest request the edge allows: vLLM drains for the edge "
-        "timeout and the termination grace covers preStop plus that drain.",
+        "A stopping model server drains its requests in flight: vLLM has a --shutdown-timeout, at least the edge's "
+        "total timeout where the edge has one, and the termination grace covers preStop plus that drain.",
         _drain,
-        fix="Render --shutdown-timeout from gateway.request_timeout_seconds; leave the termination grace derived.",
+        fix="Render --shutdown-timeout from serving.inflight_drain_seconds; leave the termination grace derived.",
         tags=["workloads"],
     ),
     stack_policy(

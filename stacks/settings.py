@@ -490,6 +490,9 @@ class AbHeader(_Model):
 # APIG's retry conditions (terraform-provider-volcengine volcengine/apig/apig_route at 8cff1813).
 RetryOn = Literal["5xx", "reset", "connect-failure", "refused-stream", "cancelled", "deadline-exceeded",
                   "internal", "resource-exhausted", "unavailable"]
+# The conditions under which nothing reached an engine: the connection was never made, or
+# the upstream refused the stream before processing it (HTTP/2 REFUSED_STREAM).
+RETRY_BEFORE_ENGINE = ("connect-failure", "refused-stream")
 # APIG takes one or two subnets (terraform-provider-volcenginecc docs/resources/apig_gateway.md
 # at 3a525a11: subnet_ids "Length limit: 1-2"); replicas 2-100; public bandwidth 0-500 Mbps.
 APIG_MAX_SUBNETS = 2
@@ -503,19 +506,29 @@ class EdgeRetrySettings(_Model):
         None,
         ge=1,
         le=3600,
-        description="seconds one try may take; sent to APIG in milliseconds (x 1000); gateway.request_timeout_seconds "
-        "when unset, so a long generation is never cut off by a retry timer",
+        description="seconds one try may take; sent to APIG in milliseconds (x 1000); none when unset, so a long "
+        "generation is never cut off by a retry timer (retries only fire before anything reached an engine)",
     )
     retry_on: list[RetryOn] = Field(
-        default_factory=lambda: ["connect-failure", "refused-stream", "reset"],
+        default_factory=lambda: ["connect-failure", "refused-stream"],
         min_length=1,
-        description="conditions that trigger a retry (APIG retry_on); '5xx' would also retry after an upstream "
-        "error that may come mid-generation",
+        description="conditions that trigger a retry (APIG retry_on), only those where the request reached no "
+        "engine: connect-failure, refused-stream; the others ('5xx', 'reset', ...) also fire after a generation "
+        "began, which a retry would run twice",
     )
     http_codes: list[int] = Field(
         default_factory=lambda: [503],
         description="response status codes that trigger a retry, e.g. 503 from a draining pod (sent as strings)",
     )
+
+    @field_validator("retry_on")
+    @classmethod
+    def _before_engine(cls, v: list[str]) -> list[str]:
+        bad = [c for c in v if c not in RETRY_BEFORE_ENGINE]
+        if bad:
+            raise ValueError(f"{bad} may fire after the request reached an engine (a generation is not idempotent); "
+                             f"expected only {list(RETRY_BEFORE_ENGINE)}")
+        return v
 
     @field_validator("http_codes")
     @classmethod
@@ -556,7 +569,12 @@ class GatewaySettings(_Model):
     )
     canary_weight: int = Field(0, ge=0, le=100, description="percent of traffic sent to the canary track")
     ab_header: AbHeader = Field(default_factory=AbHeader, description="header-based A/B routing to the canary")
-    request_timeout_seconds: int = Field(600, ge=10, le=3600, description="edge timeout in seconds (long generations)")
+    request_timeout_seconds: int = Field(
+        600, ge=10, le=3600,
+        description="longest a response may stay silent: all of a non-streamed completion (it sends nothing until "
+        "done), or the gap between two chunks of a stream; streams have no total timeout behind the in-cluster "
+        "gateway (an edge-only stack cuts every request at this total)",
+    )
     retry: EdgeRetrySettings = Field(default_factory=EdgeRetrySettings, description="edge retries (units in the names)")
     tls: EdgeTlsSettings | None = Field(
         None, description="HTTPS on the public service: domain and certificate; required when edge_enabled"
@@ -754,10 +772,22 @@ class ServingSettings(_Model):
         description="preStop delay: the pod has left the Services' endpoints and the gateway stops routing to it "
         "before vLLM is told to stop",
     )
+    inflight_drain_seconds: int = Field(
+        600, ge=0, le=7200,
+        description="how long a stopping pod keeps serving requests in flight (vLLM --shutdown-timeout, the proxies' "
+        "drain); a generation still running after it is cut on a scale-down or rollout; independent of the "
+        "gateway's timeouts, which no longer bound a stream",
+    )
+    max_output_tokens: int | None = Field(
+        None, ge=16, le=1_048_576,
+        description="ceiling on max_tokens the engine enforces (vLLM --override-generation-config max_new_tokens: "
+        "a request asking more, or none, gets this many at most); the model class's default (chat 8192, "
+        "reasoning 32768) when unset, capped at the context length",
+    )
     termination_grace_seconds: int | None = Field(
         None, ge=30, le=7200,
         description="time a stopping pod gets: preStop delay + vLLM's drain of in-flight requests; at least "
-        "drain_seconds + gateway.request_timeout_seconds; that sum plus 30 s when unset",
+        "drain_seconds + inflight_drain_seconds; that sum plus 30 s when unset",
     )
     weights_sync_connections: int = Field(
         8, ge=1, le=64, description="parallel downloads (and HTTP connections) of the weights sync init container"
@@ -1145,11 +1175,11 @@ class StackSettings(_Model):
     @property
     def termination_grace_seconds(self) -> int:
         """Time a stopping serving pod gets: the preStop delay, then vLLM drains in-flight
-        requests for as long as the edge lets one run (`--shutdown-timeout`)."""
+        requests for `serving.inflight_drain_seconds` (`--shutdown-timeout`)."""
         sv = self.serving
         if sv.termination_grace_seconds is not None:
             return sv.termination_grace_seconds
-        return sv.drain_seconds + self.gateway.request_timeout_seconds + GRACE_MARGIN_SECONDS
+        return sv.drain_seconds + sv.inflight_drain_seconds + GRACE_MARGIN_SECONDS
 
     @property
     def uses_argo_rollouts(self) -> bool:
@@ -1158,13 +1188,13 @@ class StackSettings(_Model):
         return self.rollout.enabled and self.serving.in_cluster_gateway and self.serving_plan.nodes == 1
 
     def _check_lifecycle(self) -> None:
-        sv, edge = self.serving, self.gateway.request_timeout_seconds
-        need = sv.drain_seconds + edge
+        sv = self.serving
+        need = sv.drain_seconds + sv.inflight_drain_seconds
         if sv.termination_grace_seconds is not None and sv.termination_grace_seconds < need:
             raise ValueError(
                 f"serving.termination_grace_seconds: {sv.termination_grace_seconds} s is shorter than "
-                f"serving.drain_seconds ({sv.drain_seconds}) + gateway.request_timeout_seconds ({edge}) = {need} s: "
-                "the longest request the edge allows would be cut off on every scale-down and rollout; "
+                f"serving.drain_seconds ({sv.drain_seconds}) + serving.inflight_drain_seconds "
+                f"({sv.inflight_drain_seconds}) = {need} s: the kubelet would kill the drain of requests in flight; "
                 f"expected at least {need}, or leave it unset"
             )
         if self.uses_argo_rollouts and self.gateway.canary_weight:

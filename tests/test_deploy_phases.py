@@ -165,15 +165,23 @@ def test_edge_zones_follow_the_setting():
 
 
 @pytest.mark.parametrize("stack", STACKS)
-def test_edge_retries_in_apig_units(later, stack):
-    g = load(stack).gateway
+def test_edge_sets_no_timer_that_cuts_a_stream(later, stack):
+    """APIG's route timeout (600 s) and the per-try timeout (the same, by default) cut a
+    stream mid-generation. Behind the in-cluster gateway the edge sets neither; the
+    retries fire only where the request reached no engine."""
+    s = load(stack)
+    g = s.gateway
     for route in of(later[stack], "apig/apigRoute:ApigRoute"):
         adv = route.inputs["advancedSetting"]
         retry = adv["retryPolicySetting"]
-        assert adv["timeoutSetting"]["timeout"] == g.request_timeout_seconds  # seconds
-        assert retry["perTryTimeout"] == (g.retry.per_try_timeout_seconds or g.request_timeout_seconds) * 1000  # ms
+        if s.serving.in_cluster_gateway:
+            assert adv["timeoutSetting"] == {"enable": False}
+        else:
+            assert adv["timeoutSetting"]["timeout"] == g.request_timeout_seconds  # seconds
+        assert "perTryTimeout" not in retry and g.retry.per_try_timeout_seconds is None
         assert retry["httpCodes"] == [str(c) for c in g.retry.http_codes]
         assert retry["retryOns"] == g.retry.retry_on and retry["attempts"] == g.retry.attempts
+        assert set(retry["retryOns"]) <= {"connect-failure", "refused-stream"}
 
 
 def test_retry_settings_reach_the_route():

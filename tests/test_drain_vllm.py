@@ -82,7 +82,7 @@ def stream_while_stopping(srv: VllmServer, model: str) -> dict:
 
 def test_a_stopping_vllm_finishes_the_request_in_flight(tiny_deepseek_v2):
     ctx, args = rendered_args(tiny_deepseek_v2)
-    assert args[args.index("--shutdown-timeout") + 1] == str(ctx.settings.gateway.request_timeout_seconds)
+    assert args[args.index("--shutdown-timeout") + 1] == str(ctx.settings.serving.inflight_drain_seconds)
     with VllmServer(tiny_deepseek_v2, args=args) as srv:
         out = stream_while_stopping(srv, ctx.served_model_name)
     assert out["error"] is None and out["finish_reason"] == "length", out

@@ -110,14 +110,24 @@ def test_custom_ab_header_is_used():
     assert route["spec"]["rules"][0]["matches"][0]["headers"][0]["value"] == "yes"
 
 
-def test_timeouts_follow_the_edge(ctx):
-    t = f"{ctx.settings.gateway.request_timeout_seconds}s"
+def test_streams_have_no_total_timeout_only_an_idle_one(ctx):
+    """A total route timeout cut every generation at 600 s, mid-stream, with no [DONE].
+    No route has one; the idle budget bounds a silent request (all of a non-streamed one)."""
+    idle = f"{ctx.settings.gateway.request_timeout_seconds}s"
     objs = gateway.render(ctx)
     route = _one(objs, "HTTPRoute")
-    assert {r["timeouts"]["request"] for r in route["spec"]["rules"]} == {t}
-    assert _one(objs, "BackendTrafficPolicy")["spec"]["timeout"]["http"]["requestTimeout"] == t
-    assert _one(objs, "ClientTrafficPolicy")["spec"]["timeout"]["http"]["streamIdleTimeout"] == t
-    assert _one(objs, "EnvoyProxy")["spec"]["shutdown"]["drainTimeout"] == t
+    assert {r["timeouts"]["request"] for r in route["spec"]["rules"]} == {"0s"}  # Gateway API: 0s disables
+    http = _one(objs, "BackendTrafficPolicy")["spec"]["timeout"]["http"]
+    assert http == {"requestTimeout": "0s", "streamIdleTimeout": idle}
+    assert _one(objs, "ClientTrafficPolicy")["spec"]["timeout"]["http"]["streamIdleTimeout"] == idle
+    for kind in ("HTTPRoute", "BackendTrafficPolicy", "ClientTrafficPolicy"):
+        validate(_one(objs, kind))
+
+
+def test_proxy_drain_follows_the_drain_budget_not_a_request_timeout():
+    s = _with(stacks.load("prod"), **{"serving": {"inflight_drain_seconds": 300}, "gateway": {"request_timeout_seconds": 900}})
+    objs = gateway.render(_ctx(s))
+    assert _one(objs, "EnvoyProxy")["spec"]["shutdown"]["drainTimeout"] == "300s"
 
 
 def test_jwt_from_settings(ctx):

@@ -97,20 +97,20 @@ def _flag(args: list[str], flag: str) -> str:
 
 
 @pytest.mark.parametrize("stack", STACKS)
-def test_a_drain_outlasts_the_longest_request_the_edge_allows(stack):
+def test_a_drain_lasts_the_drain_budget(stack):
     """Order on shutdown: the pod leaves the endpoints, preStop holds SIGTERM back for
     drain_seconds while the gateway stops sending, then vLLM drains in-flight requests for
-    as long as the edge lets one run (`--shutdown-timeout`; vLLM's default 0 aborts them),
+    serving.inflight_drain_seconds (`--shutdown-timeout`; vLLM's default 0 aborts them),
     all within the termination grace. A headless worker outlives its leader's drain."""
     s = load(stack)
-    edge = s.gateway.request_timeout_seconds
+    budget = s.serving.inflight_drain_seconds
     templates = pod_templates(workload(objects(stack)))
     leader = templates[0]["spec"]
     c = leader["containers"][0]
     pre = c["lifecycle"]["preStop"]["sleep"]["seconds"]
     assert pre == s.serving.drain_seconds >= 5
-    assert int(_flag(c["args"], "--shutdown-timeout")) == edge
-    assert leader["terminationGracePeriodSeconds"] >= pre + edge
+    assert int(_flag(c["args"], "--shutdown-timeout")) == budget
+    assert leader["terminationGracePeriodSeconds"] >= pre + budget
     for tmpl in templates[1:]:
         w = tmpl["spec"]["containers"][0]
         w_pre = w["lifecycle"]["preStop"]["sleep"]["seconds"]
@@ -118,14 +118,17 @@ def test_a_drain_outlasts_the_longest_request_the_edge_allows(stack):
         assert tmpl["spec"]["terminationGracePeriodSeconds"] > w_pre
 
 
-def test_the_grace_follows_the_edge_timeout_and_is_refused_when_shorter():
+def test_the_grace_follows_the_drain_budget_not_the_request_timeout():
+    """The grace was drain + request timeout: raising the timeout for long generations
+    stretched every scale-down by as much. Now only the drain budget counts."""
     raw = copy.deepcopy(read_raw("dev"))
     raw.setdefault("gateway", {})["request_timeout_seconds"] = 1200
+    raw["serving"]["inflight_drain_seconds"] = 300
     spec = pod_templates(workload(objects("dev", raw)))[0]["spec"]
-    assert spec["terminationGracePeriodSeconds"] == 20 + 1200 + 30
-    assert int(_flag(spec["containers"][0]["args"], "--shutdown-timeout")) == 1200
-    raw["serving"]["termination_grace_seconds"] = 600
-    with pytest.raises(Exception, match=r"serving.termination_grace_seconds: 600 s is shorter than .* = 1220 s"):
+    assert spec["terminationGracePeriodSeconds"] == 20 + 300 + 30
+    assert int(_flag(spec["containers"][0]["args"], "--shutdown-timeout")) == 300
+    raw["serving"]["termination_grace_seconds"] = 200
+    with pytest.raises(Exception, match=r"serving.termination_grace_seconds: 200 s is shorter than .* = 320 s"):
         ctx_for("dev", raw)
 
 

@@ -101,7 +101,7 @@ BAD = [
     ({"serving__drain_seconds": 200, "serving__termination_grace_seconds": 150},
      "serving.termination_grace_seconds", "expected at least 800"),
     ({"serving__termination_grace_seconds": 300}, "serving.termination_grace_seconds",
-     "+ gateway.request_timeout_seconds (600) = 620 s"),
+     "+ serving.inflight_drain_seconds (600) = 620 s"),
     ({"serving__drain_seconds": 0}, "serving.drain_seconds", "greater than or equal to 5"),
     ({"serving__weights_sync_connections": 0}, "serving.weights_sync_connections", "greater than or equal to 1"),
     ({"serving__weights_sync_mib_per_s": 1}, "serving.weights_sync_mib_per_s", "greater than or equal to 10"),
@@ -184,6 +184,8 @@ BAD = [
     ({"gateway__tls__plain_http": "open"}, "gateway.tls.plain_http", "'closed' or 'redirect'"),
     ({"gateway__retry__http_codes": [404]}, "gateway.retry.http_codes", "5xx status codes"),
     ({"gateway__retry__retry_on": ["timeout"]}, "gateway.retry.retry_on.0", "connect-failure"),
+    ({"gateway__retry__retry_on": ["connect-failure", "reset"]}, "gateway.retry.retry_on",
+     "may fire after the request reached an engine"),
     ({"gateway__retry__per_try_timeout_seconds": 900}, "gateway.retry.per_try_timeout_seconds",
      "exceeds request_timeout_seconds"),
     # pulls and metrics

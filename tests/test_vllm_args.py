@@ -145,7 +145,7 @@ def test_every_rendered_flag_is_accepted_by_vllm(variant, vllm_parser, stub_dir)
         assert ea.data_parallel_size == p.data_parallel_size, role
         assert ea.enable_expert_parallel is p.expert_parallel, role
         assert ea.max_model_len == p.max_model_len and ea.max_num_seqs == p.max_num_seqs
-        assert ea.shutdown_timeout == ctx.settings.gateway.request_timeout_seconds
+        assert ea.shutdown_timeout == ctx.settings.serving.inflight_drain_seconds
         assert args.headless is (role == "worker")
         spec = ea.speculative_config
         if p.speculative_tokens:
@@ -177,3 +177,23 @@ def test_a_flag_vllm_does_not_know_is_caught(vllm_parser, stub_dir, capsys):
     with pytest.raises(SystemExit):
         vllm_parser(argv)
     assert "--enable-expert-parallelism" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("stack, override", [("dev", None), ("prod", None), ("staging", 2048)])
+def test_vllm_enforces_the_max_tokens_ceiling(stack, override, vllm_parser, stub_dir):
+    """Nothing capped max_tokens: a request could ask the whole context and hold a slot
+    (and a stream) for as long as that takes. vLLM's own parser and its max_tokens rule
+    (api_utils.get_max_tokens) show the rendered ceiling holds a greedy request to it."""
+    from vllm.entrypoints.serve.utils.api_utils import get_max_tokens
+
+    ctx = ctx_for(stack, **({"serving__max_output_tokens": override} if override else {}))
+    cls = ctx.settings.slo.model_class
+    want = min(override or {"chat": 8192, "reasoning": 32768}[cls], ctx.plan.max_model_len)
+    assert engine_args.max_output_tokens(ctx) == want
+    for role, container, env in containers(ctx):
+        _, ea = vllm_parser(final_argv(container, env, stub_dir))
+        cap = ea.override_generation_config["max_new_tokens"]
+        assert cap == want, role
+        assert get_max_tokens(ea.max_model_len, 10**9, 100, {}, cap) == min(want, ea.max_model_len - 100)
+        assert get_max_tokens(ea.max_model_len, None, 100, {}, cap) == min(want, ea.max_model_len - 100)
+        assert get_max_tokens(ea.max_model_len, 64, 100, {}, cap) == 64  # a smaller ask stands

@@ -67,10 +67,21 @@ def proxy_selector(ctx: ServingContext) -> dict[str, str]:
     }
 
 
-def _timeout(ctx: ServingContext) -> str:
-    # Same budget as the edge: a reasoning model may think for minutes before the first
-    # byte. Envoy's own default route timeout is 15 s, which would cut every generation.
+# Timeouts. A request's body says whether it streams, which no route can match on, so no
+# route has a total timeout ("0s": none; Envoy's own default of 15 s would cut every
+# generation): a stream runs for as long as its chunks keep coming. What bounds a request
+# is the idle timeout: a non-streamed completion sends nothing until it is done, so the
+# idle budget is its total; a stream's chunks come every token. The length of a stream is
+# bounded by the engine's max_tokens ceiling (workloads/engine/engine_args.py).
+NO_TOTAL_TIMEOUT = "0s"
+
+
+def _idle_timeout(ctx: ServingContext) -> str:
     return f"{ctx.settings.gateway.request_timeout_seconds}s"
+
+
+def _drain_timeout(ctx: ServingContext) -> str:
+    return f"{ctx.settings.serving.inflight_drain_seconds}s"
 
 
 def _target(kind: str, name: str) -> dict:
@@ -94,7 +105,7 @@ def gateway_class(ctx: ServingContext) -> dict:
 def envoy_proxy(ctx: ServingContext) -> dict:
     """Proxy deployment shape. ClusterIP: the default Service type is LoadBalancer, which on
     VKE would buy a CLB nobody needs (the edge reaches the proxies through the entry
-    Service). Drain as long as a request may run so a proxy rollout cuts no generation."""
+    Service). Drain for the stack's drain budget, as the engines do."""
     return {
         "apiVersion": ENVOY_GATEWAY_API,
         "kind": "EnvoyProxy",
@@ -110,7 +121,7 @@ def envoy_proxy(ctx: ServingContext) -> dict:
                     "envoyService": {"type": "ClusterIP"},
                 },
             },
-            "shutdown": {"drainTimeout": _timeout(ctx)},
+            "shutdown": {"drainTimeout": _drain_timeout(ctx)},
             **({"telemetry": t} if (t := telemetry.envoy_telemetry(ctx)) else {}),
         },
     }
@@ -152,7 +163,7 @@ def _backend(name: str, weight: int) -> dict:
 def http_route(ctx: ServingContext) -> dict:
     ab = ctx.settings.gateway.ab_header
     stable, canary = route_weights(ctx)
-    timeouts = {"request": _timeout(ctx)}
+    timeouts = {"request": NO_TOTAL_TIMEOUT}
     path = {"type": "PathPrefix", "value": API_PREFIX}
     rules = []
     if not ctx.settings.uses_argo_rollouts:
@@ -195,7 +206,7 @@ def ignored_changes(ctx: ServingContext, obj: dict) -> list[str]:
 
 
 def client_traffic_policy(ctx: ServingContext) -> dict:
-    t = _timeout(ctx)
+    t = _idle_timeout(ctx)
     return {
         "apiVersion": ENVOY_GATEWAY_API,
         "kind": "ClientTrafficPolicy",
@@ -211,7 +222,7 @@ def client_traffic_policy(ctx: ServingContext) -> dict:
                 "requestID": "PreserveOrGenerate",
             },
             # Envoy's stream idle timeout defaults to 5 min; a non-streamed completion sends
-            # no byte until it is done, so it gets the whole request budget.
+            # no byte until it is done, so it gets the whole idle budget (see NO_TOTAL_TIMEOUT).
             "timeout": {"http": {"streamIdleTimeout": t}},
         },
     }
@@ -285,7 +296,7 @@ def backend_traffic_policy(ctx: ServingContext) -> dict:
     sv = ctx.settings.serving
     spec: dict = {
         "targetRefs": [_target("HTTPRoute", ctx.release)],
-        "timeout": {"http": {"requestTimeout": _timeout(ctx)}},
+        "timeout": {"http": {"requestTimeout": NO_TOTAL_TIMEOUT, "streamIdleTimeout": _idle_timeout(ctx)}},
     }
     if sv.auth.enabled and sv.rate_limits.enabled:
         rl = sv.rate_limits

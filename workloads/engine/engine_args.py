@@ -6,6 +6,8 @@ real vLLM can render arguments for a tiny local model with exactly this code.
 
 from __future__ import annotations
 
+import json
+
 from dataclasses import dataclass, field, replace
 
 from capacity.planner import speculative_config
@@ -53,6 +55,9 @@ class EngineArgs:
     # Seconds vLLM keeps serving in-flight requests after SIGTERM (0, vLLM's default,
     # aborts them at once).
     shutdown_timeout: int | None = None
+    # Ceiling on a request's max_tokens (vLLM's OpenAI server takes the smallest of the
+    # request's, this and what the context leaves: api_utils.get_max_tokens).
+    max_output_tokens: int | None = None
     port: int = HTTP_PORT
     host: str = "0.0.0.0"
     # expert / data parallelism (capacity.planner PARALLELISMS) and MTP speculative decoding
@@ -108,6 +113,8 @@ def render(a: EngineArgs) -> list[str]:
         args += ["--kv-cache-dtype", a.kv_cache_dtype]
     if a.shutdown_timeout is not None:
         args += ["--shutdown-timeout", str(a.shutdown_timeout)]
+    if a.max_output_tokens is not None:
+        args += ["--override-generation-config", json.dumps({"max_new_tokens": a.max_output_tokens})]
     if a.data_parallel_size > 1:
         args += ["--data-parallel-size", str(a.data_parallel_size)]
     if a.expert_parallel:
@@ -180,6 +187,19 @@ def without_flags(args: list[str], flags: frozenset[str] | set[str]) -> list[str
     return out
 
 
+# max_tokens ceilings per model class: DeepSeek-V3's API answers at most 8K tokens, R1's
+# model card evaluates with a maximum generation length of 32,768 (its thinking included).
+MAX_OUTPUT_TOKENS_BY_CLASS = {"chat": 8192, "reasoning": 32768}
+
+
+def max_output_tokens(ctx: ServingContext) -> int:
+    """The max_tokens ceiling the engine enforces: serving.max_output_tokens, or the model
+    class's, at most the context length."""
+    s = ctx.settings
+    want = s.serving.max_output_tokens or MAX_OUTPUT_TOKENS_BY_CLASS[s.slo.model_class]
+    return min(want, ctx.plan.max_model_len)
+
+
 def from_context(ctx: ServingContext, model_path: str) -> EngineArgs:
     """Engine arguments for the stack: sizes from the capacity plan (which honours what the
     settings fixed), switches from the engine settings."""
@@ -206,9 +226,10 @@ def from_context(ctx: ServingContext, model_path: str) -> EngineArgs:
         kv_cache_dtype=e.kv_cache_dtype,
         # runai_streamer reads safetensors straight from TOS's S3 endpoint into GPU memory
         load_format="runai_streamer" if stream else "safetensors",
-        # Drain on SIGTERM for as long as the edge lets a request run; the pod's termination
-        # grace covers it (StackSettings.termination_grace_seconds).
-        shutdown_timeout=ctx.settings.gateway.request_timeout_seconds,
+        # Drain on SIGTERM for the stack's drain budget (not a request timeout: streams have
+        # none); the pod's termination grace covers it (StackSettings.termination_grace_seconds).
+        shutdown_timeout=s.serving.inflight_drain_seconds,
+        max_output_tokens=max_output_tokens(ctx),
         data_parallel_size=p.data_parallel_size,
         expert_parallel=p.expert_parallel,
         speculative_config=speculative_config(p.speculative_tokens) if p.speculative_tokens else None,

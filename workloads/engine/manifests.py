@@ -342,7 +342,7 @@ def pre_stop_seconds(ctx: ServingContext, *, serving: bool) -> int:
     sv = ctx.settings.serving
     if serving:
         return sv.drain_seconds
-    return sv.drain_seconds + ctx.settings.gateway.request_timeout_seconds
+    return sv.drain_seconds + sv.inflight_drain_seconds
 
 
 def engine_container(ctx: ServingContext, args: list[str], *, serving: bool, headless: bool = False,

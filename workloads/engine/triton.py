@@ -118,6 +118,9 @@ def model_json(a: engine_args.EngineArgs) -> dict:
 # they have no model.json field (request logging there is Triton's own)
 FRONTEND_ONLY_FIELDS = frozenset({
     "host", "port", "max_log_len", "log_level", "logging_config.formatter", "disable_access_log_for_endpoints",
+    # the max_tokens ceiling is applied by vLLM's OpenAI serving layer, which Triton's frontend
+    # replaces (docs/limits.md: Triton caps only by serving.triton.default_max_tokens)
+    "override_generation_config",
 })
 
 

@@ -104,7 +104,10 @@ def rate_limit_pdb(settings: StackSettings) -> dict:
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
         "metadata": {"name": RATELIMIT_DEPLOYMENT, "namespace": ENTRY_NAMESPACE,
-                     "labels": {"app.kubernetes.io/part-of": PART_OF, "app.kubernetes.io/managed-by": MANAGED_BY}},
+                     "labels": {"app.kubernetes.io/name": "envoy-ratelimit",
+                                "app.kubernetes.io/instance": RATELIMIT_DEPLOYMENT,
+                                "app.kubernetes.io/component": "ratelimit",
+                                "app.kubernetes.io/part-of": PART_OF, "app.kubernetes.io/managed-by": MANAGED_BY}},
         "spec": {"minAvailable": RATELIMIT_REPLICAS - 1, "selector": {"matchLabels": dict(RATELIMIT_POD_LABELS)}},
     }
 
