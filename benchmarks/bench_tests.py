@@ -24,7 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TIERS = {
-    "fast": ["-n", "2", "--dist", "loadgroup", "-m", "not integration and not slow"],
+    "fast": ["-n", "2", "--dist", "loadgroup", "-m", "not integration and not slow and not engine"],
     "full": ["-n", "2", "--dist", "loadgroup"],
 }
 GOALS_S = {"fast": 60, "full": 600}
