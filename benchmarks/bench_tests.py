@@ -50,6 +50,8 @@ def run_tier(name: str) -> dict:
         "goal_s": GOALS_S[name],
         "within_goal": wall < GOALS_S[name],
     }
+    if proc.returncode != 0:  # what failed, for the reader of a red run
+        print("\n".join(proc.stdout.splitlines()[-80:]), file=sys.stderr)
     print(f"{name:5s} {result['wall_s']:7.1f} s wall  {result['cpu_s']:7.1f} s cpu  "
           f"(goal {GOALS_S[name]} s, load {load:.1f})  {result['summary']}")
     return result
