@@ -1,6 +1,7 @@
 """`dsvolc`: what needs no cloud account.
 
-  dsvolc preview STACK [--json FILE] [--existing]   every resource of a stack, its engine plan and every policy verdict
+  dsvolc preview STACK [--json FILE] [--verbose] [--quiet]   a stack's summary, engine plan and policy verdict
+  dsvolc new NAME --from STACK [--class C]   a new environment: stacks/Pulumi.<NAME>.yaml from another stack
   dsvolc size --model M --gpu G ...     engine settings that fit a model on a GPU
   dsvolc policy-config STACK            the policy pack config the stack is judged by
   dsvolc images STACK                   what to mirror into the stack's registry, and its digests
@@ -23,6 +24,62 @@ from stacks.loader import SettingsError
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 app.command("size", epilog=EPILOG)(size)
 app.command("images")(images)
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            v = version("deepseek-volc")
+        except PackageNotFoundError:  # run from a checkout that was never installed
+            v = "unknown (not installed: pip install -e .)"
+        print(f"dsvolc {v}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                 help="print the version of deepseek-volc and exit"),
+) -> None:
+    pass
+
+
+@app.command("new")
+def new(
+    name: str = typer.Argument(..., help="the new stack's name: a lower-case DNS label of 1-20 characters"),
+    source: str = typer.Option(..., "--from", help="the stack to copy (name or path to a Pulumi.<stack>.yaml)"),
+    environment_class: Optional[str] = typer.Option(
+        None, "--class", help="dev, staging or prod: the policy strength (default: the source's)"),
+    domain: Optional[str] = typer.Option(None, "--domain", help="its API host (default: the source's, with the "
+                                         "source's name replaced)"),
+    certificate_id: Optional[str] = typer.Option(None, "--certificate-id", help="the domain's certificate (default: "
+                                                 "the source's, with the source's name replaced)"),
+    stacks_dir: Optional[Path] = typer.Option(None, "--stacks-dir", help="where stack files live (default: stacks/ "
+                                              "of this checkout)"),
+) -> None:
+    """Write stacks/Pulumi.<NAME>.yaml from another stack: comments kept, its names, API host
+    and certificate following NAME, environment_class set by --class. Nothing else needs
+    editing: the workflows and tests read the stacks from stacks/Pulumi.*.yaml. Exit 2 (and
+    nothing written): a bad name, an existing stack, or settings that would not load."""
+    from dsvolc import new as new_stack
+
+    err = Console(stderr=True, soft_wrap=True)
+    try:
+        made = new_stack.make(name, source, environment_class=environment_class, domain=domain,
+                              certificate_id=certificate_id, stacks_dir=stacks_dir)
+    except (new_stack.NewStackError, SettingsError) as exc:
+        err.print(f"error: {exc}", highlight=False, markup=False)
+        raise typer.Exit(2) from None
+    out = Console(soft_wrap=True)
+    out.print(f"wrote {made.path} (stack {made.name} from {made.source}, class {made.environment_class})",
+              highlight=False, markup=False)
+    for c in made.changes:
+        out.print(f"  {c}", highlight=False, markup=False)
+    out.print("next:", highlight=False)
+    for s in new_stack.next_steps(made):
+        out.print(f"  - {s}", highlight=False, markup=False)
 
 
 @app.command("preview")
