@@ -211,14 +211,15 @@ def test_a_new_stack_file_joins_every_matrix_without_editing_a_workflow(tmp_path
     for part in ("stacks", ".github", "dsvolc"):
         shutil.copytree(ROOT / part, tmp_path / part, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "Pulumi.yaml", tmp_path)
-    made = subprocess.run([sys.executable, "-m", "dsvolc.cli", "new", "alice", "--from", "dev", "--class", "staging",
+    name = next(n for n in ("alice", "bob", "carol", "dave") if n not in STACKS)  # a stack that is not there yet
+    made = subprocess.run([sys.executable, "-m", "dsvolc.cli", "new", name, "--from", "dev", "--class", "staging",
                            "--stacks-dir", str(tmp_path / "stacks")], cwd=ROOT, capture_output=True, text=True,
                           timeout=120)
     assert made.returncode == 0, made.stderr
-    assert "alice" in stack_lists("offline-preview.yml", tmp_path)["all"]
-    assert "alice" in stack_lists("preview.yml", tmp_path)["deployed"]
-    tiers = stack_lists("deploy.yml", tmp_path, env={"BOOTSTRAP": "alice"})
-    assert "alice" in tiers["staging"] and "alice" not in tiers["dev"] + tiers["prod"]
+    assert name in stack_lists("offline-preview.yml", tmp_path)["all"]
+    assert name in stack_lists("preview.yml", tmp_path)["deployed"]
+    tiers = stack_lists("deploy.yml", tmp_path, env={"BOOTSTRAP": name})
+    assert name in tiers["staging"] and name not in tiers["dev"] + tiers["prod"]
     assert tiers["bootstrap-environment"] == "staging"
 
 
