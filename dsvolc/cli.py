@@ -86,7 +86,10 @@ def new(
 def preview(
     stack: str = typer.Argument(..., help="stack name (dev, staging, prod) or path to a Pulumi.<stack>.yaml"),
     json_out: Optional[Path] = typer.Option(None, "--json", help="also write the preview as JSON to this file"),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="print only the summary lines"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="print only the summary lines and each mandatory "
+                               "violation, one line each"),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="also the resource tree, the count by type, and each "
+                                 "resource's finding and URN"),
     existing: bool = typer.Option(
         False, "--existing",
         help="only the stack as deployed (computed outputs known; deploy phase 2: IRSA and the serving stack)",
@@ -98,8 +101,9 @@ def preview(
 ) -> None:
     """Run the stack's program offline under Pulumi's mock engine and its policy pack.
 
-    By default twice: the stack as deployed (every resource, shown in full) and its first
-    `pulumi up` (summarised). Exit 0: no mandatory violation in either; 1: a mandatory policy
+    By default twice: the stack as deployed and its first `pulumi up`. Prints the summary
+    (stack, deploy phase, engine plan, verdict), then one entry per policy and fix with the
+    resources it concerns. Exit 0: no mandatory violation in either; 1: a mandatory policy
     is violated; 2: invalid settings or policy config.
     """
     from dsvolc.policy_runner import PolicyConfigError
@@ -109,6 +113,9 @@ def preview(
     err = Console(stderr=True, soft_wrap=True)
     if existing and new_stack:
         err.print("error: --existing and --new-stack exclude each other (neither: both phases)")
+        raise typer.Exit(2)
+    if quiet and verbose:
+        err.print("error: --quiet and --verbose exclude each other")
         raise typer.Exit(2)
     try:
         if existing or new_stack:
@@ -134,7 +141,7 @@ def preview(
         for v in result.all_mandatory:  # what stands between this stack and `pulumi up`
             console.print(f"mandatory {v['policy']}: {v['message']}", highlight=False, markup=False, soft_wrap=True)
     else:
-        render(result, console)
+        render(result, console, verbose=verbose)
     if json_out is not None:
         write_json(result, json_out)
         console.print(f"wrote {json_out}")

@@ -2,25 +2,115 @@
 
 from __future__ import annotations
 
+import io
 import json
 import re
+from importlib.metadata import version
 
+import pytest
 import yaml
+from rich.console import Console
 from typer.testing import CliRunner
 
 from dsvolc.cli import app
+from dsvolc.preview import render, run_both
 from stacks import load, read_raw, shipped_stacks
 from tests.stack_fixtures import filled_raw
 
 runner = CliRunner()
 
 
-def test_preview_dev_prints_tree_and_counts():
-    result = runner.invoke(app, ["preview", "dev"])
+def test_preview_verbose_prints_tree_counts_findings_and_urns():
+    result = runner.invoke(app, ["preview", "dev", "--verbose"])
     assert result.exit_code == 0, result.output
     assert "stack dev" in result.output
     assert "resources by type" in result.output
     assert "volcengine:vke/cluster:Cluster" in result.output
+    out = " ".join(result.output.replace("│", " ").split())
+    # every resource's own finding and its URN, and what the next `pulumi up` does
+    for v in run_both("dev").violations:
+        assert v["message"].split(" Fix: ")[0] in out and v["resource"] in out
+    assert "next: run `pulumi up` again" in out
+
+
+@pytest.fixture(scope="module")
+def dev_preview():
+    return run_both("dev")
+
+
+def _at_80_columns(result, **kw) -> str:
+    console = Console(width=80, file=io.StringIO(), record=True, color_system=None)
+    render(result, console, **kw)
+    return console.export_text()
+
+
+def _label(r: dict) -> str:
+    """`Kind namespace/name` of a recorded resource, from its inputs."""
+    if r["type"].startswith("kubernetes:helm.sh"):
+        return f"HelmRelease {r['inputs']['namespace']}/{r['inputs']['name']}"
+    md = r["inputs"]["metadata"]
+    return f"{r['inputs']['kind']} {md['namespace']}/{md['name']}" if md.get("namespace") else \
+        f"{r['inputs']['kind']} {md['name']}"
+
+
+def test_preview_reads_at_80_columns_summary_first_then_one_entry_per_policy_and_fix(dev_preview):
+    text = _at_80_columns(dev_preview)
+    lines = text.splitlines()
+    # was 540 lines, 284 of them a violations table whose resource column was one truncated URN
+    assert len(lines) <= 60 and max(len(line) for line in lines) <= 80, len(lines)
+    assert "urn:pulumi" not in text and "…" not in text
+    # the summary first: stack, both deploy phases, the engine plan, the verdict
+    verdict = next(i for i, line in enumerate(lines) if line.startswith("policy verdict:"))
+    assert lines[0].startswith("stack dev: class dev") and "policy violations" not in " ".join(lines[:verdict])
+    head = " ".join(" ".join(lines[:verdict + 1]).split())
+    assert "as deployed: deploy phase 2 of 2" in head and "first `pulumi up`: deploy phase 1 of 2" in head
+    assert "engine plan deepseek-serving/deepseek: deepseek-r1-distill-qwen-7b on A10 x 1" in head
+    assert f"policy verdict: 0 mandatory, {len(dev_preview.violations)} advisory violation(s): passes" in head
+    flat = " ".join(text.split())
+    fixes = {v["message"].split(" Fix: ")[1] for v in dev_preview.violations}
+    assert len(fixes) < len(dev_preview.violations)  # several violations share a fix ...
+    for fix in fixes:  # ... which is printed once
+        assert flat.count(fix) == 1, fix
+    # each entry names its resources as Kind namespace/name
+    by_urn = {r.urn: r.as_json() for r in dev_preview.recording.resources}
+    for v in dev_preview.violations:
+        assert _label(by_urn[v["resource"]]) in flat, v["resource"]
+    entries = [line for line in lines if re.match(r"(advisory|mandatory) +\S+ +\d+ resources?$", line)]
+    assert len(entries) == len({(v["policy"], v["message"].split(" Fix: ")[1]) for v in dev_preview.violations})
+    images = next(line for line in entries if " images-by-digest " in line)
+    assert images.endswith(f"{sum(v['policy'] == 'images-by-digest' for v in dev_preview.violations)} resources")
+
+
+def test_preview_json_carries_the_verdict_and_the_grouped_findings(tmp_path, dev_preview):
+    out = tmp_path / "dev.json"
+    result = runner.invoke(app, ["preview", "dev", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(out.read_text())
+    n = len(dev_preview.violations)
+    assert doc["verdict"] == {"mandatory": 0, "advisory": n, "passes": True}
+    assert doc["first_apply"]["verdict"]["passes"] is True
+    groups = doc["findings"]
+    assert sum(len(g["resources"]) for g in groups) == n
+    flat = " ".join(_at_80_columns(dev_preview).split())
+    for g in groups:
+        assert set(g) == {"policy", "enforcement_level", "description", "fix", "resources"}
+        assert flat.count(g["fix"]) == 1
+        for r in g["resources"]:
+            assert r["label"] == (f"{r['kind']} {r['namespace']}/{r['name']}" if r["namespace"]
+                                  else f"{r['kind']} {r['name']}")
+            assert r["label"] in flat and r["urn"].startswith("urn:pulumi:dev::") and r["finding"]
+    (digests,) = [g for g in groups if g["policy"] == "images-by-digest"]
+    assert len(digests["resources"]) == sum(v["policy"] == "images-by-digest" for v in dev_preview.violations) > 1
+
+
+def test_quiet_and_verbose_exclude_each_other():
+    result = runner.invoke(app, ["preview", "dev", "--quiet", "--verbose"])
+    assert result.exit_code == 2 and "--quiet and --verbose exclude each other" in result.output
+
+
+def test_version_prints_the_package_version():
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.output.strip() == f"dsvolc {version('deepseek-volc')}"
 
 
 def test_preview_prod_json_lists_the_foundation(tmp_path):
@@ -34,7 +124,10 @@ def test_preview_prod_json_lists_the_foundation(tmp_path):
         "identity-provider-not-placeholder", "images-by-digest"}
     assert plan["stack"] == "prod"
     assert set(plan) == {"stack", "environment_class", "policy_config", "mode", "deploy_phase", "first_apply",
-                         "plans", "resources", "violations"}
+                         "plans", "resources", "violations", "verdict", "findings"}
+    mandatory = [v for v in plan["violations"] if v["enforcement_level"] == "mandatory"]
+    assert plan["verdict"] == {"mandatory": len(mandatory), "advisory": len(plan["violations"]) - len(mandatory),
+                               "passes": False}
     # the stack as deployed (phase 2) at the top, its first `pulumi up` (phase 1) beside it
     assert plan["mode"] == "existing" and plan["first_apply"]["mode"] == "new"
     assert plan["deploy_phase"]["phase"] == 2 and plan["deploy_phase"]["irsa"] is True
