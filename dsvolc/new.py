@@ -46,6 +46,7 @@ class NewStack:
     source: str
     path: Path
     environment_class: str
+    class_changed: bool = False
     changes: list[str] = field(default_factory=list)  # what differs from the source, one line each
     domain: str | None = None
 
@@ -102,6 +103,7 @@ def make(name: str, source: str, *, environment_class: str | None = None, domain
 
     if environment_class is not None and raw.get("environment_class") != environment_class:
         result.changes.append(f"environment_class: {raw.get('environment_class')} -> {environment_class}")
+        result.class_changed = True
         raw["environment_class"] = environment_class
     for section, key in EXPLICIT_NAMES:
         block = raw.get(section)
@@ -177,7 +179,11 @@ def _domains(stacks_dir: Path) -> dict[str, str | None]:
 def next_steps(result: NewStack) -> list[str]:
     """What a deployment of the new stack needs beyond its file (docs/deploy.md)."""
     n = result.name
-    steps = [f"dsvolc preview {n}    the offline verdict (the workflows preview it from now on)"]
+    shown = n if result.path.parent == loader.STACKS_DIR else str(result.path)
+    steps = [f"dsvolc preview {shown}: the offline verdict (the workflows preview it from now on)"]
+    if result.class_changed:
+        steps[0] += (f"; a {result.environment_class} stack meets the {result.environment_class} policy config, "
+                     "so it may need settings its source did not")
     if not n.endswith("-example"):
         steps += [
             f"its runner: a self-hosted GitHub Actions runner inside its VPC, labelled deepseek-volc-{n} "
