@@ -65,6 +65,8 @@ class Recorded:
     ignore_changes: list[str] = field(default_factory=list)  # the resource option, as registered
     aliases: list[str] = field(default_factory=list)  # names (or URNs) the resource was known by before
     replacement_trigger: Any = None  # the resource option: a change of it replaces the resource
+    replace_on_changes: list[str] = field(default_factory=list)  # the resource option, as registered
+    delete_before_replace: bool = False
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -249,6 +251,8 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
                 provider=request.provider or None,
                 id=response.id or None,
                 ignore_changes=list(request.ignoreChanges),
+                replace_on_changes=list(request.replaceOnChanges),
+                delete_before_replace=bool(request.deleteBeforeReplace),
                 aliases=[a.spec.name if a.HasField("spec") else a.urn for a in request.aliases]
                 + list(request.aliasURNs),
                 replacement_trigger=_trigger(request),

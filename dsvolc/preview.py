@@ -118,10 +118,11 @@ def run_preview(stack: str, *, policies: bool = True, transforms=None, raw: dict
     from dsvolc import policy_runner
 
     name = loader.stack_name(stack)
+    written = None
     if raw is None:
-        raw = loader.read_raw(stack)
+        raw, written = loader.read_stack(stack)
     # fail fast, with every problem listed
-    settings = loader.parse(raw, str(loader.stack_file(stack)), stack=name)
+    settings = loader.parse(raw, str(loader.stack_file(stack)), stack=name, written=written)
     config_file, config = policy_runner.stack_policy_config(settings) if policies else (None, None)
     recording = engine.run(name, raw, transforms=transforms, mode=mode)
     result = PreviewResult(stack=name, environment_class=settings.environment_class,

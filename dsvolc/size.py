@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from capacity.catalog import GPUS, MODELS, GiB, get_gpu, get_model
-from capacity.instances import INSTANCE_TYPES, resolve_instance_type
+from capacity.instances import INSTANCE_TYPES, resolve_instance_type, suggest_instance_type
 from capacity.planner import KV_CACHE_DTYPES, QUANTIZATIONS, Plan, PlanError, plan
 
 EPILOG = (
@@ -195,8 +195,9 @@ def size(
     resolved = resolve_instance_type(gpu)
     instance_type = gpu.strip().lower() if resolved else None
     if resolved is None and gpu.strip().lower().startswith("ecs."):
-        _fail(f"gpu: instance type {gpu!r} is not in the instance catalog (capacity/instances.py; known: "
-              f"{', '.join(sorted(INSTANCE_TYPES))}); give its GPU and count instead, e.g. --gpu H20 "
+        _fail(f"gpu: instance type {gpu!r} is not in the instance catalog"
+              f"{suggest_instance_type(gpu, confirmed_only=True, aside=True)}; known (capacity/instances.py): "
+              f"{', '.join(sorted(INSTANCE_TYPES))}; give its GPU and count instead, e.g. --gpu H20 "
               f"--gpus-per-node 8")
     try:
         gpu_spec = get_gpu(resolved[0] if resolved else gpu)

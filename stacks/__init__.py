@@ -12,6 +12,7 @@ from stacks.loader import (
     load,
     parse,
     read_raw,
+    read_stack,
     shipped_stacks,
     stack_file,
 )
@@ -25,6 +26,7 @@ __all__ = [
     "load",
     "parse",
     "read_raw",
+    "read_stack",
     "shipped_stacks",
     "stack_file",
 ]

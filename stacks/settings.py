@@ -24,9 +24,10 @@ from pydantic import (
 )
 
 from capacity.catalog import GPUS, get_gpu, get_model
-from capacity.instances import INSTANCE_TYPES, get_instance_type, resolve_instance_type
+from capacity.instances import INSTANCE_TYPES, get_instance_type, resolve_instance_type, suggest_instance_type
 from capacity.mig import MigError, MigProfile, mig_profile, slice_gpu
 from capacity.planner import PlanError, plan, single_node_options
+from capacity.suggest import did_you_mean
 from stacks.addons import ADDONS, Addon
 from stacks.constants import ENTRY_NAMESPACE, HTTP_PORT, entry_service
 from stacks.contract import load as load_contract
@@ -69,6 +70,9 @@ SseAlgorithm = _C.literal("volcengine:tos/bucketEncryption:BucketEncryption",
 PodNetworkMode = _C.literal("volcengine:vke/cluster:Cluster", "podsConfig.podNetworkMode")
 ApigInstanceSpec = _C.literal("volcengine:apig/apigGateway:ApigGateway", "resourceSpec.instanceSpecCode")
 KUBECONFIG = "volcengine:vke/kubeconfig:Kubeconfig"
+# The NAT gateways' EIPs are billed by traffic (infra/network.py): the bandwidth range the
+# API accepts for that billing type.
+EIP_TRAFFIC_MAX_MBPS = dict(_C.argument("volcengine:eip/address:Address", "bandwidth").range_when[1])["PostPaidByTraffic"][1]
 # Internet NAT gateways one VPC holds (BytePlus NAT gateway FAQ, "How many Internet NAT
 # Gateways can I create in a Virtual Private Cloud?": up to three;
 # https://docs.byteplus.com/en/docs/natgateway/NAT-gateway-FAQ).
@@ -132,7 +136,8 @@ class NetworkSettings(_Model):
     )
     nat_spec: NatSpec = Field("Small", description="NAT gateway specification (as the provider accepts it)")
     egress_bandwidth_mbps: int = Field(
-        100, ge=1, le=10000, description="EIP bandwidth of each NAT gateway (each zone's with per_zone)"
+        100, ge=1, le=EIP_TRAFFIC_MAX_MBPS,
+        description="EIP bandwidth of each NAT gateway (each zone's with per_zone), Mbit/s; billed by traffic"
     )
     endpoint_cidrs: list[Cidr] = Field(
         default_factory=list,
@@ -1069,7 +1074,7 @@ class StackSettings(_Model):
     @classmethod
     def _region(cls, v: str) -> str:
         if v not in REGION_ZONES:
-            raise ValueError(f"expected one of {', '.join(REGION_ZONES)}, got {v!r}")
+            raise ValueError(f"expected one of {', '.join(REGION_ZONES)}, got {v!r}{did_you_mean(v, REGION_ZONES)}")
         return v
 
     @model_validator(mode="after")
@@ -1077,7 +1082,8 @@ class StackSettings(_Model):
         known = REGION_ZONES[self.region]
         for i, zone in enumerate(self.zones):
             if zone not in known:
-                raise ValueError(f"zones[{i}]: {zone!r} is not a zone of {self.region}; expected one of {', '.join(known)}")
+                raise ValueError(f"zones[{i}]: {zone!r} is not a zone of {self.region}; expected one of "
+                                 f"{', '.join(known)}{did_you_mean(zone, known)}")
         if len(set(self.zones)) != len(self.zones):
             raise ValueError("zones: expected distinct zones")
         self._check_network()
@@ -1099,7 +1105,7 @@ class StackSettings(_Model):
         if self.serving.gpu_pool not in self.cluster.gpu_pools:
             raise ValueError(
                 f"serving.gpu_pool: {self.serving.gpu_pool!r} is not a GPU pool; expected one of "
-                f"{', '.join(self.cluster.gpu_pools)}"
+                f"{', '.join(self.cluster.gpu_pools)}{did_you_mean(self.serving.gpu_pool, self.cluster.gpu_pools)}"
             )
         self._plan_serving()
         self._check_lifecycle()
@@ -1433,12 +1439,13 @@ class StackSettings(_Model):
             if pool.gpu is None:
                 if resolve_instance_type(pool.instance_type) is None:
                     rec = get_instance_type(pool.instance_type)
-                    why = ("is catalogued but its GPU count is unconfirmed" if rec is not None
-                           else "is not in the GPU instance catalog")
+                    why = ("is catalogued but its GPU count is unconfirmed" if rec is not None else
+                           f"is not in the GPU instance catalog{suggest_instance_type(pool.instance_type, aside=True)}")
                     raise ValueError(f"{path}.instance_type: {pool.instance_type!r} {why}; set gpu and "
                                      "gpus_per_node for it")
             elif pool.gpu not in GPUS:
-                raise ValueError(f"{path}.gpu: {pool.gpu!r} is not a known GPU; expected one of {', '.join(GPUS)}")
+                raise ValueError(f"{path}.gpu: {pool.gpu!r} is not a known GPU; expected one of {', '.join(GPUS)}"
+                                 f"{did_you_mean(pool.gpu, GPUS)}")
             if self.pool_hardware(name).hpc:
                 # HPC instance types live in an ecs.HpcCluster, which sits in one zone
                 # (provider contract: ecs/hpcCluster zoneId, nodePool nodeConfig.hpcClusterIds).

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from dsvolc.cli import app
 from dsvolc.preview import render, run_both
-from stacks import load, read_raw, shipped_stacks
+from stacks import load, read_raw, shipped_stacks, stack_file
 from tests.stack_fixtures import filled_raw
 
 runner = CliRunner()
@@ -223,6 +223,27 @@ def test_bad_settings_exit_2_with_the_path_and_no_traceback(tmp_path):
     assert result.exit_code == 2
     assert "cluster.gpu_pools.a10.max_nodes" in result.output
     assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("old,new,problem", [
+    ("      irsa: true\n", "      irsa: true\n      irsa: false\n",
+     "cluster.irsa: given twice, on line {a} and again on line {b}; YAML would keep the last silently: keep one"),
+    ('      kubernetes_version: "1.32"\n', "      kubernetes_version: 1.30\n",
+     'cluster.kubernetes_version: 1.3 was read as a number from 1.30; quote it: "1.30"'),
+    ("      vpc_cidr: 10.10.0.0/16\n", "      vpc_cidr: 10.10.0.1/16\n",
+     "network.vpc_cidr: 10.10.0.1/16 has host bits set; did you mean 10.10.0.0/16?"),
+])
+def test_a_stack_file_mistake_is_one_clear_line_and_exit_2(tmp_path, old, new, problem):
+    text = stack_file("dev").read_text()
+    assert text.count(old) == 1
+    text = text.replace(old, new)
+    path = tmp_path / "Pulumi.dev.yaml"
+    path.write_text(text)
+    lines = [i for i, line in enumerate(text.splitlines(), 1) if line.strip().startswith("irsa:")]
+    problem = problem.format(a=lines[0], b=lines[-1])
+    result = runner.invoke(app, ["preview", str(path)])
+    assert result.exit_code == 2, result.output
+    assert result.output.splitlines() == [f"error: invalid settings in {path}:", f"  - {problem}"]
 
 
 def test_unknown_stack_exit_2_lists_known_stacks():

@@ -131,6 +131,17 @@ def test_unknown_gpu_exits_2_with_known_names():
     assert "H200" in res.output and "Traceback" not in res.output
 
 
+@pytest.mark.parametrize("args,closest", [
+    (("--model", "deepseek-r1-distil-qwen-7b", "--gpu", "A10"), "did you mean deepseek-r1-distill-qwen-7b?"),
+    (("--model", "deepseek-v3", "--gpu", "H2O"), "did you mean H20?"),
+    (("--model", "deepseek-r1", "--gpu", "ecs.hpcpni3ln.45xlarg"), "did you mean ecs.hpcpni3ln.45xlarge?"),
+])
+def test_a_typo_exits_2_naming_the_closest_known_value(args, closest):
+    res = run(*args)
+    assert res.exit_code == 2, res.output
+    assert closest in res.output and "Traceback" not in res.output
+
+
 def test_bad_option_value_exits_2():
     res = run("--model", "deepseek-v3", "--gpu", "H200", "--kv-cache-dtype", "int2")
     assert res.exit_code == 2 and "kv_cache_dtype" in res.output
