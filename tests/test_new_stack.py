@@ -137,10 +137,14 @@ def _copy_repo(dest: Path) -> None:
 def test_the_tests_that_list_stacks_pass_with_a_new_one(tmp_path):
     """In a copy of the repository: `dsvolc new alice --from dev`, then the tests that
     enumerate the stack files (the workflows' matrices, the CLI's list of known stacks, the
-    program's objects against their schemas for every stack) pass, alice included."""
+    program's objects against their schemas, pod hardening and checkov's scan of every
+    stack) pass, alice included."""
     repo = tmp_path / "repo"
     _copy_repo(repo)
     env = {**os.environ, "PYTHONPATH": str(repo)}
+    checkov = ROOT / ".venv-checkov" / "bin" / "checkov"  # the copy leaves virtualenvs out
+    if checkov.exists() and "DSVOLC_CHECKOV" not in env:
+        env["DSVOLC_CHECKOV"] = str(checkov)
     made = subprocess.run([sys.executable, "-m", "dsvolc.cli", "new", "alice", "--from", "dev"], cwd=repo, env=env,
                           capture_output=True, text=True, timeout=300)
     assert made.returncode == 0, made.stdout + made.stderr
@@ -148,7 +152,10 @@ def test_the_tests_that_list_stacks_pass_with_a_new_one(tmp_path):
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", "-rA",
          "tests/test_workflows.py", "tests/test_cli.py::test_unknown_stack_exit_2_lists_known_stacks",
-         "tests/test_program_schemas.py::test_every_registered_object_is_schema_valid"],
+         "tests/test_program_schemas.py::test_every_registered_object_is_schema_valid",
+         "tests/test_pod_hardening.py", "tests/test_checkov.py"],
         cwd=repo, env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     assert "test_every_registered_object_is_schema_valid[alice]" in run.stdout
+    if "DSVOLC_CHECKOV" in env:  # the scan ran, alice among the stacks it saw
+        assert "PASSED tests/test_checkov.py::test_every_finding_is_a_documented_skip" in run.stdout
