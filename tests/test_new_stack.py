@@ -27,11 +27,14 @@ runner = CliRunner()
 
 @pytest.fixture
 def stacks_dir(tmp_path) -> Path:
-    """A copy of stacks/'s stack files (and the lock file they name)."""
+    """The shipped dev, staging and prod stack files and the files they name (the mirror
+    lock), in a directory of their own: the names these tests make are free there whatever
+    other stacks the repository holds."""
     d = tmp_path / "stacks"
     d.mkdir()
     for p in (ROOT / "stacks").glob("*.yaml"):
-        shutil.copy(p, d)
+        if not p.name.startswith("Pulumi.") or p.name in ("Pulumi.dev.yaml", "Pulumi.staging.yaml", "Pulumi.prod.yaml"):
+            shutil.copy(p, d)
     return d
 
 
@@ -127,7 +130,7 @@ def test_a_value_that_cannot_follow_the_name_is_asked_for_and_explicit_names_fol
 
 
 def _copy_repo(dest: Path) -> None:
-    skip = shutil.ignore_patterns(".git", ".venv*", "__pycache__", "*.egg-info", ".pytest_cache", "github-output")
+    skip = shutil.ignore_patterns(".git", ".venv*", "__pycache__", "*.egg-info", ".pytest_cache")
     shutil.copytree(ROOT, dest, ignore=skip)
     # actionlint finds the workflows through the repository's root
     subprocess.run(["git", "init", "-q", str(dest)], check=True, timeout=60)
@@ -145,10 +148,11 @@ def test_the_tests_that_list_stacks_pass_with_a_new_one(tmp_path):
     checkov = ROOT / ".venv-checkov" / "bin" / "checkov"  # the copy leaves virtualenvs out
     if checkov.exists() and "DSVOLC_CHECKOV" not in env:
         env["DSVOLC_CHECKOV"] = str(checkov)
-    made = subprocess.run([sys.executable, "-m", "dsvolc.cli", "new", "alice", "--from", "dev"], cwd=repo, env=env,
+    name = next(n for n in ("alice", "bob", "carol", "dave") if not (repo / "stacks" / f"Pulumi.{n}.yaml").exists())
+    made = subprocess.run([sys.executable, "-m", "dsvolc.cli", "new", name, "--from", "dev"], cwd=repo, env=env,
                           capture_output=True, text=True, timeout=300)
     assert made.returncode == 0, made.stdout + made.stderr
-    assert (repo / "stacks" / "Pulumi.alice.yaml").is_file()
+    assert (repo / "stacks" / f"Pulumi.{name}.yaml").is_file()
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", "-rA",
          "tests/test_workflows.py", "tests/test_cli.py::test_unknown_stack_exit_2_lists_known_stacks",
@@ -156,6 +160,6 @@ def test_the_tests_that_list_stacks_pass_with_a_new_one(tmp_path):
          "tests/test_pod_hardening.py", "tests/test_checkov.py"],
         cwd=repo, env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
-    assert "test_every_registered_object_is_schema_valid[alice]" in run.stdout
-    if "DSVOLC_CHECKOV" in env:  # the scan ran, alice among the stacks it saw
+    assert f"test_every_registered_object_is_schema_valid[{name}]" in run.stdout
+    if "DSVOLC_CHECKOV" in env:  # the scan ran, the new stack among those it saw
         assert "PASSED tests/test_checkov.py::test_every_finding_is_a_documented_skip" in run.stdout

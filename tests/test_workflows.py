@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from importlib.resources import files
 from pathlib import Path
 
@@ -38,7 +39,7 @@ def stack_lists(workflow: str, root: Path = ROOT, env: dict | None = None) -> di
     and return what it writes to $GITHUB_OUTPUT (the matrices the other jobs read)."""
     job = load(workflow, root)["jobs"]["stacks"]
     (step,) = [s for s in _steps(job) if s.get("id") == "list"]
-    out = root / "github-output"
+    out = Path(tempfile.mkdtemp(prefix="github-output-")) / "output"
     out.write_text("")
     step_env = {k: v for k, v in (step.get("env") or {}).items()}  # ${{ inputs.* }} stand-ins below
     run_env = {**os.environ, "GITHUB_OUTPUT": str(out),
@@ -46,10 +47,11 @@ def stack_lists(workflow: str, root: Path = ROOT, env: dict | None = None) -> di
                **{k: "" for k in step_env}, **(env or {})}
     done = subprocess.run(["bash", "-e", "-c", step["run"]], cwd=root, env=run_env, capture_output=True, text=True,
                           timeout=120)
+    written = out.read_text()
+    shutil.rmtree(out.parent)
     if done.returncode != 0:
         return {"error": done.stderr}
-    return {k: json.loads(v) if v.startswith("[") else v
-            for k, v in (line.split("=", 1) for line in out.read_text().splitlines())}
+    return {k: json.loads(v) if v.startswith("[") else v for k, v in (line.split("=", 1) for line in written.splitlines())}
 
 
 @pytest.fixture(scope="module")
