@@ -54,7 +54,8 @@ def _short_type(rtype: str) -> str:
     if pkg == "pulumi" and module == "providers":
         return f"provider.{kind}"
     if "/" in module:
-        return f"{module.split('/')[0]}.{kind}"
+        first = module.split("/")[0]
+        return f"{pkg if first == 'index' else first}.{kind}"  # random:index/...: random.RandomPassword
     return kind if module in ("index", "") or pkg not in ("volcengine", "random") else f"{module}.{kind}"
 
 

@@ -303,3 +303,19 @@ def test_manifests_bad_settings_exit_2_without_a_traceback(tmp_path):
     assert result.exit_code == 2, result.output
     assert "cluster.gpu_pools.a10.max_nodes" in result.output and "Traceback" not in result.output
     assert not (tmp_path / "m").exists()
+
+
+def test_every_resource_has_a_name_a_person_reads(dev_preview):
+    """Any resource a policy may concern gets a label: Kubernetes objects and Helm releases
+    as Kind namespace/name, VolcEngine and Pulumi resources as module.Type and their name."""
+    from dsvolc.report import resource_ref
+
+    labels = {r.urn: resource_ref(r, r.urn, r.type)["label"] for r in dev_preview.recording.resources}
+    assert not [x for x in labels.values() if "urn:" in x or "::" in x]
+    by_name = {r.name: labels[r.urn] for r in dev_preview.recording.resources}
+    s = load("dev")
+    assert by_name[f"{s.resource_prefix}-vke"] == f"vke.Cluster {s.resource_prefix}-vke"
+    assert by_name[f"{s.resource_prefix}-bucket"] == f"tos.Bucket {s.resource_prefix}-bucket"
+    assert by_name[f"{s.resource_prefix}-namespace-{s.serving.namespace}"] == f"Namespace {s.serving.namespace}"
+    assert by_name[f"{s.resource_prefix}-helm-keda"] == "HelmRelease keda/keda"
+    assert resource_ref(None, None, None)["label"] == "(the stack)"
