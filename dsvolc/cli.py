@@ -1,6 +1,6 @@
 """`dsvolc`: what needs no cloud account.
 
-  dsvolc preview STACK [--json FILE] [--verbose] [--quiet]   a stack's summary, engine plan and policy verdict
+  dsvolc preview STACK [--json FILE] [--verbose] [--quiet] [--against REF]   summary, engine plan, verdict
   dsvolc new NAME --from STACK [--class C]   a new environment: stacks/Pulumi.<NAME>.yaml from another stack
   dsvolc size --model M --gpu G ...     engine settings that fit a model on a GPU
   dsvolc policy-config STACK            the policy pack config the stack is judged by
@@ -98,6 +98,11 @@ def preview(
         False, "--new-stack",
         help="only a new stack's first `pulumi up` (computed outputs unknown; deploy phase 1: the cloud layer)",
     ),
+    against: Optional[str] = typer.Option(
+        None, "--against", metavar="REF",
+        help="also list what a `pulumi up` of this tree does to the stack as deployed from git REF (create, "
+             "update, replace, delete); a replace of a stateful resource the stack does not accept fails",
+    ),
 ) -> None:
     """Run the stack's program offline under Pulumi's mock engine and its policy pack.
 
@@ -106,6 +111,8 @@ def preview(
     resources it concerns. Exit 0: no mandatory violation in either; 1: a mandatory policy
     is violated; 2: invalid settings or policy config.
     """
+    from pulumi import RunError
+
     from dsvolc.policy_runner import PolicyConfigError
     from dsvolc.preview import _plan_line, phase_line, render, run_both, run_preview, verdict_line, write_json
 
@@ -117,12 +124,16 @@ def preview(
     if quiet and verbose:
         err.print("error: --quiet and --verbose exclude each other")
         raise typer.Exit(2)
+    if against is not None and new_stack:
+        err.print("error: --against compares the stack as deployed; it excludes --new-stack")
+        raise typer.Exit(2)
     try:
         if existing or new_stack:
             result = run_preview(stack, mode="existing" if existing else "new")
         else:
             result = run_both(stack)
-    except (SettingsError, PolicyConfigError) as exc:
+    except (SettingsError, PolicyConfigError, RunError) as exc:
+        # RunError: the program refused the stack (e.g. a GPU type not sold where it is placed)
         err.print(f"error: {exc}", highlight=False, markup=False)
         raise typer.Exit(2) from None
     if quiet:
@@ -142,10 +153,21 @@ def preview(
             console.print(f"mandatory {v['policy']}: {v['message']}", highlight=False, markup=False, soft_wrap=True)
     else:
         render(result, console, verbose=verbose)
+    compared = None
+    if against is not None:
+        from dsvolc.against import AgainstError, compare, render_changes
+
+        try:
+            compared = compare(against, stack, result)
+        except AgainstError as exc:
+            err.print(f"error: {exc}", highlight=False, markup=False)
+            raise typer.Exit(2) from None
+        render_changes(compared, console)
     if json_out is not None:
-        write_json(result, json_out)
+        write_json(result, json_out, against=compared)
         console.print(f"wrote {json_out}")
-    if result.all_mandatory:
+    if result.all_mandatory or (compared and any(v["enforcement_level"] == "mandatory"
+                                                 for v in compared["violations"])):
         raise typer.Exit(1)
 
 

@@ -108,6 +108,23 @@ def _fake_kubeconfig(cluster_id: str) -> str:
     return base64.b64encode(json.dumps(doc).encode()).decode()
 
 
+def _available_answer(instance_type: str | None) -> dict:
+    """ecs.get_available_resources offline: no account can be asked, so every zone the
+    project knows answers Available (infra/availability.py; the real preview asks VolcEngine).
+    Tests replace this to see a sold-out answer refused."""
+    from stacks.regions import REGION_ZONES
+
+    zones = [(r, z) for r, zs in REGION_ZONES.items() for z in zs]
+    return {"availableZones": [
+        {"regionId": r, "zoneId": z, "status": "Available",
+         "availableResources": [{"type": "InstanceType",
+                                 "supportedResources": [{"value": instance_type or "", "status": "Available"}]}]}
+        for r, z in zones]}
+
+
+AVAILABLE_RESOURCES = "volcengine:ecs/getAvailableResources:getAvailableResources"
+
+
 class NewStackMocks(pulumi_mocks.Mocks):
     """The first preview of a new stack: inputs echo, no id, nothing computed is known.
 
@@ -124,6 +141,8 @@ class NewStackMocks(pulumi_mocks.Mocks):
         # looked up by name to choose the deploy phase (infra/identity.py), is not there.
         if args.token == "volcengine:vke/getClusters:getClusters":
             return _clusters_answer(args.args.get("name"), existing=False)
+        if args.token == AVAILABLE_RESOURCES:
+            return _available_answer(args.args.get("instanceTypeId"))
         return {}
 
 
@@ -175,12 +194,33 @@ class ExistingStackMocks(pulumi_mocks.Mocks):
             }
         if args.token == "volcengine:vke/getClusters:getClusters":
             return _clusters_answer(args.args.get("name"), existing=True)
+        if args.token == AVAILABLE_RESOURCES:
+            return _available_answer(args.args.get("instanceTypeId"))
+        if args.token == "volcengine:apig/getGatewayServices:getGatewayServices":
+            return _gateway_services_answer(args.args.get("gatewayId"), args.args.get("name"))
         if args.token == "volcengine:tls/getTraceInstances:getTraceInstances":
             # A trace instance owns a trace topic (infra/logging.py reads its id back).
             iid = args.args.get("traceInstanceId") or "trace-instance"
             return {"traceInstances": [{"traceInstanceId": iid, "traceTopicId": f"{iid}-trace-topic"}],
                     "totalCount": 1}
         return {}
+
+
+def _gateway_services_answer(gateway_id: str | None, name: str | None) -> dict:
+    """apig.get_gateway_services: the named service with the two default domains APIG gives
+    it, one in the VPC and one public (the shape of APIG's generated hosts, a made-up id)."""
+    if not gateway_id or not name:
+        return {"gatewayServices": [], "totalCount": 0}
+    sid = f"sd{zlib.crc32(f'{gateway_id}/{name}'.encode()):08x}preview"
+    return {
+        "gatewayServices": [{
+            "id": sid, "name": name, "gatewayId": gateway_id, "status": "Running",
+            "domains": [{"domain": f"{sid}.apigateway-preview.ivolces.com", "type": "private"},
+                        {"domain": f"{sid}.apigateway-preview.volceapi.com", "type": "public"}],
+            "customDomains": [],
+        }],
+        "totalCount": 1,
+    }
 
 
 def _clusters_answer(name: str | None, existing: bool) -> dict:

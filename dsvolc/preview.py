@@ -235,5 +235,8 @@ def verdict_line(result: PreviewResult) -> str:
     return f"policy verdict: {mandatory} mandatory, {advisory} advisory violation(s)"
 
 
-def write_json(result: PreviewResult, path: Path) -> None:
-    path.write_text(json.dumps(result.as_json(), indent=2, sort_keys=False) + "\n")
+def write_json(result: PreviewResult, path: Path, against: dict[str, Any] | None = None) -> None:
+    doc = result.as_json()
+    if against is not None:
+        doc["against"] = against
+    path.write_text(json.dumps(doc, indent=2, sort_keys=False) + "\n")

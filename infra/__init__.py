@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_volcengine as volc
 
+from infra.availability import PoolPlacement, require_available
 from infra.cluster import AddonArgs, Cluster, ClusterArgs, GpuPoolArgs
 from infra.gateway import EdgeArgs, EdgeGateway, EdgeRetry, EdgeTls, EdgeUpstream
 from infra.identity import DeployPhase, decide, lookup_cluster
@@ -38,6 +39,7 @@ class Infra:
     observability: Observability | None
     phase: DeployPhase
     logs: LogStore | None = None
+    edge: EdgeGateway | None = None
 
 
 def build_infra(s: StackSettings) -> Infra:
@@ -55,6 +57,12 @@ def build_infra(s: StackSettings) -> Infra:
         raise pulumi.RunError(f"{BOOTSTRAP_ENV}=1 but cluster {s.cluster_name!r} exists ({phase.describe()}): "
                               "bootstrap is for a new stack only; deploy from the stack's runner in its VPC "
                               "(docs/deploy.md)")
+
+    # Every GPU pool's type is sold in each zone it is placed in, as VolcEngine answers
+    # (infra/availability.py): refused here, not when node creation fails after the VPC and
+    # the cluster exist.
+    require_available([PoolPlacement(n, p.instance_type, tuple(s.pool_zones(n)))
+                       for n, p in s.cluster.gpu_pools.items()], s.region, provider)
 
     node_subnets = s.node_subnets()
     vpc_cni = s.cluster.pod_network_mode == "VpcCniShared"
@@ -191,10 +199,11 @@ def build_infra(s: StackSettings) -> Infra:
             opts=opts,
         )
 
+    edge = None
     if s.gateway.edge_enabled:
         g = s.gateway
         upstreams = [EdgeUpstream(**u) for u in s.edge_upstreams()]
-        EdgeGateway(
+        edge = EdgeGateway(
             name,
             EdgeArgs(
                 gateway_name=name,
@@ -238,6 +247,7 @@ def build_infra(s: StackSettings) -> Infra:
         observability=observability,
         phase=phase,
         logs=logs,
+        edge=edge,
     )
 
 
@@ -310,5 +320,13 @@ def export_outputs(infra: Infra, serving=None) -> None:
         pulumi.export("log_project_id", infra.logs.project_id)
         if infra.logs.trace_instance_id is not None:
             pulumi.export("trace_instance_id", infra.logs.trace_instance_id)
+    if infra.edge is not None:
+        # what clients call, and where the domain's DNS record points (docs/deploy.md)
+        pulumi.export("public_endpoint", {
+            "domain": infra.edge.domain,
+            "url": f"https://{infra.edge.domain}/v1/",
+            "dns_record": {"type": "CNAME", "name": infra.edge.domain, "target": infra.edge.dns_target},
+        })
     if serving is not None:
+        # the in-cluster entry (what the edge forwards to), not reachable from outside the VPC
         pulumi.export("serving_endpoint", serving.endpoint)

@@ -31,12 +31,14 @@ from capacity.suggest import did_you_mean
 from stacks.addons import ADDONS, Addon
 from stacks.constants import ENTRY_NAMESPACE, HTTP_PORT, entry_service
 from stacks.contract import load as load_contract
+from stacks.names import BucketName, ClusterName, CrNamespace, PoolName, RegistryName
 from stacks.nodepools import PoolHardware, pool_hardware, rdma_per_pod, single_numa_refusal, topology_policy
 from stacks.regions import (
     REGION_ZONES,
     SUPPORTED_KUBERNETES_VERSIONS,
     apmplus_otlp_endpoint,
     cr_registry_host,
+    refuse_unsold,
     tls_otlp_endpoint,
 )
 
@@ -278,7 +280,7 @@ class DeployKubeconfigSettings(_Model):
 
 
 class ClusterSettings(_Model):
-    name: Name | None = Field(None, description="cluster name; deepseek-<env> when unset")
+    name: ClusterName | None = Field(None, description="cluster name; deepseek-<env> when unset")
     kubernetes_version: str = Field("1.32", description="VKE Kubernetes minor version")
     api_server_public: bool = Field(False, description="expose the API server on a public EIP")
     pod_network_mode: PodNetworkMode = Field(
@@ -302,7 +304,7 @@ class ClusterSettings(_Model):
         description="VKE add-on versions to pin where stacks/addons.py has none (add-on name -> version)",
     )
     system_pool: SystemPoolSettings = Field(default_factory=SystemPoolSettings, description="CPU pool for system pods")
-    gpu_pools: dict[Name, GpuPoolSettings] = Field(description="GPU node pools keyed by pool name")
+    gpu_pools: dict[PoolName, GpuPoolSettings] = Field(description="GPU node pools keyed by pool name")
 
     @field_validator("kubernetes_version")
     @classmethod
@@ -333,9 +335,8 @@ class ClusterSettings(_Model):
 
 
 class WeightsSettings(_Model):
-    bucket_name: str | None = Field(
+    bucket_name: BucketName | None = Field(
         None,
-        pattern=r"^[a-z0-9][a-z0-9-]{1,61}[a-z0-9]$",
         description="TOS bucket for model weights; deepseek-volc-<env>-weights when unset",
     )
     prefix: str = Field(
@@ -361,10 +362,10 @@ class WeightsSettings(_Model):
 
 
 class RegistrySettings(_Model):
-    name: Name | None = Field(None, description="CR Enterprise instance name; deepseek-<env> when unset")
-    namespace: Name = Field("deepseek", description="CR namespace")
+    name: RegistryName | None = Field(None, description="CR Enterprise instance name; deepseek-<env> when unset")
+    namespace: CrNamespace = Field("deepseek", description="CR namespace")
     repository: Name = Field("vllm-serving", description="repository of the serving image")
-    mirror_namespace: Name = Field(
+    mirror_namespace: CrNamespace = Field(
         "mirror",
         description="CR namespace holding copies of every upstream image and chart the stack deploys "
         "(`dsvolc images <stack>` lists them); nothing is pulled from outside the stack's registry",
@@ -1067,6 +1068,11 @@ class StackSettings(_Model):
         default_factory=ResilienceSettings, description="GPU node health, pre-warm and warm capacity"
     )
     alerting: AlertingSettings = Field(default_factory=AlertingSettings, description="alert receivers and routing")
+    accept_replacements: list[str] = Field(
+        default_factory=list,
+        description="names of stateful resources this change may replace or delete (cluster, bucket, registry, "
+        "APIG gateway, HPC cluster, role, VMP workspace); `dsvolc preview STACK --against REF` refuses any other",
+    )
 
     _derived: dict = PrivateAttr(default_factory=dict)
 
@@ -1458,6 +1464,7 @@ class StackSettings(_Model):
             elif pool.hpc_cluster_id is not None:
                 raise ValueError(f"{path}.hpc_cluster_id: {pool.instance_type} is not an HPC instance type "
                                  "(ecs.hpc* / ecs.ebmhpc*); remove hpc_cluster_id")
+            refuse_unsold(path, pool.instance_type, self.region, self.pool_zones(name))
             if pool.mig is not None:
                 try:
                     mig_profile(pool.hardware()[0], pool.mig.profile)

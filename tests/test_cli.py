@@ -116,12 +116,12 @@ def test_version_prints_the_package_version():
 def test_preview_prod_json_lists_the_foundation(tmp_path):
     out = tmp_path / "plan.json"
     result = runner.invoke(app, ["preview", "prod", "--json", str(out), "--quiet"])
-    # shipped prod names a placeholder identity provider and has no recorded image digest
-    # yet: exit 1, the JSON still written
+    # shipped prod names a placeholder identity provider and edge domain and has no recorded
+    # image digest yet: exit 1, the JSON still written
     assert result.exit_code == 1, result.output
     plan = json.loads(out.read_text())
     assert {v["policy"] for v in plan["violations"] if v["enforcement_level"] == "mandatory"} == {
-        "identity-provider-not-placeholder", "images-by-digest"}
+        "identity-provider-not-placeholder", "images-by-digest", "edge-domain-not-placeholder"}
     assert plan["stack"] == "prod"
     assert set(plan) == {"stack", "environment_class", "policy_config", "mode", "deploy_phase", "first_apply",
                          "plans", "resources", "violations", "verdict", "findings"}
