@@ -194,13 +194,18 @@ def render(result: PreviewResult, console: Console, *, verbose: bool = False) ->
 
     if verbose:
         _render_tree(result, console)
-    for title, r in (("as deployed", result), ("first `pulumi up`", f)):
-        if r is None or not r.violations:
-            continue
-        console.print()
-        console.print(f"[bold]policy violations, {title}[/bold] ({verdict_line(r)[len('policy verdict: '):]})",
-                      highlight=False)
-        report.render_findings(report.findings(r), console, verbose=verbose)
+    if not result.violations and not (f and f.violations):
+        return
+    console.print()
+    counts = verdict_line(result)[len("policy verdict: "):]
+    if f is None:
+        console.print(f"[bold]policy violations[/bold] ({counts})", highlight=False)
+        report.render_findings(report.findings(result), console, verbose=verbose)
+        return
+    # both phases as one list: a fix both need is printed once, marked where it applies
+    console.print(f"[bold]policy violations[/bold] (as deployed: {counts}; first `pulumi up`: "
+                  f"{verdict_line(f)[len('policy verdict: '):]})", highlight=False)
+    report.render_findings(report.merged(report.findings(result), report.findings(f)), console, verbose=verbose)
 
 
 def _render_tree(result: PreviewResult, console: Console) -> None:

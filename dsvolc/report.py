@@ -98,6 +98,25 @@ def findings(result: Previewed) -> list[dict[str, Any]]:
                                                    g["fix"] or ""))
 
 
+def _key(g: dict[str, Any]) -> tuple:
+    return (g["policy"], g["enforcement_level"], g["fix"] or tuple(r["finding"] for r in g["resources"]))
+
+
+def merged(deployed: list[dict[str, Any]], first_apply: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The groups of the stack as deployed and of its first `pulumi up` as one list, so that
+    a fix both phases need is printed once: each group gets `phases` (a subset of
+    {"deployed", "first_apply"}) and the resources of both, each label once."""
+    out: dict[tuple, dict[str, Any]] = {}
+    for phase, groups in (("deployed", deployed), ("first_apply", first_apply)):
+        for g in groups:
+            m = out.setdefault(_key(g), {**g, "resources": [], "phases": []})
+            m["phases"].append(phase)
+            seen = {r["label"] for r in m["resources"]}
+            m["resources"] += [r for r in g["resources"] if r["label"] not in seen]
+    return sorted(out.values(), key=lambda g: (LEVEL_ORDER.get(g["enforcement_level"], 9), g["policy"],
+                                                g["fix"] or ""))
+
+
 def verdict(result: Previewed, *, with_first_apply: bool = True) -> dict[str, Any]:
     mandatory = len(result.mandatory)
     blocking = result.all_mandatory if with_first_apply else result.mandatory
@@ -142,6 +161,11 @@ def render_findings(groups: list[dict[str, Any]], console: Console, *, verbose: 
         head = Text.assemble(_level(g["enforcement_level"]), (g["policy"], "bold"),
                              f"  {n} resource{'s' if n != 1 else ''}")
         console.print(head, highlight=False)
+        phases = g.get("phases")
+        if phases == ["first_apply"]:
+            _para(console, "at the first `pulumi up` only (deploy phase 1)", 4, "dim")
+        elif phases and "first_apply" in phases:
+            _para(console, "also at the first `pulumi up` (deploy phase 1)", 4, "dim")
         if g["policy"] != last_policy and g["description"]:
             _para(console, g["description"], 4, "dim")
         last_policy = g["policy"]

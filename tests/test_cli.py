@@ -45,9 +45,13 @@ def _at_80_columns(result, **kw) -> str:
 
 
 def _label(r: dict) -> str:
-    """`Kind namespace/name` of a recorded resource, from its inputs."""
+    """`Kind namespace/name` of a recorded resource, from its inputs (VolcEngine resources:
+    `module.Type name`)."""
     if r["type"].startswith("kubernetes:helm.sh"):
         return f"HelmRelease {r['inputs']['namespace']}/{r['inputs']['name']}"
+    if r["type"].startswith("volcengine:"):  # volcengine:apig/apigCustomDomain:ApigCustomDomain
+        _, module, kind = r["type"].split(":")
+        return f"{module.split('/')[0]}.{kind} {r['name']}"
     md = r["inputs"]["metadata"]
     return f"{r['inputs']['kind']} {md['namespace']}/{md['name']}" if md.get("namespace") else \
         f"{r['inputs']['kind']} {md['name']}"
@@ -56,8 +60,9 @@ def _label(r: dict) -> str:
 def test_preview_reads_at_80_columns_summary_first_then_one_entry_per_policy_and_fix(dev_preview):
     text = _at_80_columns(dev_preview)
     lines = text.splitlines()
-    # was 540 lines, 284 of them a violations table whose resource column was one truncated URN
-    assert len(lines) <= 60 and max(len(line) for line in lines) <= 80, len(lines)
+    # was 540 lines, 284 of them a violations table whose resource column was one truncated URN:
+    # now it fits a screen of 80 x 80
+    assert len(lines) <= 80 and max(len(line) for line in lines) <= 80, len(lines)
     assert "urn:pulumi" not in text and "…" not in text
     # the summary first: stack, both deploy phases, the engine plan, the verdict
     verdict = next(i for i, line in enumerate(lines) if line.startswith("policy verdict:"))
@@ -67,17 +72,20 @@ def test_preview_reads_at_80_columns_summary_first_then_one_entry_per_policy_and
     assert "engine plan deepseek-serving/deepseek: deepseek-r1-distill-qwen-7b on A10 x 1" in head
     assert f"policy verdict: 0 mandatory, {len(dev_preview.violations)} advisory violation(s): passes" in head
     flat = " ".join(text.split())
-    fixes = {v["message"].split(" Fix: ")[1] for v in dev_preview.violations}
+    both = dev_preview.violations + dev_preview.first_apply.violations  # both phases' verdicts
+    fixes = {v["message"].split(" Fix: ")[1] for v in both}
     assert len(fixes) < len(dev_preview.violations)  # several violations share a fix ...
-    for fix in fixes:  # ... which is printed once
+    for fix in fixes:  # ... which is printed once, in whichever phases need it
         assert flat.count(fix) == 1, fix
     # each entry names its resources as Kind namespace/name
-    by_urn = {r.urn: r.as_json() for r in dev_preview.recording.resources}
-    for v in dev_preview.violations:
+    by_urn = {r.urn: r.as_json() for r in dev_preview.recording.resources + dev_preview.first_apply.recording.resources}
+    for v in both:
         assert _label(by_urn[v["resource"]]) in flat, v["resource"]
-    entries = [line for line in lines if re.match(r"(advisory|mandatory) +\S+ +\d+ resources?$", line)]
-    assert len(entries) == len({(v["policy"], v["message"].split(" Fix: ")[1]) for v in dev_preview.violations})
-    images = next(line for line in entries if " images-by-digest " in line)
+    heads = [i for i, line in enumerate(lines) if re.match(r"(advisory|mandatory) +\S+ +\d+ resources?$", line)]
+    assert len(heads) == len({(v["policy"], v["message"].split(" Fix: ")[1]) for v in both})
+    # no entry runs longer than a short paragraph
+    assert max(b - a for a, b in zip(heads, heads[1:] + [len(lines)])) <= 16
+    images = next(lines[i] for i in heads if " images-by-digest " in lines[i])
     assert images.endswith(f"{sum(v['policy'] == 'images-by-digest' for v in dev_preview.violations)} resources")
 
 
