@@ -339,11 +339,18 @@ def _trigger(request) -> Any:
     return _unwrap(json_format.MessageToDict(request.replacement_trigger), mask=True)
 
 
+_SECRET_WIRE = _SECRET_VALUE.encode()
+
+
 def _secret_paths(struct) -> list[tuple]:
     """Paths of secret values in a protobuf Struct as the engine receives it."""
     from google.protobuf import json_format
 
     found: list[tuple] = []
+    if _SECRET_WIRE not in struct.SerializeToString():
+        # No value carries the secret signature (most registrations): nothing to walk, and
+        # no conversion of the whole Struct to a dict just to find that out.
+        return found
 
     def walk(v: Any, path: tuple) -> None:
         if isinstance(v, dict):

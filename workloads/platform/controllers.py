@@ -141,6 +141,15 @@ def kube_prometheus_stack(settings: StackSettings) -> dict:
             }
         },
         "kubeStateMetrics": {"enabled": True},
+        # VKE runs the control plane for us: no controller-manager or scheduler target can
+        # be scraped, so their ServiceMonitors find nothing and the chart's absent() rules
+        # (KubeControllerManagerDown, KubeSchedulerDown, critical) would fire for ever. Off:
+        # the targets (`<component>.enabled`, which also gates the rule files) and the rule
+        # groups (`defaultRules.rules.*`), as kube-prometheus-stack's values.yaml names them.
+        "kubeControllerManager": {"enabled": False},
+        "kubeScheduler": {"enabled": False},
+        "defaultRules": {"rules": {"kubeControllerManager": False, "kubeSchedulerAlerting": False,
+                                   "kubeSchedulerRecording": False}},
     }
     for extra in (prometheus_storage_values(settings), grafana_admin_values(settings),
                   alertmanager_values(settings)):
