@@ -196,8 +196,10 @@ def test_offline_verdict_reads_no_secret_and_covers_every_stack():
     assert stack_lists("offline-preview.yml")["all"] == STACKS
     runs = " ".join(s.get("run", "") for s in _steps(job))
     assert 'dsvolc.cli preview "$STACK"' in runs and job["env"]["STACK"] == "${{ matrix.stack }}"
-    # the default preview judges the first apply of every stack too (first_apply in the JSON)
-    assert "--existing" not in runs and "--new-stack" not in runs and 'get("first_apply"' in runs
+    # the verdict's preview judges the first apply of every stack too (first_apply in the JSON);
+    # the --against step compares the stack as deployed only
+    verdict = next(s["run"] for s in _steps(job) if s.get("name") == "Preview and policy verdict")
+    assert "--existing" not in verdict and "--new-stack" not in verdict and 'get("first_apply"' in verdict
     assert "if" not in job  # forks included
 
 
