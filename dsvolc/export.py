@@ -55,7 +55,7 @@ def render(stack: str, raw: dict | None = None) -> list[dict[str, Any]]:
     name = loader.stack_name(stack)
     if raw is None:
         raw = loader.read_raw(stack)
-    loader.parse(raw, str(loader.stack_file(stack)), stack=name)  # every settings error first
+    loader.parse_plan(raw, str(loader.stack_file(stack)), stack=name)  # every settings error first
     return kubernetes_objects(engine.run(name, raw, mode="existing"))
 
 

@@ -8,10 +8,28 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from capacity.instances import InstanceType, get_instance_type, is_hpc_family
+from capacity.instances import InstanceType, get_instance_type, is_hpc_family, resolve_instance_type
 
 # The scope the provider accepts (provider contract: kubeletConfig.topologyManagerScope).
 TOPOLOGY_SCOPE = "container"
+
+
+def instance_type_rdma(instance_type: str) -> bool:
+    """VolcEngine's HPC GPU instance types (ecs.hpc*, ecs.ebmhpc*) sit in an HPC cluster with
+    RDMA NICs between nodes (ecs.hpcpni2.28xlarge, ecs.hpcpni3ln.45xlarge: RDMA)."""
+    family = instance_type.split(".")
+    return len(family) > 1 and family[1].startswith(("hpc", "ebmhpc"))
+
+
+def pool_gpu(instance_type: str, gpu: str | None, gpus_per_node: int | None) -> tuple[str, int]:
+    """(GPU model, GPUs per node) of a pool: as stated, else from the instance-type catalog
+    (the pool's settings refuse an instance type the catalog cannot resolve)."""
+    if gpu is not None and gpus_per_node is not None:
+        return gpu, gpus_per_node
+    resolved = resolve_instance_type(instance_type)
+    if resolved is None:
+        raise ValueError(f"{instance_type!r}: GPU model and count unknown; set gpu and gpus_per_node")
+    return resolved
 
 
 @dataclass(frozen=True)
