@@ -22,6 +22,7 @@ from typing import Any
 
 from capacity.params import count_parameters
 from capacity.specs import GiB, GPUSpec, MiB, ModelSpec
+from capacity.suggest import did_you_mean
 
 
 # ---------------------------------------------------------------------------
@@ -279,7 +280,7 @@ def get_gpu(name: str) -> GPUSpec:
     for k, spec in GPUS.items():
         if k.upper() == key:
             return spec
-    raise KeyError(f"unknown gpu {name!r}; known GPUs: {_known(list(GPUS))}")
+    raise KeyError(f"unknown gpu {name!r}{did_you_mean(name, GPUS, aside=True)}; known GPUs: {_known(list(GPUS))}")
 
 
 
@@ -301,7 +302,8 @@ def get_model(name_or_path: str | Path) -> ModelSpec:
     if path.suffix == ".json" or str(name_or_path).startswith((".", "/", "~")):
         raise KeyError(f"model config not found: {path} (expected a model directory "
                        f"containing config.json, or a config.json file)")
-    raise KeyError(f"unknown model {str(name_or_path)!r}; known models: {_known(list(MODELS))} "
+    hint = did_you_mean(str(name_or_path), [*MODELS, *(m.hf_id for m in MODELS.values())], aside=True)
+    raise KeyError(f"unknown model {str(name_or_path)!r}{hint}; known models: {_known(list(MODELS))} "
                    f"(or pass a path to a local config.json / model directory)")
 
 

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from capacity.suggest import did_you_mean
+
 AIBRIX = "vllm-project/aibrix@e3e10f9e4aebe9aac5e7d992fb87d2648e01628b"
 
 
@@ -130,6 +132,14 @@ def resolve_instance_type(instance_type: str) -> tuple[str, int] | None:
     if not instance_type:
         return None
     return INSTANCE_TYPES.get(instance_type.strip().lower())
+
+
+def suggest_instance_type(instance_type: str, *, confirmed_only: bool = False, aside: bool = False) -> str:
+    """'; did you mean ecs.gni2.3xlarge?' for a near-miss of a catalogued type, else '' (see
+    capacity.suggest). Every name shares `ecs.` and `.<n>xlarge`, so only a near-identical one
+    counts as meant."""
+    known = INSTANCE_TYPES if confirmed_only else INSTANCE_CATALOG
+    return did_you_mean(instance_type, known, cutoff=0.85, aside=aside)
 
 
 def is_hpc_family(instance_type: str) -> bool:

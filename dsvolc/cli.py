@@ -38,6 +38,11 @@ def preview(
         False, "--new-stack",
         help="only a new stack's first `pulumi up` (computed outputs unknown; deploy phase 1: the cloud layer)",
     ),
+    against: Optional[str] = typer.Option(
+        None, "--against", metavar="REF",
+        help="also list what a `pulumi up` of this tree does to the stack as deployed from git REF (create, "
+             "update, replace, delete); a replace of a stateful resource the stack does not accept fails",
+    ),
 ) -> None:
     """Run the stack's program offline under Pulumi's mock engine and its policy pack.
 
@@ -52,6 +57,9 @@ def preview(
     err = Console(stderr=True, soft_wrap=True)
     if existing and new_stack:
         err.print("error: --existing and --new-stack exclude each other (neither: both phases)")
+        raise typer.Exit(2)
+    if against is not None and new_stack:
+        err.print("error: --against compares the stack as deployed; it excludes --new-stack")
         raise typer.Exit(2)
     try:
         if existing or new_stack:
@@ -78,10 +86,21 @@ def preview(
             console.print(f"mandatory {v['policy']}: {v['message']}", highlight=False, markup=False, soft_wrap=True)
     else:
         render(result, console)
+    compared = None
+    if against is not None:
+        from dsvolc.against import AgainstError, compare, render_changes
+
+        try:
+            compared = compare(against, stack, result)
+        except AgainstError as exc:
+            err.print(f"error: {exc}", highlight=False, markup=False)
+            raise typer.Exit(2) from None
+        render_changes(compared, console)
     if json_out is not None:
-        write_json(result, json_out)
+        write_json(result, json_out, against=compared)
         console.print(f"wrote {json_out}")
-    if result.all_mandatory:
+    if result.all_mandatory or (compared and any(v["enforcement_level"] == "mandatory"
+                                                 for v in compared["violations"])):
         raise typer.Exit(1)
 
 

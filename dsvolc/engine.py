@@ -65,6 +65,8 @@ class Recorded:
     ignore_changes: list[str] = field(default_factory=list)  # the resource option, as registered
     aliases: list[str] = field(default_factory=list)  # names (or URNs) the resource was known by before
     replacement_trigger: Any = None  # the resource option: a change of it replaces the resource
+    replace_on_changes: list[str] = field(default_factory=list)  # the resource option, as registered
+    delete_before_replace: bool = False
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -173,12 +175,31 @@ class ExistingStackMocks(pulumi_mocks.Mocks):
             }
         if args.token == "volcengine:vke/getClusters:getClusters":
             return _clusters_answer(args.args.get("name"), existing=True)
+        if args.token == "volcengine:apig/getGatewayServices:getGatewayServices":
+            return _gateway_services_answer(args.args.get("gatewayId"), args.args.get("name"))
         if args.token == "volcengine:tls/getTraceInstances:getTraceInstances":
             # A trace instance owns a trace topic (infra/logging.py reads its id back).
             iid = args.args.get("traceInstanceId") or "trace-instance"
             return {"traceInstances": [{"traceInstanceId": iid, "traceTopicId": f"{iid}-trace-topic"}],
                     "totalCount": 1}
         return {}
+
+
+def _gateway_services_answer(gateway_id: str | None, name: str | None) -> dict:
+    """apig.get_gateway_services: the named service with the two default domains APIG gives
+    it, one in the VPC and one public (the shape of APIG's generated hosts, a made-up id)."""
+    if not gateway_id or not name:
+        return {"gatewayServices": [], "totalCount": 0}
+    sid = f"sd{zlib.crc32(f'{gateway_id}/{name}'.encode()):08x}preview"
+    return {
+        "gatewayServices": [{
+            "id": sid, "name": name, "gatewayId": gateway_id, "status": "Running",
+            "domains": [{"domain": f"{sid}.apigateway-preview.ivolces.com", "type": "private"},
+                        {"domain": f"{sid}.apigateway-preview.volceapi.com", "type": "public"}],
+            "customDomains": [],
+        }],
+        "totalCount": 1,
+    }
 
 
 def _clusters_answer(name: str | None, existing: bool) -> dict:
@@ -249,6 +270,8 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
                 provider=request.provider or None,
                 id=response.id or None,
                 ignore_changes=list(request.ignoreChanges),
+                replace_on_changes=list(request.replaceOnChanges),
+                delete_before_replace=bool(request.deleteBeforeReplace),
                 aliases=[a.spec.name if a.HasField("spec") else a.urn for a in request.aliases]
                 + list(request.aliasURNs),
                 replacement_trigger=_trigger(request),

@@ -53,9 +53,10 @@ def object_path(obj: dict[str, Any]) -> Path:
 def render(stack: str, raw: dict | None = None) -> list[dict[str, Any]]:
     """The stack's objects. Raises loader.SettingsError for bad settings."""
     name = loader.stack_name(stack)
+    written = None
     if raw is None:
-        raw = loader.read_raw(stack)
-    loader.parse_plan(raw, str(loader.stack_file(stack)), stack=name)  # every settings error first
+        raw, written = loader.read_stack(stack)
+    loader.parse_plan(raw, str(loader.stack_file(stack)), stack=name, written=written)  # every settings error first
     return kubernetes_objects(engine.run(name, raw, mode="existing"))
 
 

@@ -111,10 +111,11 @@ def run_preview(stack: str, *, policies: bool = True, transforms=None, raw: dict
     from dsvolc import policy_runner
 
     name = loader.stack_name(stack)
+    written = None
     if raw is None:
-        raw = loader.read_raw(stack)
+        raw, written = loader.read_stack(stack)
     # fail fast, with every problem listed
-    plan = loader.parse_plan(raw, str(loader.stack_file(stack)), stack=name)
+    plan = loader.parse_plan(raw, str(loader.stack_file(stack)), stack=name, written=written)
     settings = plan.settings
     config_file, config = policy_runner.stack_policy_config(plan) if policies else (None, None)
     recording = engine.run(name, raw, transforms=transforms, mode=mode)
@@ -223,5 +224,8 @@ def verdict_line(result: PreviewResult) -> str:
     return f"policy verdict: {mandatory} mandatory, {advisory} advisory violation(s)"
 
 
-def write_json(result: PreviewResult, path: Path) -> None:
-    path.write_text(json.dumps(result.as_json(), indent=2, sort_keys=False) + "\n")
+def write_json(result: PreviewResult, path: Path, against: dict[str, Any] | None = None) -> None:
+    doc = result.as_json()
+    if against is not None:
+        doc["against"] = against
+    path.write_text(json.dumps(doc, indent=2, sort_keys=False) + "\n")

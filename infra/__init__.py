@@ -39,6 +39,7 @@ class Infra:
     observability: Observability | None
     phase: DeployPhase
     logs: LogStore | None = None
+    edge: EdgeGateway | None = None
 
 
 def build_infra(plan: StackPlan) -> Infra:
@@ -192,10 +193,11 @@ def build_infra(plan: StackPlan) -> Infra:
             opts=opts,
         )
 
+    edge = None
     if s.gateway.edge_enabled:
         g = s.gateway
         upstreams = [EdgeUpstream(**asdict(u)) for u in plan.edge.upstreams]
-        EdgeGateway(
+        edge = EdgeGateway(
             name,
             EdgeArgs(
                 gateway_name=name,
@@ -239,6 +241,7 @@ def build_infra(plan: StackPlan) -> Infra:
         observability=observability,
         phase=phase,
         logs=logs,
+        edge=edge,
     )
 
 
@@ -312,5 +315,13 @@ def export_outputs(infra: Infra, serving=None) -> None:
         pulumi.export("log_project_id", infra.logs.project_id)
         if infra.logs.trace_instance_id is not None:
             pulumi.export("trace_instance_id", infra.logs.trace_instance_id)
+    if infra.edge is not None:
+        # what clients call, and where the domain's DNS record points (docs/deploy.md)
+        pulumi.export("public_endpoint", {
+            "domain": infra.edge.domain,
+            "url": f"https://{infra.edge.domain}/v1/",
+            "dns_record": {"type": "CNAME", "name": infra.edge.domain, "target": infra.edge.dns_target},
+        })
     if serving is not None:
+        # the in-cluster entry (what the edge forwards to), not reachable from outside the VPC
         pulumi.export("serving_endpoint", serving.endpoint)

@@ -195,7 +195,11 @@ class Cluster(pulumi.ComponentResource):
                 ],
             },
             tags=tag_list(args.tags),
-            opts=child(self, protect=args.delete_protection),
+            # kubernetes_version is ForceNew in the pinned provider (stacks/provider_changes.yaml):
+            # a bump would replace the cluster. VKE upgrades a cluster in place instead
+            # (docs/deploy.md, "Upgrading Kubernetes"); the program leaves the version the
+            # cloud reports alone rather than fight that upgrade.
+            opts=child(self, protect=args.delete_protection, ignore_changes=["kubernetesVersion"]),
         )
 
         # Add-ons. cluster-autoscaler is a managed add-on that node-pool autoscaling needs
@@ -257,7 +261,7 @@ class Cluster(pulumi.ComponentResource):
                         f"{name}-hpc-{pool_name}",
                         zone_id=pool.hpc_zone,
                         name=f"{args.cluster_name}-{pool_name}",
-                        description=f"RDMA fabric of GPU pool {pool_name}",
+                        description=f"RDMA-fabric-of-GPU-pool-{pool_name}",
                         project_name=args.project_name,
                         tags=tag_list(args.tags),
                         opts=child(self),

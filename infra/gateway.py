@@ -120,9 +120,25 @@ def upstream_weights(upstreams: list[EdgeUpstream]) -> list[int]:
     return [u.weight * APIG_WEIGHT_SCALE for u in upstreams]
 
 
+def public_default_domain(services) -> str:
+    """The public one of the default domains APIG gives a service: the CNAME target of the
+    stack's domain. The provider does not document the spelling of a domain's `type`, so
+    any type naming "public" counts; "" while APIG reports none (docs/deploy.md says where
+    to look in the console then)."""
+    for svc in services or []:
+        for d in svc.domains or []:
+            if "public" in (d.type or "").lower() and d.domain:
+                return d.domain
+    return ""
+
+
 class EdgeGateway(pulumi.ComponentResource):
     gateway_id: pulumi.Output[str]
     route_ids: list[pulumi.Output[str]]
+    # the stack's public API: the domain clients call, and the APIG address its DNS record
+    # (a CNAME) points at
+    domain: str
+    dns_target: pulumi.Output[str]
 
     def __init__(self, name: str, args: EdgeArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("deepseek-volc:gateway:EdgeGateway", name, None, opts)
@@ -174,6 +190,12 @@ class EdgeGateway(pulumi.ComponentResource):
             comments="OpenAI-compatible API",
             opts=child(self),
         )
+        # ApigGatewayService does not output its default domains; the data source does,
+        # once the service exists (its id and name are this update's outputs).
+        found = volc.apig.get_gateway_services_output(
+            gateway_id=service.gateway_id, name=service.service_name, opts=pulumi.InvokeOptions(parent=self))
+        self.domain = args.tls.domain
+        self.dns_target = found.gateway_services.apply(public_default_domain)
         volc.apig.ApigCustomDomain(
             f"{name}-domain",
             service_id=service.id,

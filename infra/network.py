@@ -91,7 +91,7 @@ class Network(pulumi.ComponentResource):
         sg = volc.vpc.SecurityGroup(
             f"{name}-nodes-sg",
             security_group_name=f"{name}-nodes",
-            description="VKE nodes: in-VPC ingress only",
+            description="VKE nodes, in-VPC ingress only",
             vpc_id=vpc.id,
             project_name=args.project_name,
             tags=tag_list(args.tags),

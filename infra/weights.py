@@ -14,7 +14,10 @@ import pulumi
 import pulumi_volcengine as volc
 
 from infra.common import child, tag_list
+from stacks import provider_changes
 from stacks.constants import STS_AUDIENCE
+
+IAM_ROLE = "volcengine:iam/role:Role"
 
 READ_ACTIONS = ("tos:GetObject",)
 LIST_ACTIONS = ("tos:ListBucket",)
@@ -198,7 +201,12 @@ class WeightStore(pulumi.ComponentResource):
                 trust_policy_document=trust,
                 max_session_duration=3600,
                 tags=tag_list(args.tags),
-                opts=child(self),
+                # The pinned provider's UpdateRole never sends the trust policy
+                # (stacks/provider_changes.yaml: trustPolicyDocument is `ignored`): a changed
+                # issuer, namespace or service account would report success and keep the old
+                # trust. Such a change replaces the role instead; the name is fixed, so the old
+                # one goes first.
+                opts=child(self, replace_on_changes=provider_changes.ignored(IAM_ROLE), delete_before_replace=True),
             )
             volc.iam.RolePolicyAttachment(
                 f"{name}-reader-attach",

@@ -78,8 +78,11 @@ def _supported_version(args, report):
     supported = [str(v) for v in cfg(args, "supportedVersions", list(SUPPORTED_KUBERNETES_VERSIONS))]
     version = str(dig(args.props, "kubernetesVersion", default=""))
     if version not in supported:
-        report(f"Kubernetes {version or '(unset)'} is not a supported VKE version. Fix: set "
-               f"cluster.kubernetes_version to one of {', '.join(supported)}.")
+        report(f"Kubernetes {version or '(unset)'} is not a supported VKE version. Fix: a new cluster: set "
+               f"cluster.kubernetes_version to one of {', '.join(supported)}; an existing one: upgrade it in "
+               "place through VKE first, then set the version it runs (the program ignores a change of "
+               "this field, which the provider would apply by replacing the cluster; docs/deploy.md, "
+               "Upgrading Kubernetes).")
 
 
 def _delete_protection(args, report):
@@ -147,7 +150,8 @@ POLICIES = [
         "vke-supported-version",
         "The cluster runs a Kubernetes version VKE supports.",
         _supported_version,
-        fix="Pick a supported cluster.kubernetes_version.",
+        fix="New cluster: pick a supported cluster.kubernetes_version. Existing cluster: upgrade it in place "
+            "through VKE, then set the version it runs (docs/deploy.md, Upgrading Kubernetes).",
         config={"supportedVersions": {"type": "array", "items": {"type": "string"},
                                       "default": list(SUPPORTED_KUBERNETES_VERSIONS),
                                       "description": "accepted VKE minor versions"}},

@@ -11,11 +11,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import re
+
 from .common import APIG_SERVICE, as_list, dig, of_type, resource_policy, stack_policy
+from .gateway import reserved_domain
 
 APIG_GATEWAY = "volcengine:apig/apigGateway:ApigGateway"
 APIG_DOMAIN = "volcengine:apig/apigCustomDomain:ApigCustomDomain"
 APIG_MAX_SUBNETS = 2
+# Ids the certificate service (Certificate Center) issues: `cert-` and lower-case letters and
+# digits, as in the provider's own examples (terraform-provider-volcengine at 8cff1813:
+# example/albListenerDomainExtension/main.tf `cert-1iidd2pahdyio74adhfr9ajwg` and
+# `cert-1iidd2r9ii0hs74adhfeodxo1`; example/albListener/main.tf names the certificate center's
+# ids `cert-***`).
+CERTIFICATE_ID = re.compile(r"cert-[0-9a-z]{20,32}")
 
 
 def _subnets(args, report):
@@ -53,7 +62,33 @@ def _https_only(args, report):
                    "gateway.tls.certificate_id.", svc.urn)
 
 
+def _domain_not_placeholder(args, report):
+    if args.resource_type != APIG_DOMAIN:
+        return
+    domain = str(dig(args.props, "domain", default=""))
+    reserved = reserved_domain(domain) if domain else None
+    if reserved:
+        report(f"gateway.tls.domain is {domain!r}, in the reserved example domain {reserved} (RFC 2606): no client "
+               "resolves it and no certificate is issued for it, so the public API is unreachable. Fix: set "
+               "gateway.tls.domain to the API's real host name, with a DNS record to the edge (docs/deploy.md, "
+               "Certificate and DNS).")
+    cert = dig(args.props, "certificateId", default="")
+    if isinstance(cert, str) and cert and not CERTIFICATE_ID.fullmatch(cert):
+        report(f"gateway.tls.certificate_id is {cert!r}, not an id the certificate service issues (cert- and 20-32 "
+               "lower-case letters and digits, e.g. cert-1iidd2pahdyio74adhfr9ajwg): APIG refuses the domain. Fix: "
+               "upload or issue the domain's certificate in VolcEngine's Certificate Center and set its id "
+               "(docs/deploy.md, Certificate and DNS).")
+
+
 POLICIES = [
+    resource_policy(
+        "edge-domain-not-placeholder",
+        "The public domain is a real one (no RFC 2606 example name) with a certificate id the certificate service "
+        "issues.",
+        _domain_not_placeholder,
+        fix="Set gateway.tls.domain to the API's host name and gateway.tls.certificate_id to its certificate's id.",
+        tags=["gateway"],
+    ),
     resource_policy(
         "edge-subnet-limit",
         "The APIG gateway gets one or two subnets (APIG accepts no more).",

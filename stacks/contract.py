@@ -107,6 +107,9 @@ class Argument:
     note: str = ""
     tf: str | None = None
     doc: str | None = None  # where the API's documentation states a constraint the provider does not check
+    # a range that depends on another argument of the same resource: (that argument's path,
+    # {its value: (min, max)}), e.g. an EIP's bandwidth by its billing type
+    range_when: tuple[str, tuple[tuple[str, tuple[int | None, int | None]], ...]] | None = None
 
     def ranges(self) -> str:
         """The blocks (and masks) a CIDR argument accepts, in words."""
@@ -115,7 +118,7 @@ class Argument:
     @property
     def constrained(self) -> bool:
         return bool(self.one_of or self.range or self.items or self.pattern or self.cidr
-                    or self.type == "json")
+                    or self.range_when or self.type == "json")
 
     def accepted(self) -> str:
         """What the provider accepts, in words."""
@@ -145,7 +148,21 @@ class Argument:
             parts.append("an IPv4 CIDR" + (f" within {self.ranges()}" if self.within else ""))
         if self.type == "json":
             parts.append("a JSON document")
+        if self.range_when is not None:
+            other, ranges = self.range_when
+            parts.append("; ".join(f"{lo}..{hi} when {other} is {v}" for v, (lo, hi) in ranges))
         return "; ".join(parts) or self.type
+
+    def dependent_problems(self, value: Any, inputs: dict[str, Any]) -> list[str]:
+        """What is wrong with `value` given the other arguments of its resource (`range_when`)."""
+        if self.range_when is None or value == UNKNOWN or not isinstance(value, int):
+            return []
+        other, ranges = self.range_when
+        against = _lookup(inputs, other)
+        for v, (lo, hi) in ranges:
+            if against == v and ((lo is not None and value < lo) or (hi is not None and value > hi)):
+                return [f"{value} is out of range with {other} {v}; expected {lo}..{hi}"]
+        return []
 
     # -- checking -----------------------------------------------------------------
 
@@ -293,8 +310,19 @@ class Contract:
                 out.append(Violation(resource_type, name, path, value, "is not covered by the provider contract",
                                      None))
                 continue
-            out += [Violation(resource_type, name, path, value, problem, arg.source) for problem in arg.problems(value)]
+            out += [Violation(resource_type, name, path, value, problem, arg.source)
+                    for problem in arg.problems(value) + arg.dependent_problems(value, inputs)]
         return out
+
+
+def _lookup(inputs: dict[str, Any], path: str) -> Any:
+    """The value at a dotted path of plain objects, or None."""
+    cur: Any = inputs
+    for key in path.split("."):
+        if not isinstance(cur, dict) or key not in cur:
+            return None
+        cur = cur[key]
+    return cur
 
 
 def leaves(inputs: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
@@ -331,7 +359,7 @@ def parse(doc: dict[str, Any]) -> Contract:
             raise ContractError(f"provider.{key}: required")
     contract = Contract(provider=dict(provider))
     allowed = {"type", "line", "file", "one_of", "range", "items", "pattern", "cidr", "within", "enforced",
-               "note", "tf", "doc"}
+               "note", "tf", "doc", "range_when"}
     for rtype, res in (doc.get("resources") or {}).items():
         default_file = res.get("file")
         args: dict[str, Argument] = {}
@@ -350,6 +378,13 @@ def parse(doc: dict[str, Any]) -> Contract:
             if "doc" in e and not (isinstance(e["doc"], str) and e["doc"].startswith("https://")):
                 raise ContractError(f"{where}.doc: expected an https URL of the documentation page")
             within = tuple(parse_block(w, f"{where}.within[{i}]") for i, w in enumerate(e.get("within") or ()))
+            range_when = None
+            if "range_when" in e:
+                rw = e["range_when"]
+                if not (isinstance(rw, dict) and len(rw) == 1 and isinstance(next(iter(rw.values())), dict)):
+                    raise ContractError(f"{where}.range_when: expected {{ARGUMENT: {{VALUE: [min, max]}}}}")
+                ((other, by_value),) = rw.items()
+                range_when = (other, tuple((v, _pair(r, f"{where}.range_when.{other}.{v}")) for v, r in by_value.items()))
             args[path] = Argument(
                 resource=rtype, path=path, type=e["type"],
                 source=Source(provider["repository"], provider["commit"], file, e["line"]),
@@ -358,6 +393,7 @@ def parse(doc: dict[str, Any]) -> Contract:
                 items=_pair(e.get("items"), f"{where}.items"),
                 pattern=e.get("pattern"), cidr=bool(e.get("cidr")), within=within,
                 enforced=e.get("enforced"), note=e.get("note", ""), tf=e.get("tf"), doc=e.get("doc"),
+                range_when=range_when,
             )
         contract.arguments[rtype] = args
     return contract

@@ -8,6 +8,7 @@ pydantic traceback.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 from collections.abc import Iterator
@@ -18,12 +19,14 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+import stacks.yamlsafe as yamlsafe
+from capacity.suggest import did_you_mean
 from stacks.errors import SettingsError
 from stacks.plan import StackPlan, build_plan
 from stacks.settings import STACK_NAME, StackSettings
 
 __all__ = ["SettingsError", "from_pulumi_config", "load", "load_plan", "parse", "parse_plan", "read_raw",
-           "run_error", "shipped_stacks", "stack_file", "stack_name"]
+           "read_stack", "run_error", "shipped_stacks", "stack_file", "stack_name"]
 
 PROJECT = "deepseek-volc"
 SETTINGS_KEY = f"{PROJECT}:settings"
@@ -52,28 +55,44 @@ def stack_name(stack: str) -> str:
 
 
 def read_raw(stack: str) -> dict[str, Any]:
-    """The raw settings mapping of a stack file."""
+    """The raw settings mapping of a stack file (see read_stack)."""
+    return read_stack(stack)[0]
+
+
+def read_stack(stack: str) -> tuple[dict[str, Any], dict[yamlsafe.Path, str]]:
+    """The raw settings mapping of a stack file, and `written`: the text of every plain number
+    and boolean in it as the file spells it, by path (('cluster', 'kubernetes_version') ->
+    '1.30'), for `parse` to quote when it refuses the number 1.3. A key given twice is
+    refused, naming both lines (YAML itself would keep the last one without a word)."""
     path = stack_file(stack)
     if not path.is_file():
         known = shipped_stacks()
         raise SettingsError(str(path), [f"no such stack file; known stacks: {', '.join(known)}"])
     try:
-        doc = yaml.safe_load(path.read_text()) or {}
+        parsed = yamlsafe.read(path.read_text())
     except yaml.YAMLError as exc:
         raise SettingsError(str(path), [f"not valid YAML: {exc}"]) from None
+    under = ("config", SETTINGS_KEY)
+    if parsed.duplicates:
+        raise SettingsError(str(path), [
+            d.describe(yamlsafe.dotted(d.path[2:] if d.path[:2] == under and len(d.path) > 2 else d.path))
+            for d in parsed.duplicates])
+    doc = parsed.data or {}
     config = doc.get("config") if isinstance(doc, dict) else None
     if not isinstance(config, dict) or SETTINGS_KEY not in config:
         raise SettingsError(str(path), [f"config.{SETTINGS_KEY}: missing; expected the stack's settings object"])
     raw = config[SETTINGS_KEY]
     if not isinstance(raw, dict):
         raise SettingsError(str(path), [f"config.{SETTINGS_KEY}: expected a mapping, got {type(raw).__name__}"])
-    return raw
+    return raw, {p[2:]: text for p, text in parsed.numbers.items() if p[:2] == under}
 
 
-def parse(raw: dict[str, Any], source: str = "<settings>", *, stack: str) -> StackSettings:
+def parse(raw: dict[str, Any], source: str = "<settings>", *, stack: str,
+          written: dict[yamlsafe.Path, str] | None = None) -> StackSettings:
     """Validate a raw mapping for the stack named `stack`; raises SettingsError naming every
     bad path. The stack's name is not a setting: it comes from the file (or the Pulumi
-    stack) and every cloud resource name derives from it."""
+    stack) and every cloud resource name derives from it. `written`: the file's numbers as
+    written (read_stack), quoted when a string setting was read as a number."""
     problems = []
     if not re.fullmatch(STACK_NAME, stack):
         problems.append(f"stack name {stack!r}: expected a lower-case DNS label of 1-20 characters "
@@ -89,23 +108,26 @@ def parse(raw: dict[str, Any], source: str = "<settings>", *, stack: str) -> Sta
     try:
         return StackSettings.model_validate({"stack": stack, **raw})
     except ValidationError as exc:
-        raise SettingsError(source, [_describe(err) for err in exc.errors()]) from None
+        raise SettingsError(source, [_describe(err, written) for err in exc.errors()]) from None
 
 
-def parse_plan(raw: dict[str, Any], source: str = "<settings>", *, stack: str) -> StackPlan:
+def parse_plan(raw: dict[str, Any], source: str = "<settings>", *, stack: str,
+               written: dict[yamlsafe.Path, str] | None = None) -> StackPlan:
     """`parse`, then `build_plan`: the settings' plan, or a SettingsError naming the field."""
-    return build_plan(parse(raw, source, stack=stack), source)
+    return build_plan(parse(raw, source, stack=stack, written=written), source)
 
 
 def load(stack: str) -> StackSettings:
     """Load and validate `stacks/Pulumi.<stack>.yaml` (or a path to a stack file): what the
     user wrote. Checks across sections come with its plan (`load_plan`)."""
-    return parse(read_raw(stack), str(stack_file(stack)), stack=stack_name(stack))
+    raw, written = read_stack(stack)
+    return parse(raw, str(stack_file(stack)), stack=stack_name(stack), written=written)
 
 
 def load_plan(stack: str) -> StackPlan:
     """Load, validate and plan a stack: its `StackPlan`, which carries `.settings`."""
-    return parse_plan(read_raw(stack), str(stack_file(stack)), stack=stack_name(stack))
+    raw, written = read_stack(stack)
+    return parse_plan(raw, str(stack_file(stack)), stack=stack_name(stack), written=written)
 
 
 def from_pulumi_config() -> StackSettings:
@@ -128,15 +150,21 @@ def run_error() -> Iterator[None]:
         raise pulumi.RunError(str(exc)) from None
 
 
-def _describe(err: dict[str, Any]) -> str:
-    loc = [str(p) for p in err["loc"] if not str(p).startswith("function-")]
+def _describe(err: dict[str, Any], written: dict[yamlsafe.Path, str] | None = None) -> str:
+    key = tuple(p for p in err["loc"] if not str(p).startswith("function-"))
+    loc = [str(p) for p in key]
     path = ".".join(loc)
     kind = err["type"]
     value = err.get("input")
     if kind == "extra_forbidden":
         allowed = _allowed_keys(loc[:-1])
-        hint = f"; expected one of: {', '.join(allowed)}" if allowed else ""
+        close = did_you_mean(loc[-1], allowed, aside=True)
+        hint = f"{close}; expected one of: {', '.join(allowed)}" if allowed else ""
         return f"{path}: unknown key{hint}"
+    if kind == "string_type" and isinstance(value, (bool, int, float)):
+        return f"{path}: {_read_as_scalar(value, (written or {}).get(key))}"
+    if kind == "ip_v4_network" and isinstance(value, str) and (fixed := _without_host_bits(value)):
+        return f"{path}: {value} has host bits set; did you mean {fixed}?"
     if kind == "missing":
         return f"{path}: required value is missing"
     msg = err["msg"]
@@ -150,6 +178,35 @@ def _describe(err: dict[str, Any]) -> str:
         return f"{path}: {msg}" if path else msg
     shown = _short(value)
     return f"{path}: {msg} (got {shown})" if path else f"{msg} (got {shown})"
+
+
+def _read_as_scalar(value: bool | int | float, text: str | None) -> str:
+    """A string setting YAML read as a number or boolean: say so, and how to quote it. `text`
+    is the value as the file spells it, when known (and still the value given)."""
+    if text is not None and yaml.safe_load(text) != value:
+        text = None  # the raw mapping was changed after it was read
+    what = "a boolean" if isinstance(value, bool) else "a number"
+    shown = str(value).lower() if isinstance(value, bool) else str(value)
+    if text is None:
+        if isinstance(value, float):
+            return f"{shown} was read as {what}; quote it as written (YAML reads an unquoted 1.30 as 1.3)"
+        return f"{shown} was read as {what}; quote it as written"
+    spelt = f" from {text}" if text != shown else ""
+    return f'{shown} was read as {what}{spelt}; quote it: "{text}"'
+
+
+def _without_host_bits(value: str) -> str | None:
+    """'10.0.0.1/16' -> '10.0.0.0/16': the network a CIDR with host bits set lies in; None for
+    anything else (not a CIDR at all, or one without host bits)."""
+    try:
+        ipaddress.IPv4Network(value.strip())
+        return None
+    except ValueError:
+        pass
+    try:
+        return str(ipaddress.IPv4Network(value.strip(), strict=False))
+    except ValueError:
+        return None
 
 
 def _short(value: Any) -> str:

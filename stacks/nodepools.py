@@ -1,7 +1,8 @@
 """What a GPU node pool is made of, and the kubelet topology policy it gets.
 
-Pure functions over the instance catalog and the pool settings, shared by the settings
-(which refuse what VKE or kubelet would refuse) and the infra layer (which sets it).
+Pure functions over the instance catalog and the pool settings, shared by the pool's
+settings (which refuse a node shape the catalog cannot resolve), the plan (which decides
+each pool's shape and policy, stacks/plan/pools.py) and the policy pack.
 """
 
 from __future__ import annotations

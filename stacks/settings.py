@@ -14,6 +14,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from capacity.suggest import did_you_mean
 from stacks.regions import REGION_ZONES
 from stacks.sections.alerting import AlertingSettings
 from stacks.sections.autoscaling import AutoscalingSettings
@@ -82,7 +83,7 @@ class StackSettings(Model):
     @classmethod
     def _region(cls, v: str) -> str:
         if v not in REGION_ZONES:
-            raise ValueError(f"expected one of {', '.join(REGION_ZONES)}, got {v!r}")
+            raise ValueError(f"expected one of {', '.join(REGION_ZONES)}, got {v!r}{did_you_mean(v, REGION_ZONES)}")
         return v
 
     @model_validator(mode="after")
@@ -90,7 +91,8 @@ class StackSettings(Model):
         known = REGION_ZONES[self.region]
         for i, zone in enumerate(self.zones):
             if zone not in known:
-                raise ValueError(f"zones[{i}]: {zone!r} is not a zone of {self.region}; expected one of {', '.join(known)}")
+                raise ValueError(f"zones[{i}]: {zone!r} is not a zone of {self.region}; expected one of "
+                                 f"{', '.join(known)}{did_you_mean(zone, known)}")
         if len(set(self.zones)) != len(self.zones):
             raise ValueError("zones: expected distinct zones")
         return self

@@ -33,6 +33,11 @@ FILLED_IDENTITY = {
 }
 
 
+# A public domain outside every reserved name, and a certificate id of the form the
+# certificate service issues (never contacted either).
+FILLED_TLS = {"domain": "api.deepseek-volc.internal", "certificate_id": "cert-0a1b2c3d4e5f6g7h8i9j0k1l2"}
+
+
 def synthetic_digest(name: str) -> str:
     return "sha256:" + hashlib.sha256(f"synthetic test digest of {name}".encode()).hexdigest()
 
@@ -54,10 +59,12 @@ def recorded_lock() -> Path:
 
 
 def filled(raw: dict) -> dict:
-    """A deep copy of raw settings with the identity provider filled in, the mirror's
+    """A deep copy of raw settings with the identity provider and the edge domain filled in, the mirror's
     digests recorded and, for prod, the serving image built (synthetic digests, see above)."""
     out = copy.deepcopy(raw)
     out["serving"]["auth"] = {**out["serving"].get("auth", {}), **FILLED_IDENTITY}
+    gw = out.setdefault("gateway", {})
+    gw["tls"] = {**gw.get("tls", {}), **FILLED_TLS}
     out.setdefault("registry", {})["mirror_lock"] = str(recorded_lock())
     if out.get("environment_class") == "prod":  # built and recorded (prod runs digests only)
         out["serving"]["image"] = {**out["serving"]["image"], "digest": synthetic_digest("serving image")}

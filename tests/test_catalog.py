@@ -9,6 +9,7 @@ import pytest
 from capacity.catalog import GPUS, MODELS, GiB, get_gpu, get_model, model_from_config
 from capacity.instances import INSTANCE_CATALOG, INSTANCE_TYPES, get_instance_type, is_hpc_family, resolve_instance_type
 from capacity.planner import kv_bytes_per_token_per_gpu, plan
+from capacity.suggest import closest
 
 REQUIRED_MODELS = {
     "deepseek-v3", "deepseek-r1", "deepseek-v2", "deepseek-v2-lite", "deepseek-coder-v2-lite",
@@ -61,6 +62,33 @@ def test_unknown_names_list_the_known_ones():
     with pytest.raises(KeyError) as e:
         get_gpu("B200")
     assert "H800" in str(e.value)
+
+
+@pytest.mark.parametrize("lookup,typo,closest", [
+    (get_model, "deepseek-r1-distil-qwen-7b", "did you mean deepseek-r1-distill-qwen-7b?"),
+    (get_model, "DeepSeek-V2-Lte", "did you mean deepseek-v2-lite?"),
+    (get_model, "deepseek-ai/DeepSeek-R1-Distill-Qwen-7", "did you mean deepseek-ai/DeepSeek-R1-Distill-Qwen-7B?"),
+    (get_gpu, "H2O", "did you mean H20?"),
+    (get_gpu, "A100", "did you mean A100-40G or A100-80G?"),
+])
+def test_a_typo_names_the_closest_known_value(lookup, typo, closest):
+    with pytest.raises(KeyError) as e:
+        lookup(typo)
+    assert closest in str(e.value)
+
+
+@pytest.mark.parametrize("lookup,name", [(get_model, "qwen2.5-72b"), (get_model, "gpt-5"), (get_gpu, "MI300X")])
+def test_nothing_close_suggests_nothing(lookup, name):
+    with pytest.raises(KeyError) as e:
+        lookup(name)
+    assert "did you mean" not in str(e.value)
+
+
+def test_two_equally_close_are_both_named_and_more_are_not_guessed_between():
+    assert closest("deepseek-v9", MODELS) == ["deepseek-v3", "deepseek-v2"]
+    assert closest("deepseek-v9", ["deepseek-v2", "deepseek-v3", "deepseek-v4"]) == []
+    assert closest("deepseek-v3", MODELS) == []
+    assert closest("DeepSeek-V3", MODELS) == ["deepseek-v3"]  # for a lookup that minds the case
 
 
 def test_instance_types():

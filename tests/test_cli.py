@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
 import yaml
 from typer.testing import CliRunner
 
 from dsvolc.cli import app
-from stacks import load, read_raw
+from stacks import load, read_raw, stack_file
 from stacks.plan import build_plan
 from tests.stack_fixtures import filled_raw
 
@@ -27,12 +28,12 @@ def test_preview_dev_prints_tree_and_counts():
 def test_preview_prod_json_lists_the_foundation(tmp_path):
     out = tmp_path / "plan.json"
     result = runner.invoke(app, ["preview", "prod", "--json", str(out), "--quiet"])
-    # shipped prod names a placeholder identity provider and has no recorded image digest
-    # yet: exit 1, the JSON still written
+    # shipped prod names a placeholder identity provider and edge domain and has no recorded
+    # image digest yet: exit 1, the JSON still written
     assert result.exit_code == 1, result.output
     plan = json.loads(out.read_text())
     assert {v["policy"] for v in plan["violations"] if v["enforcement_level"] == "mandatory"} == {
-        "identity-provider-not-placeholder", "images-by-digest"}
+        "identity-provider-not-placeholder", "images-by-digest", "edge-domain-not-placeholder"}
     assert plan["stack"] == "prod"
     assert set(plan) == {"stack", "environment_class", "policy_config", "mode", "deploy_phase", "first_apply",
                          "plans", "resources", "violations"}
@@ -132,6 +133,27 @@ def test_bad_settings_exit_2_with_the_path_and_no_traceback(tmp_path):
     assert result.exit_code == 2
     assert "cluster.gpu_pools.a10.max_nodes" in result.output
     assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("old,new,problem", [
+    ("      irsa: true\n", "      irsa: true\n      irsa: false\n",
+     "cluster.irsa: given twice, on line {a} and again on line {b}; YAML would keep the last silently: keep one"),
+    ('      kubernetes_version: "1.32"\n', "      kubernetes_version: 1.30\n",
+     'cluster.kubernetes_version: 1.3 was read as a number from 1.30; quote it: "1.30"'),
+    ("      vpc_cidr: 10.10.0.0/16\n", "      vpc_cidr: 10.10.0.1/16\n",
+     "network.vpc_cidr: 10.10.0.1/16 has host bits set; did you mean 10.10.0.0/16?"),
+])
+def test_a_stack_file_mistake_is_one_clear_line_and_exit_2(tmp_path, old, new, problem):
+    text = stack_file("dev").read_text()
+    assert text.count(old) == 1
+    text = text.replace(old, new)
+    path = tmp_path / "Pulumi.dev.yaml"
+    path.write_text(text)
+    lines = [i for i, line in enumerate(text.splitlines(), 1) if line.strip().startswith("irsa:")]
+    problem = problem.format(a=lines[0], b=lines[-1])
+    result = runner.invoke(app, ["preview", str(path)])
+    assert result.exit_code == 2, result.output
+    assert result.output.splitlines() == [f"error: invalid settings in {path}:", f"  - {problem}"]
 
 
 def test_unknown_stack_exit_2_lists_known_stacks():

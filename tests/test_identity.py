@@ -26,6 +26,7 @@ from stacks.plan import build_plan
 from workloads.engine.context import build_context
 
 POLICY = "identity-provider-not-placeholder"
+EDGE_POLICY = "edge-domain-not-placeholder"
 PLACEHOLDER_FIELDS = ("serving.auth.issuer", "serving.auth.jwks_uri")
 
 
@@ -42,7 +43,7 @@ def test_shipped_staging_and_prod_stop_at_the_placeholder_and_nothing_else(stack
     assert named == sorted(PLACEHOLDER_FIELDS)  # the audience deepseek-api is no domain
     # The only other stop: prod runs images by digest only, and none is recorded in the
     # repository until the mirror and the build record them (tests/test_mirror.py).
-    other = {v["policy"] for v in r.mandatory} - {POLICY}
+    other = {v["policy"] for v in r.mandatory} - {POLICY, EDGE_POLICY}
     assert other == ({"images-by-digest"} if stack == "prod" else set())
     assert {v["policy"] for v in r.violations if v["enforcement_level"] == "advisory"} <= {"images-by-digest"}
 
@@ -182,3 +183,22 @@ def test_offline_preview_workflow_accepts_only_the_fill_in_verdicts(tmp_path):
     unsafe = tmp_path / "Pulumi.unsafe.yaml"
     unsafe.write_text(__import__("yaml").safe_dump({"config": {"deepseek-volc:settings": raw}}))
     assert step(unsafe.name) == 1
+
+
+@pytest.mark.parametrize("stack", ["staging", "prod"])
+def test_the_placeholder_edge_domain_is_refused_in_the_first_apply(stack):
+    """The custom domain is created in phase 1: an example domain and a made-up certificate
+    id stop that `pulumi up` too, each naming its setting."""
+    r = preview.run_preview(stack, mode="new")
+    assert r.deploy_phase["phase"] == 1
+    mine = sorted(v["message"].split(" ", 1)[0] for v in r.mandatory if v["policy"] == EDGE_POLICY)
+    assert mine == ["gateway.tls.certificate_id", "gateway.tls.domain"]
+    assert {v["policy"] for v in r.mandatory} == {EDGE_POLICY}
+    ok = preview.run_preview(stack, mode="new", raw=filled_raw(stack))
+    assert ok.mandatory == []
+
+
+def test_dev_may_keep_the_placeholder_domain_with_an_advisory():
+    r = preview.run_preview("dev", mode="new")
+    mine = [v for v in r.violations if v["policy"] == EDGE_POLICY]
+    assert {v["enforcement_level"] for v in mine} == {"advisory"} and len(mine) == 2

@@ -118,7 +118,8 @@ def test_shipped_lock_records_no_digest_it_could_not_resolve():
 def test_prod_as_shipped_stops_at_the_unrecorded_digests(tmp_path):
     r = preview.run_preview("prod", mode="existing")
     digest = [v for v in r.mandatory if v["policy"] == "images-by-digest"]
-    assert digest and {v["policy"] for v in r.mandatory} == {"images-by-digest", "identity-provider-not-placeholder"}
+    assert digest and {v["policy"] for v in r.mandatory} == {"images-by-digest", "identity-provider-not-placeholder",
+                                                                      "edge-domain-not-placeholder"}
     assert any("dsvolc images" in v["message"] for v in digest)
     assert not [v for v in preview.run_preview("staging", mode="existing").mandatory if v["policy"] == "images-by-digest"]
 

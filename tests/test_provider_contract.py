@@ -156,6 +156,10 @@ INJECTED = [
     ("-nodes-ingress-vpc", "priority", 101, "expected 1..100"),
     ("-nodes-ingress-vpc", "protocol", "sctp", "tcp, udp, icmp, all, icmpv6"),
     ("-nat-eip-cn-beijing-c", "billingType", "Free", "PostPaidByTraffic"),
+    # traffic billing takes 1-200 Mbit/s; prod shipped 500 (the provider stopped checking)
+    ("-nat-eip-cn-beijing-c", "bandwidth", 500, "with billingType PostPaidByTraffic; expected 1..200"),
+    # CreateSecurityGroup / CreateHpcCluster character sets: no colon, no space in an HPC description
+    ("-nodes-sg", "description", "VKE nodes: in-VPC ingress only", "does not match"),
     ("-bucket", "publicAcl", "public", "private, public-read"),
     ("-encryption", "rule.applyServerSideEncryptionByDefault.sseAlgorithm", "AES128", "kms, AES256, SM4"),
     ("-bucket-policy", "policy", "{not json", "not a JSON document"),
@@ -255,6 +259,14 @@ def test_settings_ranges_lie_inside_the_contract(model, field, rtype, path):
     clo, chi = C.argument(rtype, path).range
     assert lo is not None and hi is not None
     assert (clo is None or lo >= clo) and (chi is None or hi <= chi), (lo, hi, clo, chi)
+
+
+def test_nat_bandwidth_setting_lies_inside_the_traffic_billed_range():
+    """The NAT EIPs are billed by traffic (infra/network.py); the setting's bounds are that
+    billing type's range, not the provider's unchecked maximum."""
+    arg = C.argument("volcengine:eip/address:Address", "bandwidth")
+    lo, hi = _bounds(NetworkSettings, "egress_bandwidth_mbps")
+    assert (lo, hi) == dict(arg.range_when[1])["PostPaidByTraffic"] == (1, 200)
 
 
 # --------------------------------------------------------------------------- the data itself

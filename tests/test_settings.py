@@ -8,7 +8,7 @@ import ipaddress
 
 import pytest
 
-from stacks import SettingsError, load, load_plan, parse, parse_plan, read_raw
+from stacks import SettingsError, load, load_plan, parse, parse_plan, read_raw, stack_file
 from stacks.regions import SUPPORTED_KUBERNETES_VERSIONS
 
 STACKS = ["dev", "staging", "prod"]
@@ -211,6 +211,29 @@ BAD = [
      "less than or equal to 43800"),
     ({"cluster__deploy_kubeconfig": {"rotate_hours": 0}}, "cluster.deploy_kubeconfig.rotate_hours",
      "greater than or equal to 1"),
+    # a version YAML read as a number, a CIDR with host bits: said as such, not as a type error
+    ({"cluster__kubernetes_version": 1.3}, "cluster.kubernetes_version",
+     "1.3 was read as a number; quote it as written (YAML reads an unquoted 1.30 as 1.3)"),
+    ({"serving__image__tag": 0.32}, "serving.image.tag", "was read as a number; quote it"),
+    ({"cluster__ssh_key_pair": True}, "cluster.ssh_key_pair", "true was read as a boolean; quote it as written"),
+    ({"network__vpc_cidr": "10.10.0.1/16"}, "network.vpc_cidr",
+     "10.10.0.1/16 has host bits set; did you mean 10.10.0.0/16?"),
+    ({"network__subnets": {"cn-beijing-a": "10.10.3.0/20"}}, "network.subnets.cn-beijing-a",
+     "10.10.3.0/20 has host bits set; did you mean 10.10.0.0/20?"),
+    ({"network__service_cidr": "172.30.0.9/18"}, "network.service_cidr", "did you mean 172.30.0.0/18?"),
+    # a typo names the closest known value
+    ({"cluster__gpu_pools__a10__instance_type": "ecs.gni2.3xlarg"}, "cluster.gpu_pools.a10.instance_type",
+     "is not in the GPU instance catalog (did you mean ecs.gni2.3xlarge?); set gpu and gpus_per_node"),
+    ({"cluster__gpu_pools__a10__instance_type": "ecs.hpcpni3l.45xlarge"}, "cluster.gpu_pools.a10.instance_type",
+     "did you mean ecs.hpcpni3ln.45xlarge?"),
+    ({"cluster__gpu_pools__a10__gpu": "A1O", "cluster__gpu_pools__a10__gpus_per_node": 1},
+     "cluster.gpu_pools.a10.gpu", "did you mean A10?"),
+    ({"serving__model": "deepseek-r1-distil-qwen-7b"}, "serving.model", "did you mean deepseek-r1-distill-qwen-7b?"),
+    ({"serving__gpu_pool": "a01"}, "serving.gpu_pool", "is not a GPU pool; expected one of a10; did you mean a10?"),
+    ({"region": "cn-beijng"}, "region", "got 'cn-beijng'; did you mean cn-beijing?"),
+    ({"zones": ["cn-bejing-a"]}, "zones[0]", "did you mean cn-beijing-a?"),
+    ({"region": "CN-Beijing"}, "region", "did you mean cn-beijing?"),
+    ({"cluster__gpu_pools__a10__max_nodez": 3}, "cluster.gpu_pools.a10.max_nodez", "did you mean max_nodes?"),
 ]
 
 
@@ -360,3 +383,83 @@ def test_a_zone_of_the_table_is_accepted_with_its_source():
     assert "volcengine.com/docs/6534/1131814" in zone_source("cn-beijing-e")
     assert "volcengine.com/docs/6460/79643" in zone_source("cn-beijing-a")  # VKE's zone guide
     assert zone_source("cn-beijing-z") is None
+
+
+# --------------------------------------------------------------------------- what the YAML text says
+
+
+def _dev_text(*edits: tuple[str, str]) -> str:
+    """The shipped dev stack file with `old -> new` line edits (each old line must exist once)."""
+    text = stack_file("dev").read_text()
+    for old, new in edits:
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    return text
+
+
+def _line_of(text: str, fragment: str, nth: int = 0) -> int:
+    return [i for i, line in enumerate(text.splitlines(), 1) if fragment in line][nth]
+
+
+def _load_text(tmp_path, text: str):
+    path = tmp_path / "Pulumi.dev.yaml"
+    path.write_text(text)
+    return load(str(path))
+
+
+def test_a_duplicate_key_is_refused_naming_both_lines(tmp_path):
+    # today YAML keeps the last one silently: the stack would get a public API server
+    text = _dev_text(("      irsa: true\n", "      irsa: true\n      api_server_public: true\n"))
+    first, second = _line_of(text, "api_server_public"), _line_of(text, "api_server_public", 1)
+    with pytest.raises(SettingsError) as info:
+        _load_text(tmp_path, text)
+    assert info.value.problems == [
+        f"cluster.api_server_public: given twice, on line {first} and again on line {second}; "
+        "YAML would keep the last silently: keep one"]
+
+
+def test_every_duplicate_key_is_named_with_its_path(tmp_path):
+    text = _dev_text(("          max_nodes: 3\n", "          max_nodes: 3\n          max_nodes: 30\n"),
+                     ("    region: cn-beijing\n", "    region: cn-beijing\n    region: cn-shanghai\n"))
+    with pytest.raises(SettingsError) as info:
+        _load_text(tmp_path, text)
+    paths = [p.split(":", 1)[0] for p in info.value.problems]
+    assert paths == ["region", "cluster.gpu_pools.a10.max_nodes"]
+    pool = info.value.problems[1]
+    assert f"line {_line_of(text, 'max_nodes: 3')} and again on line {_line_of(text, 'max_nodes: 30')}" in pool
+
+
+@pytest.mark.parametrize("written,read", [("1.30", "1.3"), ("1.32", "1.32")])
+def test_an_unquoted_version_is_refused_with_quote_it(tmp_path, written, read):
+    text = _dev_text(('      kubernetes_version: "1.32"\n', f"      kubernetes_version: {written}\n"))
+    with pytest.raises(SettingsError) as info:
+        _load_text(tmp_path, text)
+    shown = f"{read} was read as a number from {written}" if read != written else f"{read} was read as a number"
+    assert info.value.problems == [f'cluster.kubernetes_version: {shown}; quote it: "{written}"']
+
+
+def test_a_word_yaml_reads_as_a_boolean_is_quoted_as_written(tmp_path):
+    text = _dev_text(("      prefix: models\n", "      prefix: no\n"))
+    with pytest.raises(SettingsError) as info:
+        _load_text(tmp_path, text)
+    assert info.value.problems == ['weights.prefix: false was read as a boolean from no; quote it: "no"']
+
+
+def test_a_cidr_with_host_bits_in_the_file_says_so(tmp_path):
+    text = _dev_text(("      vpc_cidr: 10.10.0.0/16\n", "      vpc_cidr: 10.10.0.1/16\n"))
+    with pytest.raises(SettingsError) as info:
+        _load_text(tmp_path, text)
+    assert info.value.problems == ["network.vpc_cidr: 10.10.0.1/16 has host bits set; did you mean 10.10.0.0/16?"]
+
+
+@pytest.mark.parametrize("changes,path", [
+    ({"cluster__gpu_pools__a10__instance_type": "ecs.unknown.large"}, "cluster.gpu_pools.a10.instance_type"),
+    ({"serving__model": "gpt-5"}, "serving.model"),
+    ({"region": "us-east-1"}, "region"),
+    ({"colour": "blue"}, "colour"),
+])
+def test_nothing_close_suggests_nothing(changes, path):
+    with pytest.raises(SettingsError) as info:
+        parse_plan(mutated("dev", **changes), "dev", stack="dev")
+    (line,) = [p for p in info.value.problems if p.startswith(path)]
+    assert "did you mean" not in line

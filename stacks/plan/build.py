@@ -8,6 +8,7 @@ from dataclasses import replace
 from types import MappingProxyType
 
 from capacity.catalog import get_gpu
+from capacity.suggest import did_you_mean
 from stacks.addons import ADDONS, Addon
 from stacks.constants import ENTRY_NAMESPACE, HTTP_PORT, entry_service
 from stacks.errors import Refusal, SettingsError
@@ -109,7 +110,7 @@ def _check_sections(s: StackSettings) -> None:
                       "write; set monitoring.enabled: true, or vmp_enabled: false")
     if s.serving.gpu_pool not in s.cluster.gpu_pools:
         raise Refusal(f"serving.gpu_pool: {s.serving.gpu_pool!r} is not a GPU pool; expected one of "
-                      f"{', '.join(s.cluster.gpu_pools)}")
+                      f"{', '.join(s.cluster.gpu_pools)}{did_you_mean(s.serving.gpu_pool, s.cluster.gpu_pools)}")
 
 
 def _slo(s: StackSettings) -> Slo:

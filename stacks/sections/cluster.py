@@ -5,8 +5,9 @@ from __future__ import annotations
 from pydantic import Field, field_validator, model_validator
 
 from capacity.catalog import GPUS
-from capacity.instances import get_instance_type, resolve_instance_type
+from capacity.instances import get_instance_type, resolve_instance_type, suggest_instance_type
 from capacity.mig import MigError, mig_profile
+from capacity.suggest import did_you_mean
 from stacks.addons import ADDONS
 from stacks.nodepools import pool_gpu, pool_hardware
 from stacks.regions import SUPPORTED_KUBERNETES_VERSIONS
@@ -125,11 +126,12 @@ class GpuPoolSettings(Model):
         if self.gpu is None:
             if resolve_instance_type(self.instance_type) is None:
                 rec = get_instance_type(self.instance_type)
-                why = ("is catalogued but its GPU count is unconfirmed" if rec is not None
-                       else "is not in the GPU instance catalog")
+                why = ("is catalogued but its GPU count is unconfirmed" if rec is not None else
+                       f"is not in the GPU instance catalog{suggest_instance_type(self.instance_type, aside=True)}")
                 raise ValueError(f"instance_type: {self.instance_type!r} {why}; set gpu and gpus_per_node for it")
         elif self.gpu not in GPUS:
-            raise ValueError(f"gpu: {self.gpu!r} is not a known GPU; expected one of {', '.join(GPUS)}")
+            raise ValueError(f"gpu: {self.gpu!r} is not a known GPU; expected one of {', '.join(GPUS)}"
+                             f"{did_you_mean(self.gpu, GPUS)}")
         gpu, per_node = pool_gpu(self.instance_type, self.gpu, self.gpus_per_node)
         hw = pool_hardware(self.instance_type, gpu, per_node, numa_nodes=self.numa_nodes, rdma_nics=self.rdma_nics)
         if not hw.hpc and self.hpc_cluster_id is not None:

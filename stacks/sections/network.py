@@ -7,7 +7,11 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from stacks.sections.common import VKE_CLUSTER, Cidr, Model, NatSpec, cidr_problem
+from stacks.sections.common import _C, VKE_CLUSTER, Cidr, Model, NatSpec, cidr_problem
+
+# The NAT gateways' EIPs are billed by traffic (infra/network.py): the bandwidth range the
+# API accepts for that billing type.
+EIP_TRAFFIC_MAX_MBPS = dict(_C.argument("volcengine:eip/address:Address", "bandwidth").range_when[1])["PostPaidByTraffic"][1]
 
 
 class NetworkSettings(Model):
@@ -35,7 +39,8 @@ class NetworkSettings(Model):
     )
     nat_spec: NatSpec = Field("Small", description="NAT gateway specification (as the provider accepts it)")
     egress_bandwidth_mbps: int = Field(
-        100, ge=1, le=10000, description="EIP bandwidth of each NAT gateway (each zone's with per_zone)"
+        100, ge=1, le=EIP_TRAFFIC_MAX_MBPS,
+        description="EIP bandwidth of each NAT gateway (each zone's with per_zone), Mbit/s; billed by traffic"
     )
     endpoint_cidrs: list[Cidr] = Field(
         default_factory=list,

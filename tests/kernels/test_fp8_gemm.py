@@ -6,7 +6,7 @@ the kernel's indexing, masking, scale application, split-K and the grouped layou
 they cannot cover is the H200's fp8 tensor-core arithmetic (its reduced-precision
 accumulation inside each 128-wide K block) and the compiled code's performance; the
 benchmark checks the compiled kernel against the same reference before timing it
-(kernels/bench/bench_kernels.py, --only fp8)."""
+(kernels/bench/fp8.py, run by kernels/bench/bench_kernels.py --only fp8)."""
 
 import pytest
 import torch

