@@ -50,6 +50,8 @@ def preview(
     `pulumi up` (summarised). Exit 0: no mandatory violation in either; 1: a mandatory policy
     is violated; 2: invalid settings or policy config.
     """
+    from pulumi import RunError
+
     from dsvolc.policy_runner import PolicyConfigError
     from dsvolc.preview import _plan_line, phase_line, render, run_both, run_preview, verdict_line, write_json
 
@@ -66,7 +68,8 @@ def preview(
             result = run_preview(stack, mode="existing" if existing else "new")
         else:
             result = run_both(stack)
-    except (SettingsError, PolicyConfigError) as exc:
+    except (SettingsError, PolicyConfigError, RunError) as exc:
+        # RunError: the program refused the stack (e.g. a GPU type not sold where it is placed)
         err.print(f"error: {exc}", highlight=False, markup=False)
         raise typer.Exit(2) from None
     if quiet:

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 import pulumi
 import pulumi_volcengine as volc
 
+from infra.availability import PoolPlacement, require_available
 from infra.cluster import AddonArgs, Cluster, ClusterArgs, GpuPoolArgs
 from infra.gateway import EdgeArgs, EdgeGateway, EdgeRetry, EdgeTls, EdgeUpstream
 from infra.identity import DeployPhase, decide, lookup_cluster
@@ -58,6 +59,12 @@ def build_infra(plan: StackPlan) -> Infra:
         raise pulumi.RunError(f"{BOOTSTRAP_ENV}=1 but cluster {plan.names.cluster!r} exists ({phase.describe()}): "
                               "bootstrap is for a new stack only; deploy from the stack's runner in its VPC "
                               "(docs/deploy.md)")
+
+    # Every GPU pool's type is sold in each zone it is placed in, as VolcEngine answers
+    # (infra/availability.py): refused here, not when node creation fails after the VPC and
+    # the cluster exist.
+    require_available([PoolPlacement(n, p.hardware.instance_type, p.zones) for n, p in plan.pools.items()],
+                      s.region, provider)
 
     net = plan.network
     vpc_cni = net.vpc_cni

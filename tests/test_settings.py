@@ -118,7 +118,16 @@ BAD = [
     ({"serving__engine__speculative_tokens": 1}, "serving.engine", "ships no MTP module"),
     ({"serving__engine__speculative_tokens": 9}, "serving.engine.speculative_tokens", "less than or equal to 4"),
     ({"weights__sse_algorithm": "kms"}, "weights.kms_key_id", "required"),
-    ({"weights__bucket_name": "Bad_Bucket"}, "weights.bucket_name", "pattern"),
+    ({"weights__bucket_name": "Bad_Bucket"}, "weights.bucket_name", "expected 3-57 lower-case letters"),
+    # names the stack derives cloud names from, held to the API's rules (stacks/names.py)
+    ({"weights__bucket_name": "b" * 58}, "weights.bucket_name", "the IAM role <bucket>-reader must fit IAM's 64"),
+    ({"cluster__name": "a" * 41}, "cluster.name", "expected 2-40 lower-case letters"),
+    ({"cluster__name": "1st-cluster"}, "cluster.name", "starting with a letter"),
+    ({"cluster__name": "c"}, "cluster.name", "expected 2-40"),
+    ({"registry__name": "r" * 31}, "registry.name", "expected 3-30 lower-case letters"),
+    ({"registry__name": "9registry"}, "registry.name", "starting with a letter"),
+    ({"registry__namespace": "a--b"}, "registry.namespace", "with single - between them"),
+    ({"registry__mirror_namespace": "m"}, "registry.mirror_namespace", "expected 2-40"),
     ({"gateway__canary_weight": 120}, "gateway.canary_weight", "less than or equal to 100"),
     ({"rollout__steps": [5, 50, 90]}, "rollout.steps", "last step to be 100"),
     ({"rollout__steps": [50, 5, 100]}, "rollout.steps", "strictly increasing"),
@@ -254,6 +263,16 @@ def test_all_problems_are_reported_at_once():
     with pytest.raises(SettingsError) as info:
         parse_plan(raw, stack="dev")
     assert len(info.value.problems) == 2
+
+
+def test_a_gpu_pool_name_too_long_for_its_node_pool_is_refused():
+    raw = mutated("dev")
+    raw["cluster"]["gpu_pools"]["p" * 24] = raw["cluster"]["gpu_pools"].pop("a10")
+    raw["serving"]["gpu_pool"] = "p" * 24
+    with pytest.raises(SettingsError) as info:
+        parse(raw, stack="dev")
+    (line,) = [p for p in info.value.problems if p.startswith("cluster.gpu_pools.")]
+    assert "expected 1-23 lower-case letters" in line and "fits VKE's 64 characters" in line
 
 
 def test_too_few_bad_inputs_would_fail_the_issue():
@@ -463,3 +482,66 @@ def test_nothing_close_suggests_nothing(changes, path):
         parse_plan(mutated("dev", **changes), "dev", stack="dev")
     (line,) = [p for p in info.value.problems if p.startswith(path)]
     assert "did you mean" not in line
+
+
+# -- where instance types are sold (stacks.regions.refuse_unsold) ----------------------------
+
+def _placed(stack_: str, pool: str, region: str, zones: list[str]) -> dict:
+    return mutated(stack_, region=region, zones=zones,
+                   **{f"cluster__gpu_pools__{pool}__zones": zones[:1]})
+
+
+@pytest.mark.parametrize("stack_,pool,region,zones,seen", [
+    # H20 (hpcpni3ln) is seen only in cn-beijing; A100 (hpcpni2) only in cn-shanghai
+    ("prod", "h20", "ap-southeast-1", ["ap-southeast-1a", "ap-southeast-1b"], "seen in cn-beijing (cn-beijing-e)"),
+    ("staging", "a100", "cn-hongkong", ["cn-hongkong-a", "cn-hongkong-b"], "seen in cn-shanghai (cn-shanghai-a)"),
+])
+def test_a_pool_where_no_source_shows_its_type_is_warned_with_where_it_is_seen(stack_, pool, region, zones, seen):
+    from stacks.regions import PlacementWarning
+
+    with pytest.warns(PlacementWarning) as caught:
+        parse_plan(_placed(stack_, pool, region, zones), stack_, stack=stack_)
+    text = " ".join(str(w.message) for w in caught if issubclass(w.category, PlacementWarning))
+    assert text.startswith(f"cluster.gpu_pools.{pool}.instance_type: no source shows")
+    assert region in text and seen in text
+
+
+def test_a_pool_where_its_type_is_seen_is_not_warned():
+    import warnings
+
+    from stacks.regions import PlacementWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PlacementWarning)
+        load("prod")  # ecs.hpcpni3ln.45xlarge in cn-beijing: seen there
+
+
+def test_a_type_a_source_says_is_not_sold_in_the_region_is_refused(monkeypatch):
+    from stacks import regions
+
+    monkeypatch.setitem(regions.NOT_SOLD, ("ecs.hpcpni3ln.45xlarge", "ap-southeast-1"), "a test source")
+    with pytest.raises(SettingsError) as info:
+        parse_plan(_placed("prod", "h20", "ap-southeast-1", ["ap-southeast-1a", "ap-southeast-1b"]), "prod", stack="prod")
+    line = next(p for p in info.value.problems if p.startswith("cluster.gpu_pools.h20.instance_type"))
+    assert "is not sold in ap-southeast-1 (a test source)" in line
+    assert "expected a region where it is sold: seen in cn-beijing (cn-beijing-e)" in line
+
+
+def test_every_sighting_names_a_known_region_zone_and_source():
+    from capacity.instances import INSTANCE_CATALOG
+    from stacks.regions import REGION_ZONES, where_sold
+
+    seen = {t: where_sold(t) for t in INSTANCE_CATALOG}
+    assert where_sold("ecs.unknown.large") is None
+    assert seen["ecs.hpcpni3ln.45xlarge"][0].region == "cn-beijing"
+    for sightings in seen.values():
+        for s in sightings:
+            assert s.region in REGION_ZONES and set(s.zones) <= set(REGION_ZONES[s.region])
+            assert "file id" in s.source and s.read == "2026-12-01"
+
+
+def test_the_availability_table_in_the_docs_is_current():
+    from stacks.docs import DOC_PAGE, availability_table, section
+
+    assert section(DOC_PAGE.read_text(), "availability") == availability_table(), \
+        "docs/infrastructure.md is stale: python -m stacks.docs --update"

@@ -17,6 +17,7 @@ from stacks.nodepools import (
     topology_policy,
 )
 from stacks.plan.types import PoolPlan
+from stacks.regions import refuse_unsold
 from stacks.sections.cluster import GpuPoolSettings
 from stacks.settings import StackSettings
 
@@ -46,6 +47,10 @@ def check_pool_zones(s: StackSettings) -> None:
                 f"{path}.zones: {pool.instance_type} is an HPC instance type, which lives in a single-zone "
                 f"HPC cluster; expected exactly one of {', '.join(s.zones)}, got {got}"
             )
+        try:
+            refuse_unsold(path, pool.instance_type, s.region, list(pool.zones or s.zones))
+        except ValueError as exc:
+            raise Refusal(str(exc)) from None
 
 
 def plan_pools(s: StackSettings, engine: Plan) -> MappingProxyType:

@@ -9,6 +9,7 @@ from capacity.instances import get_instance_type, resolve_instance_type, suggest
 from capacity.mig import MigError, mig_profile
 from capacity.suggest import did_you_mean
 from stacks.addons import ADDONS
+from stacks.names import ClusterName, PoolName
 from stacks.nodepools import pool_gpu, pool_hardware
 from stacks.regions import SUPPORTED_KUBERNETES_VERSIONS
 from stacks.sections.common import (
@@ -173,7 +174,7 @@ class DeployKubeconfigSettings(Model):
 
 
 class ClusterSettings(Model):
-    name: Name | None = Field(None, description="cluster name; deepseek-<env> when unset")
+    name: ClusterName | None = Field(None, description="cluster name; deepseek-<env> when unset")
     kubernetes_version: str = Field("1.32", description="VKE Kubernetes minor version")
     api_server_public: bool = Field(False, description="expose the API server on a public EIP")
     pod_network_mode: PodNetworkMode = Field(
@@ -197,7 +198,7 @@ class ClusterSettings(Model):
         description="VKE add-on versions to pin where stacks/addons.py has none (add-on name -> version)",
     )
     system_pool: SystemPoolSettings = Field(default_factory=SystemPoolSettings, description="CPU pool for system pods")
-    gpu_pools: dict[Name, GpuPoolSettings] = Field(description="GPU node pools keyed by pool name")
+    gpu_pools: dict[PoolName, GpuPoolSettings] = Field(description="GPU node pools keyed by pool name")
 
     @field_validator("kubernetes_version")
     @classmethod

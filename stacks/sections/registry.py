@@ -6,14 +6,15 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from stacks.names import CrNamespace, RegistryName
 from stacks.sections.common import Model, Name
 
 
 class RegistrySettings(Model):
-    name: Name | None = Field(None, description="CR Enterprise instance name; deepseek-<env> when unset")
-    namespace: Name = Field("deepseek", description="CR namespace")
+    name: RegistryName | None = Field(None, description="CR Enterprise instance name; deepseek-<env> when unset")
+    namespace: CrNamespace = Field("deepseek", description="CR namespace")
     repository: Name = Field("vllm-serving", description="repository of the serving image")
-    mirror_namespace: Name = Field(
+    mirror_namespace: CrNamespace = Field(
         "mirror",
         description="CR namespace holding copies of every upstream image and chart the stack deploys "
         "(`dsvolc images <stack>` lists them); nothing is pulled from outside the stack's registry",

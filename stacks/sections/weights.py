@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
+from stacks.names import BucketName
 from stacks.sections.common import _C, Model, SseAlgorithm
 
 
 class WeightsSettings(Model):
-    bucket_name: str | None = Field(
+    bucket_name: BucketName | None = Field(
         None,
-        pattern=r"^[a-z0-9][a-z0-9-]{1,61}[a-z0-9]$",
         description="TOS bucket for model weights; deepseek-volc-<env>-weights when unset",
     )
     prefix: str = Field(
