@@ -51,6 +51,21 @@ ALLOWED = {
     "kube_horizontalpodautoscaler_spec_max_replicas": "kube-state-metrics",
     "kube_node_spec_taint": "kube-state-metrics",
     "kube_deployment_status_replicas_available": "kube-state-metrics",
+    # docs/metrics/cluster/node-metrics.md (the gpu-health controller's capacity signal)
+    "kube_node_status_capacity": "kube-state-metrics",
+    "kube_node_status_allocatable": "kube-state-metrics",
+    # docs/metrics/workload/pod-metrics.md (VllmTargetDown: only pods that were Ready)
+    "kube_pod_status_ready": "kube-state-metrics",
+    # Envoy's own statistics as its /stats/prometheus names them (envoy_ + the stat, dots
+    # to underscores, the prefix or cluster as a label): HTTP connection manager statistics
+    # (downstream_rq_total, downstream_rq_xx, downstream_rq_time), cluster statistics
+    # (upstream_rq_pending_overflow) and the rate limit filter's (cluster.<c>.ratelimit.over_limit),
+    # https://www.envoyproxy.io/docs/envoy/latest/configuration/observability/statistics
+    "envoy_http_downstream_rq_total": "Envoy",
+    "envoy_http_downstream_rq_xx": "Envoy",
+    "envoy_http_downstream_rq_time_bucket": "Envoy",
+    "envoy_cluster_upstream_rq_pending_overflow": "Envoy",
+    "envoy_cluster_ratelimit_over_limit": "Envoy",
 }
 
 

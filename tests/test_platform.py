@@ -203,3 +203,18 @@ def test_monitoring_release_in_monitoring_namespace_with_dashboard_sidecar():
     assert kps["namespace"] == s.monitoring.namespace
     assert kps["values"]["grafana"]["sidecar"]["dashboards"]["enabled"] is True
     assert kps["values"]["kubeStateMetrics"]["enabled"] is True
+
+
+def test_the_managed_control_planes_rules_are_off():
+    """VKE manages the controller manager and scheduler: nothing of theirs can be scraped, so
+    kube-prometheus-stack's absent() rules (KubeControllerManagerDown, KubeSchedulerDown,
+    critical) would fire for ever. The chart renders those rule files only when
+    `<component>.enabled` and, for the scheduler, `defaultRules.rules.kubeSchedulerAlerting`
+    are true (templates/prometheus/rules-1.14/kubernetes-system-{controller-manager,scheduler}.yaml)."""
+    for stack in ("dev", "prod"):
+        (kps,) = [r for r in platform.releases(build_plan(stacks.load(stack))) if r["name"] == "kube-prometheus-stack"]
+        v = kps["values"]
+        assert v["kubeControllerManager"]["enabled"] is False and v["kubeScheduler"]["enabled"] is False
+        rules = v["defaultRules"]["rules"]
+        assert rules["kubeControllerManager"] is False and rules["kubeSchedulerAlerting"] is False
+        assert rules["kubeSchedulerRecording"] is False

@@ -86,6 +86,11 @@ def case_values(ctx) -> dict[str, str]:
         v=f'{sel},pod="{pod}",model_name="{MODEL}",engine="0"',  # a vLLM engine series
         p=f'{sel},pod="{pod}"',  # vLLM's HTTP server series (no model label)
         scrape=f'{sel},pod="{pod}",instance="10.0.0.7:8000"',  # the target's `up`
+        sel=sel,
+        # an Envoy proxy's series, and those of its API listener
+        envoy_pod=f'{monitoring.envoy_selector()},pod="envoy-{ctx.namespace}-{ctx.release}-5f7d9-k2x8p"',
+        e=f'{monitoring.envoy_selector()},pod="envoy-{ctx.namespace}-{ctx.release}-5f7d9-k2x8p",'
+          f'envoy_http_conn_manager_prefix="{v["envoy_listener"]}"',
         at_max_samples=str(minutes + 30),
         at_max_pending=f"{minutes - 5}m",
         at_max_firing=f"{minutes + 10}m",

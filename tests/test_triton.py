@@ -189,7 +189,7 @@ def test_rules_reading_what_triton_lacks_are_left_out_and_triton_rules_added():
     ctx = ctx_for(STACK)
     alerts = set(monitoring.alert_names(ctx))
     assert {"TritonRequestErrorRateHigh", "TritonQueueTimeHigh", "VllmTimeToFirstTokenP99High",
-            "VllmEndToEndLatencyP99High", "GpuXidErrors"} <= alerts
+            "VllmEndToEndLatencyP99High", "GpuXidHardware"} <= alerts
     assert not alerts & {"VllmErrorRateHigh", "VllmKVCacheHigh", "VllmQueueGrowingWhileKVCacheFull"}
     assert "VllmErrorRateHigh" in monitoring.alert_names(ctx_for("dev"))
     monitor = next(o for o in monitoring.render(ctx) if o["kind"] == "PodMonitor" and o["metadata"]["name"].endswith("-vllm"))

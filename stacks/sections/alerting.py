@@ -65,9 +65,17 @@ class AlertingSettings(Model):
     warning: list[Name] = Field(default_factory=list, description="receivers of warnings (never a pager)")
     critical_repeat_minutes: int = Field(60, ge=5, le=1440, description="re-notify a firing critical this often")
     warning_repeat_minutes: int = Field(720, ge=30, le=10080, description="re-notify a firing warning this often")
+    watchdog: Name | None = Field(
+        None, description="receiver of kube-prometheus-stack's always-firing Watchdog: a dead man's switch service "
+        "that alerts a person when it stops arriving (none: the Watchdog goes nowhere)",
+    )
+    watchdog_repeat_minutes: int = Field(5, ge=1, le=60, description="send the Watchdog this often")
 
     @model_validator(mode="after")
     def _known(self):
+        if self.watchdog is not None and self.watchdog not in self.receivers:
+            known = ", ".join(self.receivers) or "none defined"
+            raise ValueError(f"watchdog: {self.watchdog!r} is not a receiver; expected one of {known}")
         for sev in ("critical", "warning"):
             for i, name in enumerate(getattr(self, sev)):
                 if name not in self.receivers:

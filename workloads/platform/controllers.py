@@ -143,6 +143,15 @@ def kube_prometheus_stack(plan: StackPlan) -> dict:
             }
         },
         "kubeStateMetrics": {"enabled": True},
+        # VKE runs the control plane for us: no controller-manager or scheduler target can
+        # be scraped, so their ServiceMonitors find nothing and the chart's absent() rules
+        # (KubeControllerManagerDown, KubeSchedulerDown, critical) would fire for ever. Off:
+        # the targets (`<component>.enabled`, which also gates the rule files) and the rule
+        # groups (`defaultRules.rules.*`), as kube-prometheus-stack's values.yaml names them.
+        "kubeControllerManager": {"enabled": False},
+        "kubeScheduler": {"enabled": False},
+        "defaultRules": {"rules": {"kubeControllerManager": False, "kubeSchedulerAlerting": False,
+                                   "kubeSchedulerRecording": False}},
     }
     for extra in (prometheus_storage_values(plan), grafana_admin_values(plan),
                   alertmanager_values(plan)):
