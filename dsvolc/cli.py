@@ -200,14 +200,14 @@ def policy_config(
     stack: str = typer.Argument(..., help="stack name or path to a Pulumi.<stack>.yaml"),
 ) -> None:
     """Print the policy pack config a stack is judged by (for `pulumi preview --policy-pack-config`)."""
-    from stacks.loader import load
+    from stacks.loader import load_plan
 
     try:
-        settings = load(stack)
+        plan = load_plan(stack)
     except SettingsError as exc:
         Console(stderr=True, soft_wrap=True).print(f"error: {exc}", highlight=False, markup=False)
         raise typer.Exit(2) from None
-    print(settings.policy_config_path)
+    print(plan.policy_config)
 
 
 def main() -> None:  # pragma: no cover - console entry point

@@ -19,7 +19,7 @@ from rich.tree import Tree
 from capacity.docs import short_layout
 from dsvolc import engine
 from stacks import loader
-from stacks.settings import StackSettings
+from stacks.plan import StackPlan
 
 
 @dataclass
@@ -72,13 +72,12 @@ class PreviewResult:
         return doc
 
 
-def engine_plans(settings: StackSettings) -> list[dict[str, Any]]:
+def engine_plans(plan: StackPlan) -> list[dict[str, Any]]:
     """The engine plan of each serving workload, as a user reads it: where it runs, how it is
     split, how much context and KV cache it gets."""
-    sv, p = settings.serving, settings.serving_plan
+    settings = plan.settings
+    sv, p = settings.serving, plan.serving.engine
     pool = settings.cluster.gpu_pools[sv.gpu_pool]
-    a = settings.autoscaling
-    low = (a.min_replicas or sv.replicas) if a.enabled else sv.replicas
     return [{
         "workload": f"{sv.namespace}/{sv.name}",
         "model": p.model,
@@ -95,7 +94,7 @@ def engine_plans(settings: StackSettings) -> list[dict[str, Any]]:
         "gpus_per_replica": p.total_gpus,
         "nodes_per_replica": p.nodes,
         "multi_node": p.nodes > 1,
-        "replicas": {"min": low, "max": a.max_replicas if a.enabled else sv.replicas},
+        "replicas": {"min": plan.serving.min_replicas, "max": plan.serving.max_replicas},
         "max_model_len": p.max_model_len,
         "kv_cache_tokens": p.kv_cache_tokens,  # per engine
         "replica_kv_cache_tokens": p.replica_kv_cache_tokens,  # over the replica's engines
@@ -122,12 +121,13 @@ def run_preview(stack: str, *, policies: bool = True, transforms=None, raw: dict
     if raw is None:
         raw, written = loader.read_stack(stack)
     # fail fast, with every problem listed
-    settings = loader.parse(raw, str(loader.stack_file(stack)), stack=name, written=written)
-    config_file, config = policy_runner.stack_policy_config(settings) if policies else (None, None)
+    plan = loader.parse_plan(raw, str(loader.stack_file(stack)), stack=name, written=written)
+    settings = plan.settings
+    config_file, config = policy_runner.stack_policy_config(plan) if policies else (None, None)
     recording = engine.run(name, raw, transforms=transforms, mode=mode)
     result = PreviewResult(stack=name, environment_class=settings.environment_class,
-                           policy_config=settings.policy_config_path, recording=recording,
-                           plans=engine_plans(settings))
+                           policy_config=plan.policy_config, recording=recording,
+                           plans=engine_plans(plan))
     if policies:
         result.violations = policy_runner.analyze(recording, policy_config=config)
     return result

@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from dsvolc.cli import app
 from dsvolc.preview import render, run_both
 from stacks import load, read_raw, shipped_stacks, stack_file
+from stacks.plan import build_plan
 from tests.stack_fixtures import filled_raw
 
 runner = CliRunner()
@@ -143,12 +144,13 @@ def test_preview_prod_json_lists_the_foundation(tmp_path):
     assert plan["environment_class"] == "prod" and plan["policy_config"] == "policies/config/prod.json"
     (serving,) = plan["plans"]
     s = load("prod")
+    p = build_plan(s)
     assert serving["model"] == s.serving.model and serving["gpu"] == "H20" and serving["gpus_per_node"] == 8
     assert serving["tensor_parallel_size"] * serving["pipeline_parallel_size"] * serving["data_parallel_size"] == 16
     assert serving["gpus_per_replica"] == 16 and serving["layout"] == "DP16+EP16" and serving["expert_parallel"]
     assert serving["nodes_per_replica"] == 2 and serving["multi_node"] is True
     assert serving["max_model_len"] == s.serving.engine.max_model_len
-    assert serving["kv_cache_tokens"] == s.serving_plan.kv_cache_tokens > serving["max_model_len"]
+    assert serving["kv_cache_tokens"] == p.serving.engine.kv_cache_tokens > serving["max_model_len"]
     assert serving["replicas"] == {"min": s.serving.replicas, "max": s.autoscaling.max_replicas}
     types = {r["type"] for r in plan["resources"]}
     for t in [
