@@ -44,8 +44,9 @@ HARDWARE_FILE = Path(__file__).with_name("hardware.yaml")
 MODEL_SOURCE = "capacity/perf.py"
 EFFICIENCY_KINDS = ("measured", "published", "fitted", "assumed")
 _GPU_FIELDS = ("hbm_gb_s", "bf16_tflops", "fp8_tflops", "nvlink_gb_s", "pcie_gb_s")
-# DeepSeek-V3 routes each token to experts on at most 4 nodes (config.json topk_group: 4)
-NODE_LIMITED_ROUTING = {"deepseek_v3": 4}
+# DeepSeek-V3 routes each token to experts on at most 4 nodes (config.json topk_group: 4);
+# V3.2 too (DeepSeek-V3.2-Exp inference/config_671B_v3.2.json n_limited_groups: 4)
+NODE_LIMITED_ROUTING = {"deepseek_v3": 4, "deepseek_v32": 4}
 
 
 class PerfDataError(ValueError):
@@ -355,6 +356,18 @@ def _attention_flops_decode(m: ModelSpec, tp: int, context: float) -> float:
     return 4 * heads * m.head_dim * context
 
 
+def _selected(m: ModelSpec, context: float) -> float:
+    """Cached tokens the main attention reads: all of them, or with DeepSeek Sparse Attention
+    the indexer's top ``index_topk`` (DeepSeek-V3.2-Exp inference/model.py)."""
+    return min(context, m.index_topk) if m.has_sparse_indexer else context
+
+
+def _indexer_flops(m: ModelSpec, context: float) -> float:
+    """Per token per layer per GPU: the lightning indexer scores every cached token with
+    index_n_heads x index_head_dim (replicated on every rank, not split by TP)."""
+    return 2 * m.index_n_heads * m.index_head_dim * context if m.has_sparse_indexer else 0.0
+
+
 def _attention_width(m: ModelSpec) -> int:
     """q.k plus p.v widths of one head in prefill (MLA: the up-projected heads)."""
     return (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim) if m.is_mla else 2 * m.head_dim
@@ -404,11 +417,14 @@ def decode_step(m: ModelSpec, gpu: GPUPerf, lay: Layout, *, batch: float, contex
         p_touched = 1 - (1 - m.num_experts_per_tok / slots) ** group_tokens
         routed_read = resident * p_touched * expert_bytes * moe_layers
     weight_bytes = dense_bytes + routed_read
-    kv_bytes = batch * context * kv_bytes_per_token_per_gpu(m, lay.tp, lay.pp, kv_cache_dtype)
+    # the latent of the selected tokens; the indexer keys (DSA) of every cached token
+    idx = _layers(m, lay.pp) * m.indexer_bytes_per_token
+    per_token = kv_bytes_per_token_per_gpu(m, lay.tp, lay.pp, kv_cache_dtype)
+    kv_bytes = batch * ((per_token - idx) * _selected(m, context) + idx * context)
     imb = _imbalance(m, lay, hw)
     routed = _routed_flops(m, lay, tokens, moe_layers)
     linear = 2 * tokens * (dense_params + head) + routed
-    attn = tokens * layers * _attention_flops_decode(m, lay.tp, context)
+    attn = tokens * layers * (_attention_flops_decode(m, lay.tp, _selected(m, context)) + _indexer_flops(m, context))
     # the MTP draft runs one more decoder layer per speculative token
     mtp_scale = 1 + lay.mtp_tokens * m.mtp_layers / m.num_layers if lay.mtp_tokens else 1.0
     bw, peak, att_peak = gpu.hbm_bytes_s, gpu.linear_flops_s(quant), _attention_rate(gpu, kv_cache_dtype)
@@ -443,7 +459,8 @@ def prefill_step(m: ModelSpec, gpu: GPUPerf, lay: Layout, *, tokens: float, seq:
     linear = 2 * new * dense_params + 2 * (tokens / seq) * head + routed  # LM head: last token only
     # each new token attends to the cached prefix and, causally, to half the new part
     span = seq - seq * (1 - cache_hit) / 2
-    attn = new * layers * 2 * (m.num_attention_heads / lay.tp) * span * _attention_width(m)
+    attn = new * layers * (2 * (m.num_attention_heads / lay.tp) * _selected(m, span) * _attention_width(m)
+                           + _indexer_flops(m, span))
     bw, peak, att_peak = gpu.hbm_bytes_s, gpu.linear_flops_s(quant), _attention_rate(gpu, kv_cache_dtype)
     t_lin = max(weight_bytes / (bw * hw.eff("hbm")), (linear + (imb - 1) * routed) / (peak * hw.eff("gemm")))
     t_att = attn / (att_peak * hw.eff("attention"))

@@ -185,3 +185,20 @@ def test_the_worked_examples_in_the_docs_are_the_models_own_numbers():
     itl, s = decode_itl(get_model("deepseek-v3"), gpu_perf("H100"), lay, concurrency=256 * 72, context=2000)
     assert f"step {s.t_step * 1e3:.1f} ms" in text and f"{256 / s.t_step:,.0f} tok/s per GPU" in text
     assert f"{s.t_all_to_all * 1e3:.0f} ms" in text
+
+
+def test_v32_decode_reads_the_selected_latent_and_every_indexer_key():
+    """DeepSeek Sparse Attention: the main attention reads the top index_topk (2048) tokens'
+    latent, the indexer scores and reads every cached token's 132-byte key. Below 2048
+    tokens V3.2 costs more than V3 (the indexer on top); at 64k it reads far less."""
+    from capacity.perf import decode_step
+
+    v3, v32, g, lay = MODELS["deepseek-v3"], MODELS["deepseek-v3.2"], gpu_perf("H200", HW), Layout(tp=8)
+    short = {n: decode_step(m, g, lay, batch=4, context=1024, hw=HW) for n, m in (("v3", v3), ("v32", v32))}
+    assert short["v32"].kv_bytes == 4 * 1024 * 61 * (1152 + 132) and short["v3"].kv_bytes == 4 * 1024 * 61 * 1152
+    assert short["v32"].attention_flops > short["v3"].attention_flops
+    long = {n: decode_step(m, g, lay, batch=4, context=65536, hw=HW) for n, m in (("v3", v3), ("v32", v32))}
+    assert long["v32"].kv_bytes == 4 * 61 * (2048 * 1152 + 65536 * 132)
+    per_token = 61 * (2 * (128 / 8) * (2 * 512 + 64) * 2048 + 2 * 64 * 128 * 65536)
+    assert long["v32"].attention_flops == pytest.approx(4 * per_token)
+    assert long["v32"].t_attention < long["v3"].t_attention / 3
