@@ -11,4 +11,7 @@ infra = build_infra(plan)
 # The Kubernetes layer needs the cluster and the weights reader identity: phase 2 only
 # (infra/identity.py; the `deploy_phase` output says what the next `pulumi up` does).
 serving = build_serving(plan, infra) if infra.phase.workloads else None
+if serving is not None and infra.edge is not None:
+    # the edge's upstreams name the Services the Kubernetes layer just registered
+    infra.edge.attach_routes(serving.services)
 export_outputs(infra, serving)

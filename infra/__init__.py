@@ -230,7 +230,6 @@ def build_infra(plan: StackPlan) -> Infra:
                 ),
                 tls=EdgeTls(domain=g.tls.domain, certificate_id=g.tls.certificate_id, plain_http=g.tls.plain_http),
                 vmp_workspace_id=observability.workspace_id if observability is not None else None,
-                routes=phase.workloads,
                 log_project_id=logs.project_id if logs else None,
                 log_topic_id=logs.topic_ids["edge"] if logs else None,
                 project_name=s.project_name,

@@ -88,6 +88,8 @@ class Serving(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self),
         )
         base = pulumi.ResourceOptions(parent=self, provider=provider)
+        # every Service registered, by (namespace, name): the edge's upstreams depend on theirs
+        self.services: dict[tuple[str, str], pulumi.Resource] = {}
 
         objs = render_all(ctx, args.reader_role_trn)
         # The platform's namespaces first, labelled (workloads/platform/namespaces.py): the charts go
@@ -130,7 +132,7 @@ class Serving(pulumi.ComponentResource):
         # Plain manifests the controllers need besides their charts (e.g. the rate-limit
         # Redis), in namespaces the charts create.
         after_charts = pulumi.ResourceOptions.merge(base, pulumi.ResourceOptions(depends_on=list(releases)))
-        releases += [k8s_apply.apply(name, obj, after_charts) for obj in platform.manifests(ctx.plan)]
+        releases += [self._apply(name, obj, after_charts) for obj in platform.manifests(ctx.plan)]
 
         own_ns = {}
         for obj in [o for o in objs if o["kind"] == "Namespace"]:
@@ -163,7 +165,7 @@ class Serving(pulumi.ComponentResource):
                 # The autoscaler owns the replica count after creation; re-applying the
                 # configured count on every `pulumi up` would fight it.
                 ignore.append("spec.replicas")
-            k8s_apply.apply(
+            self._apply(
                 name, obj,
                 pulumi.ResourceOptions.merge(base, pulumi.ResourceOptions(depends_on=deps, ignore_changes=ignore)),
             )
@@ -182,6 +184,13 @@ class Serving(pulumi.ComponentResource):
             f"http://{ctx.stable_service}.{ctx.namespace}.svc:{HTTP_PORT}/v1"
         )
         self.register_outputs({"endpoint": self.endpoint})
+
+
+    def _apply(self, name: str, obj: dict, opts: pulumi.ResourceOptions) -> pulumi.Resource:
+        res = k8s_apply.apply(name, obj, opts)
+        if obj["kind"] == "Service":
+            self.services[(obj["metadata"].get("namespace", ""), obj["metadata"]["name"])] = res
+        return res
 
 
 def _labels(name: str, instance: str, component: str) -> dict[str, str]:
