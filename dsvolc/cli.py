@@ -1,6 +1,7 @@
 """`dsvolc`: what needs no cloud account.
 
-  dsvolc preview STACK [--json FILE] [--existing]   every resource of a stack, its engine plan and every policy verdict
+  dsvolc preview STACK [--json FILE] [--verbose] [--quiet] [--against REF]   summary, engine plan, verdict
+  dsvolc new NAME --from STACK [--class C]   a new environment: stacks/Pulumi.<NAME>.yaml from another stack
   dsvolc size --model M --gpu G ...     engine settings that fit a model on a GPU
   dsvolc policy-config STACK            the policy pack config the stack is judged by
   dsvolc images STACK                   what to mirror into the stack's registry, and its digests
@@ -10,6 +11,7 @@
 from __future__ import annotations
 
 import sys
+import warnings
 from pathlib import Path
 from typing import Optional
 
@@ -19,17 +21,94 @@ from rich.console import Console
 from dsvolc.images import images
 from dsvolc.size import EPILOG, size
 from stacks.loader import SettingsError
+from stacks.regions import PlacementWarning
+
+_show_warning = warnings.showwarning
+_shown: set[str] = set()
+
+
+def _one_line_warning(message, category, filename, lineno, file=None, line=None):
+    """The project's own warnings (a GPU type no source shows in the region) as one
+    `warning:` line, not Python's file:line and source echo."""
+    if issubclass(category, PlacementWarning):
+        if str(message) not in _shown:  # once, though each deploy phase loads the stack
+            _shown.add(str(message))
+            print(f"warning: {message}", file=file or sys.stderr)
+    else:
+        _show_warning(message, category, filename, lineno, file, line)
+
+
+warnings.showwarning = _one_line_warning
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 app.command("size", epilog=EPILOG)(size)
 app.command("images")(images)
 
 
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            v = version("deepseek-volc")
+        except PackageNotFoundError:  # run from a checkout that was never installed
+            v = "unknown (not installed: pip install -e .)"
+        print(f"dsvolc {v}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                 help="print the version of deepseek-volc and exit"),
+) -> None:
+    pass
+
+
+@app.command("new")
+def new(
+    name: str = typer.Argument(..., help="the new stack's name: a lower-case DNS label of 1-20 characters"),
+    source: str = typer.Option(..., "--from", help="the stack to copy (name or path to a Pulumi.<stack>.yaml)"),
+    environment_class: Optional[str] = typer.Option(
+        None, "--class", help="dev, staging or prod: the policy strength (default: the source's)"),
+    domain: Optional[str] = typer.Option(None, "--domain", help="its API host (default: the source's, with the "
+                                         "source's name replaced)"),
+    certificate_id: Optional[str] = typer.Option(None, "--certificate-id", help="the domain's certificate (default: "
+                                                 "the source's, with the source's name replaced)"),
+    stacks_dir: Optional[Path] = typer.Option(None, "--stacks-dir", help="where stack files live (default: stacks/ "
+                                              "of this checkout)"),
+) -> None:
+    """Write stacks/Pulumi.<NAME>.yaml from another stack: comments kept, its names, API host
+    and certificate following NAME, environment_class set by --class. Nothing else needs
+    editing: the workflows and tests read the stacks from stacks/Pulumi.*.yaml. Exit 2 (and
+    nothing written): a bad name, an existing stack, or settings that would not load."""
+    from dsvolc import new as new_stack
+
+    err = Console(stderr=True, soft_wrap=True)
+    try:
+        made = new_stack.make(name, source, environment_class=environment_class, domain=domain,
+                              certificate_id=certificate_id, stacks_dir=stacks_dir)
+    except (new_stack.NewStackError, SettingsError) as exc:
+        err.print(f"error: {exc}", highlight=False, markup=False)
+        raise typer.Exit(2) from None
+    out = Console(soft_wrap=True)
+    out.print(f"wrote {made.path} (stack {made.name} from {made.source}, class {made.environment_class})",
+              highlight=False, markup=False)
+    for c in made.changes:
+        out.print(f"  {c}", highlight=False, markup=False)
+    out.print("next:", highlight=False)
+    for s in new_stack.next_steps(made):
+        out.print(f"  - {s}", highlight=False, markup=False)
+
+
 @app.command("preview")
 def preview(
     stack: str = typer.Argument(..., help="stack name (dev, staging, prod) or path to a Pulumi.<stack>.yaml"),
     json_out: Optional[Path] = typer.Option(None, "--json", help="also write the preview as JSON to this file"),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="print only the summary lines"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="print only the summary lines and each mandatory "
+                               "violation, one line each"),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="also the resource tree, the count by type, and each "
+                                 "resource's finding and URN"),
     existing: bool = typer.Option(
         False, "--existing",
         help="only the stack as deployed (computed outputs known; deploy phase 2: IRSA and the serving stack)",
@@ -46,8 +125,9 @@ def preview(
 ) -> None:
     """Run the stack's program offline under Pulumi's mock engine and its policy pack.
 
-    By default twice: the stack as deployed (every resource, shown in full) and its first
-    `pulumi up` (summarised). Exit 0: no mandatory violation in either; 1: a mandatory policy
+    By default twice: the stack as deployed and its first `pulumi up`. Prints the summary
+    (stack, deploy phase, engine plan, verdict), then one entry per policy and fix with the
+    resources it concerns. Exit 0: no mandatory violation in either; 1: a mandatory policy
     is violated; 2: invalid settings or policy config.
     """
     from pulumi import RunError
@@ -59,6 +139,9 @@ def preview(
     err = Console(stderr=True, soft_wrap=True)
     if existing and new_stack:
         err.print("error: --existing and --new-stack exclude each other (neither: both phases)")
+        raise typer.Exit(2)
+    if quiet and verbose:
+        err.print("error: --quiet and --verbose exclude each other")
         raise typer.Exit(2)
     if against is not None and new_stack:
         err.print("error: --against compares the stack as deployed; it excludes --new-stack")
@@ -88,7 +171,7 @@ def preview(
         for v in result.all_mandatory:  # what stands between this stack and `pulumi up`
             console.print(f"mandatory {v['policy']}: {v['message']}", highlight=False, markup=False, soft_wrap=True)
     else:
-        render(result, console)
+        render(result, console, verbose=verbose)
     compared = None
     if against is not None:
         from dsvolc.against import AgainstError, compare, render_changes
@@ -136,14 +219,14 @@ def policy_config(
     stack: str = typer.Argument(..., help="stack name or path to a Pulumi.<stack>.yaml"),
 ) -> None:
     """Print the policy pack config a stack is judged by (for `pulumi preview --policy-pack-config`)."""
-    from stacks.loader import load
+    from stacks.loader import load_plan
 
     try:
-        settings = load(stack)
+        plan = load_plan(stack)
     except SettingsError as exc:
         Console(stderr=True, soft_wrap=True).print(f"error: {exc}", highlight=False, markup=False)
         raise typer.Exit(2) from None
-    print(settings.policy_config_path)
+    print(plan.policy_config)
 
 
 def main() -> None:  # pragma: no cover - console entry point

@@ -93,10 +93,11 @@ def load_policy_config(environment_class: str) -> dict:
     return read_policy_config(config_path(environment_class))
 
 
-def stack_policy_config(settings) -> tuple[Path, dict]:
-    """(path, config) a stack is judged by: its `policy_config` setting, else its class's."""
-    path = ROOT / settings.policy_config_path
-    return path, read_policy_config(path, setting="policy_config" if settings.policy_config else None)
+def stack_policy_config(plan) -> tuple[Path, dict]:
+    """(path, config) a stack is judged by (a StackPlan's `policy_config`: the setting, else
+    its class's)."""
+    path = ROOT / plan.policy_config
+    return path, read_policy_config(path, setting="policy_config" if plan.settings.policy_config else None)
 
 
 def read_policy_config(path: Path, setting: str | None = None) -> dict:

@@ -90,3 +90,24 @@ def test_classify_reads_the_provider_changes():
 def test_a_ref_that_is_no_commit_is_a_clear_error():
     r = _preview(["dev", "--against", "no-such-ref-xyz"])
     assert r.exit_code == 2 and "not a commit of this repository" in r.output
+
+
+def test_against_the_previous_commit_renders(tmp_path):
+    """What the PR workflow runs (against its base): here the commit before HEAD."""
+    out = tmp_path / "p.json"
+    r = _preview(["prod", "--against", "HEAD~1", "--json", str(out)])
+    assert r.exit_code in (0, 1), r.output
+    doc = json.loads(out.read_text())["against"]
+    assert doc["ref"] == "HEAD~1" and sum(doc["summary"].values()) >= 1
+
+
+def test_the_pull_request_workflow_runs_it_against_its_base():
+    from pathlib import Path
+
+    wf = yaml.safe_load((Path(__file__).resolve().parent.parent / ".github/workflows/offline-preview.yml").read_text())
+    steps = wf["jobs"]["dsvolc-preview"]["steps"]
+    (step,) = [s for s in steps if "--against" in s.get("run", "")]
+    assert step["if"] == "github.event_name == 'pull_request'"
+    assert step["env"]["BASE_SHA"] == "${{ github.event.pull_request.base.sha }}"
+    assert '--against "$BASE_SHA"' in step["run"]
+    assert next(s for s in steps if "actions/checkout" in s.get("uses", ""))["with"]["fetch-depth"] == 0

@@ -32,12 +32,13 @@ import yaml
 
 import stacks
 from runtime import alert_relay
-from stacks import SettingsError, parse
+from stacks import SettingsError, parse, parse_plan
 from tests.k8s_schema import validate_all
 from tests.stack_fixtures import filled_raw
 from workloads.observability import alerting
 from workloads.observability import monitoring
 from workloads.platform import controllers as platform
+from stacks.plan import build_plan
 from workloads.engine.context import build_context
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -80,7 +81,7 @@ def test_receivers_and_routes_follow_the_settings():
 
 def test_the_chart_gets_the_configuration_and_the_relay_its_secrets():
     s = stacks.load("prod")
-    (kps,) = [r for r in platform.releases(s) if r["name"] == "kube-prometheus-stack"]
+    (kps,) = [r for r in platform.releases(build_plan(s)) if r["name"] == "kube-prometheus-stack"]
     assert kps["values"]["alertmanager"]["config"] == alerting.config(s)
     objs = alerting.relay(s)
     validate_all(objs, s.cluster.kubernetes_version)
@@ -98,7 +99,7 @@ def test_the_chart_gets_the_configuration_and_the_relay_its_secrets():
 
 def test_every_inhibition_names_shipped_alerts():
     s = stacks.load("prod")
-    ctx = build_context(s, image_repository="r.internal/x/y", weights_bucket=s.bucket_name)
+    ctx = build_context(build_plan(s), image_repository="r.internal/x/y")
     shipped = set(monitoring.alert_names(ctx))
     for cause, (targets, _) in alerting.DEPENDENTS.items():
         assert cause in shipped and set(targets) <= shipped, (cause, targets)
@@ -119,7 +120,7 @@ def test_bad_alerting_settings_name_the_field(alerting_, path, expected):
     raw = filled_raw("prod")
     raw["alerting"] = {**raw["alerting"], **alerting_}
     with pytest.raises(SettingsError) as info:
-        parse(raw, "prod", stack="prod")
+        parse_plan(raw, "prod", stack="prod")
     line = next((p for p in info.value.problems if p.startswith(path)), None)
     assert line is not None and expected in line, info.value.problems
 

@@ -1,6 +1,6 @@
 """A real vLLM told to stop, as the kubelet tells it after the preStop delay (SIGTERM to
 the container's main process), finishes the generation in flight when it runs with the
-rendered arguments (`--shutdown-timeout` = the edge's request timeout), and cuts it with
+rendered arguments (`--shutdown-timeout` = serving.inflight_drain_seconds), and cuts it with
 vLLM's default (0). This is what the termination grace has to cover.
 
 Same differences from the GPU deployment as tests/test_serving_vllm.py (GPU-only flags
@@ -21,6 +21,7 @@ import pytest
 from stacks import load
 from vllm_harness import VllmServer
 from workloads.engine import engine_args
+from stacks.plan import build_plan
 from workloads.engine.context import build_context
 
 pytestmark = pytest.mark.integration
@@ -29,7 +30,7 @@ MAX_TOKENS = 400
 
 def rendered_args(model_dir, shutdown_timeout=None) -> tuple[object, list[str]]:
     s = load("dev")
-    ctx = build_context(s, image_repository="r.example/ns/repo", weights_bucket=s.bucket_name)
+    ctx = build_context(build_plan(s), image_repository="r.example/ns/repo")
     a = engine_args.from_context(ctx, str(model_dir))
     cfg = json.loads((model_dir / "config.json").read_text())
     a = dataclasses.replace(a, max_model_len=cfg["max_position_embeddings"])

@@ -36,7 +36,7 @@ from runtime.gpu_health import (
 import local_apis
 from test_metrics_contract import ALLOWED, dcgm_reference
 from workloads.observability import monitoring
-from stacks import SettingsError, parse, read_raw
+from stacks import SettingsError, parse, parse_plan, read_raw
 from test_autoscaling import ctx_for
 from workloads.edge import network_policy
 from workloads.engine import resilience
@@ -354,7 +354,7 @@ def test_warm_capacity_beyond_the_pool_is_refused():
     raw = copy.deepcopy(read_raw("prod"))
     raw["resilience"]["warm_capacity"]["replicas"] = 5
     with pytest.raises(SettingsError) as info:
-        parse(raw, "prod", stack="prod")
+        parse_plan(raw, "prod", stack="prod")
     (line,) = info.value.problems
     assert line.startswith("resilience.warm_capacity.replicas:") and "need 9 nodes" in line
 

@@ -30,6 +30,7 @@ from test_autoscaling import STACKS, ctx_for
 from workloads.engine import engine_args
 from workloads.observability import monitoring
 from workloads.observability import queries
+from stacks.plan import build_plan
 from workloads.engine.context import build_context
 
 DATA = Path(__file__).resolve().parent / "data"  # sources: data/SOURCES.md
@@ -166,7 +167,7 @@ def server(vllm_server, tiny_deepseek_v2):
     # The same arguments as tests/test_serving_vllm.py (the dev stack's rendered engine
     # arguments), so the session's server pool starts one server for both.
     s = load("dev")
-    ctx = build_context(s, image_repository="r.example/ns/repo", weights_bucket=s.bucket_name)
+    ctx = build_context(build_plan(s), image_repository="r.example/ns/repo")
     cfg = json.loads((tiny_deepseek_v2 / "config.json").read_text())
     a = engine_args.from_context(ctx, str(tiny_deepseek_v2))
     a = dataclasses.replace(a, max_model_len=cfg["max_position_embeddings"])

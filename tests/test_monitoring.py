@@ -193,7 +193,7 @@ def test_operations_doc_lists_exactly_the_alerts():
     ("deepseek-v2-lite", "chat", 30.0, 20.0),
 ])
 def test_objectives_follow_the_model_class(model, cls, e2e, tps):
-    from stacks.settings import SLO_CLASS_DEFAULTS, infer_model_class
+    from stacks.plan import SLO_CLASS_DEFAULTS, infer_model_class
 
     assert infer_model_class(model) == cls
     assert SLO_CLASS_DEFAULTS[cls] == {"e2e_p99_seconds": e2e, "min_tokens_per_second": tps}
@@ -210,7 +210,7 @@ def test_reasoning_alerts_get_the_long_budget_and_the_token_rate_objective():
     x = ctx_for("dev", monitoring__e2e_p99_seconds=200, monitoring__min_tokens_per_second=8)
     assert _alerts(x)["VllmEndToEndLatencyP99High"]["expr"].endswith("> 200")
     assert _alerts(x)["VllmTokenRateLow"]["expr"].endswith("> 0.125")
-    assert x.settings.slo.canary_p99_seconds == 200
+    assert x.plan.slo.canary_p99_seconds == 200
 
 
 def test_the_envoy_proxies_are_scraped_on_their_stats_port_with_the_job_the_rules_read():

@@ -196,8 +196,8 @@ def max_output_tokens(ctx: ServingContext) -> int:
     """The max_tokens ceiling the engine enforces: serving.max_output_tokens, or the model
     class's, at most the context length."""
     s = ctx.settings
-    want = s.serving.max_output_tokens or MAX_OUTPUT_TOKENS_BY_CLASS[s.slo.model_class]
-    return min(want, ctx.plan.max_model_len)
+    want = s.serving.max_output_tokens or MAX_OUTPUT_TOKENS_BY_CLASS[ctx.plan.slo.model_class]
+    return min(want, ctx.engine.max_model_len)
 
 
 def from_context(ctx: ServingContext, model_path: str) -> EngineArgs:
@@ -205,7 +205,7 @@ def from_context(ctx: ServingContext, model_path: str) -> EngineArgs:
     settings fixed), switches from the engine settings."""
     s = ctx.settings
     e = s.serving.engine
-    p = ctx.plan
+    p = ctx.engine
     t = s.observability.tracing
     rl = s.observability.logs.request_log
     stream = s.serving.weights_mode == "stream"
@@ -227,14 +227,14 @@ def from_context(ctx: ServingContext, model_path: str) -> EngineArgs:
         # runai_streamer reads safetensors straight from TOS's S3 endpoint into GPU memory
         load_format="runai_streamer" if stream else "safetensors",
         # Drain on SIGTERM for the stack's drain budget (not a request timeout: streams have
-        # none); the pod's termination grace covers it (StackSettings.termination_grace_seconds).
+        # none); the pod's termination grace covers it (the plan's serving.termination_grace_seconds).
         shutdown_timeout=s.serving.inflight_drain_seconds,
         max_output_tokens=max_output_tokens(ctx),
         data_parallel_size=p.data_parallel_size,
         expert_parallel=p.expert_parallel,
         speculative_config=speculative_config(p.speculative_tokens) if p.speculative_tokens else None,
         nnodes=p.nodes,
-        otlp_traces_endpoint=telemetry.otlp_grpc_endpoint(s) if t.enabled else None,
+        otlp_traces_endpoint=telemetry.otlp_grpc_endpoint(ctx.plan) if t.enabled else None,
         collect_detailed_traces=t.detailed if t.enabled else None,
         log_requests=rl.enabled,
         log_prompts=rl.enabled and rl.prompts,

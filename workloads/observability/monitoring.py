@@ -93,11 +93,11 @@ def template_values(ctx: ServingContext) -> dict[str, str]:
         "gpu": gpu_selector(ctx),
         "dcgm": dcgm_selector(),
         "hpa": hpa_name(ctx),
-        "model_class": ctx.settings.slo.model_class,
-        "ttft_p99_seconds": _num(ctx.settings.slo.ttft_p99_seconds),
-        "e2e_p99_seconds": _num(ctx.settings.slo.e2e_p99_seconds),
-        "min_tokens_per_second": _num(ctx.settings.slo.min_tokens_per_second),
-        "max_inter_token_seconds": _num(round(ctx.settings.slo.max_inter_token_seconds, 6)),
+        "model_class": ctx.plan.slo.model_class,
+        "ttft_p99_seconds": _num(ctx.plan.slo.ttft_p99_seconds),
+        "e2e_p99_seconds": _num(ctx.plan.slo.e2e_p99_seconds),
+        "min_tokens_per_second": _num(ctx.plan.slo.min_tokens_per_second),
+        "max_inter_token_seconds": _num(round(ctx.plan.slo.max_inter_token_seconds, 6)),
         "p99_regression_ratio": _num(m.p99_regression_ratio),
         "error_rate": _num(m.error_rate),
         "kv_cache_usage": _num(m.kv_cache_usage),
@@ -232,7 +232,7 @@ def dashboard(ctx: ServingContext) -> dict:
     for var in model["templating"]["list"]:
         if var["name"] == "namespace":
             var["current"] = {"selected": True, "text": ctx.namespace, "value": ctx.namespace}
-    return telemetry.add_request_links(model, ctx.settings)
+    return telemetry.add_request_links(model, ctx.plan)
 
 
 def dashboard_queries(model: dict) -> list[tuple[str, str]]:
@@ -407,7 +407,7 @@ def dcgm_exporter(ctx: ServingContext) -> list[dict]:
                     "containers": [
                         {
                             "name": DCGM_NAME,
-                            "image": mirror.ref(ctx.settings, "dcgm-exporter"),
+                            "image": mirror.ref(ctx.plan, "dcgm-exporter"),
                             "env": [
                                 {"name": "DCGM_EXPORTER_LISTEN", "value": f":{DCGM_PORT}"},
                                 # Label each GPU's series with the pod holding it.
