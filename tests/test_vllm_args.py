@@ -188,8 +188,8 @@ def test_vllm_enforces_the_max_tokens_ceiling(stack, override, vllm_parser, stub
     from vllm.entrypoints.serve.utils.api_utils import get_max_tokens
 
     ctx = ctx_for(stack, **({"serving__max_output_tokens": override} if override else {}))
-    cls = ctx.settings.slo.model_class
-    want = min(override or {"chat": 8192, "reasoning": 32768}[cls], ctx.plan.max_model_len)
+    cls = ctx.plan.slo.model_class
+    want = min(override or {"chat": 8192, "reasoning": 32768}[cls], ctx.engine.max_model_len)
     assert engine_args.max_output_tokens(ctx) == want
     for role, container, env in containers(ctx):
         _, ea = vllm_parser(final_argv(container, env, stub_dir))
