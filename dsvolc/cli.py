@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import sys
+import warnings
 from pathlib import Path
 from typing import Optional
 
@@ -20,6 +21,24 @@ from rich.console import Console
 from dsvolc.images import images
 from dsvolc.size import EPILOG, size
 from stacks.loader import SettingsError
+from stacks.regions import PlacementWarning
+
+_show_warning = warnings.showwarning
+_shown: set[str] = set()
+
+
+def _one_line_warning(message, category, filename, lineno, file=None, line=None):
+    """The project's own warnings (a GPU type no source shows in the region) as one
+    `warning:` line, not Python's file:line and source echo."""
+    if issubclass(category, PlacementWarning):
+        if str(message) not in _shown:  # once, though each deploy phase loads the stack
+            _shown.add(str(message))
+            print(f"warning: {message}", file=file or sys.stderr)
+    else:
+        _show_warning(message, category, filename, lineno, file, line)
+
+
+warnings.showwarning = _one_line_warning
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 app.command("size", epilog=EPILOG)(size)

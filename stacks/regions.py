@@ -99,8 +99,8 @@ def refuse_unsold(pool_path: str, instance_type: str, region: str, zones: list[s
         return  # not catalogued: the pool states gpu and gpus_per_node; nothing is recorded
     if not any(s.region == region for s in sightings):
         warnings.warn(f"{pool_path}.instance_type: no source shows {instance_type} in {region} "
-                      f"(zones {', '.join(zones)}); {known}. Check with ecs DescribeAvailableResource "
-                      "(volcengine.ecs.get_available_resources) before `pulumi up`",
+                      f"(zones {', '.join(zones)}); {known}. A real `pulumi preview` asks VolcEngine "
+                      "(ecs DescribeAvailableResource) and refuses a zone that does not sell it",
                       PlacementWarning, stacklevel=2)
 
 
