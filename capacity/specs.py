@@ -44,6 +44,10 @@ class ModelSpec:
     # Multi-token-prediction modules shipped in the checkpoint (config.json
     # `num_nextn_predict_layers`); vLLM loads them only for MTP speculative decoding.
     mtp_layers: int = 0
+    # vLLM's reasoning parser for a model that writes its thinking between <think> and
+    # </think> before the answer (DeepSeek-R1 and the R1 distills: `deepseek_r1`, in
+    # vllm/reasoning/__init__.py); None for models that answer directly.
+    reasoning_parser: str | None = None
 
     @property
     def is_mla(self) -> bool:
