@@ -38,7 +38,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from capacity.planner import stage_weight_bytes  # noqa: E402
-from stacks import load  # noqa: E402
+from stacks import load, load_plan  # noqa: E402
 
 MB = 1e6
 
@@ -58,8 +58,8 @@ INPUTS = {
 def weight_bytes_per_node(stack: str) -> float:
     """Bytes one node of the replica holds: the planner's per-GPU weights of the worst
     pipeline stage, times the GPUs of one node's stage."""
-    s = load(stack)
-    p, m = s.serving_plan, s.serving_model
+    plan = load_plan(stack)
+    p, m = plan.serving.engine, plan.serving.model
     per_gpu = max(stage_weight_bytes(m, p.quantization, p.tensor_parallel_size, p.pipeline_parallel_size))
     return per_gpu * p.tensor_parallel_size
 

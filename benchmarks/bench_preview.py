@@ -1,48 +1,213 @@
-"""How long `dsvolc preview` takes per stack, end to end in a fresh process (settings,
-program under the mock engine, policy pack), as a user runs it.
+"""How long `dsvolc preview STACK` takes, end to end in a fresh process, as a user runs it:
+settings, the program under the mock engine and the policy pack, for both deploy phases
+(the stack as deployed and its first `pulumi up`), which is what the command does by default.
 
-    python benchmarks/bench_preview.py [--runs N]
+    python benchmarks/bench_preview.py [--runs N] [--stacks dev,staging,prod] [--vs REF] [--breakdown N]
 
-Writes benchmarks/results/preview.json. The goal is well under 5 s for prod on a 2-core
-machine.
+Each stack gets one warm-up run, then N counted runs; each run's wall time and CPU time
+(user + system of the process) are recorded, with the load average before and after (a busy
+machine inflates wall time much more than CPU time). With `--vs REF` the same command from a
+checkout of REF (`git archive`, in a temporary directory) runs in turn with this tree's, A B
+A B ..., and the ratio this/REF is taken pair by pair, so it holds when the machine's speed
+drifts. Python's bytecode cache is on, as by default (PYTHONDONTWRITEBYTECODE is unset for
+the runs): a user's second run does not recompile the project.
+
+`--breakdown N` adds where prod's CPU time goes (imports, each phase's program run and
+policy analysis), the median over N fresh processes, for this tree and the baseline.
+
+Writes benchmarks/results/preview.json (stacks not run this time keep their earlier figures),
+with the resource count of each phase beside the figures. Goal: prod under 2 s wall on a quiet 2-core machine; exit 1 when prod's median
+misses it.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
+import re
+import resource
 import statistics
 import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 from datetime import date
+from io import BytesIO
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+GOAL_S = {"prod": 2.0}
+DEPLOYED = re.compile(r"^stack \S+: .*?, (\d+) resources \(existing stack\)", re.M)
+FIRST_APPLY = re.compile(r"^first `pulumi up`: .*?; (\d+) resources; ", re.M)
 
 
-def main() -> None:
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env.pop("PYTHONPATH", None)  # the tree under test is the working directory (python -m)
+    return env
+
+
+def run_once(tree: Path, stack: str) -> dict:
+    """One `dsvolc preview STACK --quiet` in a fresh process from `tree`."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "dsvolc.cli", "preview", stack, "--quiet"],
+                          cwd=tree, env=_env(), capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode not in (0, 1):  # 1: a mandatory violation, still a finished preview
+        raise SystemExit(f"{tree}: preview {stack} failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
+    deployed, first = DEPLOYED.search(proc.stdout), FIRST_APPLY.search(proc.stdout)
+    return {"wall": wall, "cpu": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
+            "resources": {"deployed": int(deployed.group(1)) if deployed else None,
+                          "first_apply": int(first.group(1)) if first else None}}
+
+
+def summary(runs: list[dict]) -> dict:
+    walls, cpus = [r["wall"] for r in runs], [r["cpu"] for r in runs]
+    return {"median_s": round(statistics.median(walls), 3), "min_s": round(min(walls), 3),
+            "max_s": round(max(walls), 3), "cpu_median_s": round(statistics.median(cpus), 3),
+            "cpu_min_s": round(min(cpus), 3), "runs": len(runs)}
+
+
+def checkout(ref: str, into: Path) -> str:
+    """The tree of `ref` under `into`; returns its commit."""
+    commit = subprocess.run(["git", "rev-parse", "--short", ref], cwd=ROOT, check=True,
+                            capture_output=True, text=True).stdout.strip()
+    archive = subprocess.run(["git", "archive", "--format=tar", commit], cwd=ROOT, check=True,
+                             capture_output=True).stdout
+    with tarfile.open(fileobj=BytesIO(archive)) as tar:
+        tar.extractall(into, filter="data")
+    return commit
+
+
+def stages(stack: str) -> None:
+    """Where one preview's time goes, in this process (CPU seconds, printed as JSON): the
+    CLI's imports, then each phase's program run and policy analysis as `run_both` does them,
+    the first program run paying for the SDK modules it loads; then the deployed phase once
+    more, its SDK already loaded, to tell the imports apart."""
+    t = time.process_time()
+    out = {}
+    import dsvolc.cli  # noqa: F401  (what the command imports before it runs)
+    from dsvolc import engine, policy_runner
+    from stacks import loader
+
+    out["cli_imports"] = time.process_time() - t
+    t = time.process_time()
+    raw, name = loader.read_raw(stack), loader.stack_name(stack)
+    settings = loader.parse(raw, str(loader.stack_file(stack)), stack=name)
+    _, config = policy_runner.stack_policy_config(settings)
+    out["settings"] = time.process_time() - t
+    for label, mode in (("deployed", "existing"), ("first_apply", "new"), ("deployed_again", "existing")):
+        t = time.process_time()
+        rec = engine.run(name, raw, mode=mode)
+        out[f"{label}_program"] = time.process_time() - t
+        t = time.process_time()
+        policy_runner.analyze(rec, policy_config=config)
+        out[f"{label}_policies"] = time.process_time() - t
+    out["sdk_imports"] = out["deployed_program"] - out["deployed_again_program"]
+    print(json.dumps({k: round(v, 3) for k, v in out.items()}))
+
+
+def breakdown(tree: Path, stack: str, runs: int) -> dict:
+    """The median of each stage over `runs` fresh processes from `tree`."""
+    got = []
+    for _ in range(runs):
+        proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--stages", stack], cwd=tree,
+                              env={**_env(), "PYTHONPATH": str(tree)}, check=True, capture_output=True, text=True)
+        got.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    return {k: round(statistics.median(g[k] for g in got), 3) for k in got[0]}
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def bench(stacks: list[str], runs: int, base: Path | None, base_ref: dict | None) -> dict:
+    results = {}
+    for stack in stacks:
+        run_once(ROOT, stack)  # warm-up: bytecode cache, file cache
+        if base is not None:
+            run_once(base, stack)
+        load_before = os.getloadavg()
+        mine, theirs = [], []
+        for _ in range(runs):
+            mine.append(run_once(ROOT, stack))
+            if base is not None:
+                theirs.append(run_once(base, stack))
+        load_after = os.getloadavg()
+        result = {"date": date.today().isoformat(), **summary(mine), "resources": mine[-1]["resources"],
+                  "load_average_1m": [round(load_before[0], 2), round(load_after[0], 2)]}
+        if stack in GOAL_S:
+            result["goal_s"] = GOAL_S[stack]
+            result["within_goal"] = result["median_s"] < GOAL_S[stack]
+        if theirs:
+            result["baseline"] = {**(base_ref or {}), **summary(theirs), "resources": theirs[-1]["resources"]}
+            result["ratio_wall_median"] = round(statistics.median(a["wall"] / b["wall"] for a, b in zip(mine, theirs)), 3)
+            result["ratio_cpu_median"] = round(statistics.median(a["cpu"] / b["cpu"] for a, b in zip(mine, theirs)), 3)
+        results[stack] = result
+        line = (f"{stack:8s} wall median {result['median_s']:.2f} s (min {result['min_s']:.2f}, max "
+                f"{result['max_s']:.2f}), cpu median {result['cpu_median_s']:.2f} s, {runs} runs, "
+                f"{result['resources']['deployed']} + {result['resources']['first_apply']} resources, "
+                f"load {result['load_average_1m'][0]:.1f} -> {result['load_average_1m'][1]:.1f}")
+        if theirs:
+            line += (f"; baseline wall median {result['baseline']['median_s']:.2f} s, cpu median "
+                     f"{result['baseline']['cpu_median_s']:.2f} s; ratio wall {result['ratio_wall_median']:.2f}, "
+                     f"cpu {result['ratio_cpu_median']:.2f}")
+        print(line, flush=True)
+    return results
+
+
+def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--stacks", default="dev,staging,prod")
+    parser.add_argument("--vs", metavar="REF", help="a git ref to time in turn with this tree (the baseline)")
+    parser.add_argument("--breakdown", type=int, metavar="N", default=0,
+                        help="also record where prod's time goes, median CPU seconds per stage over N processes")
+    parser.add_argument("--stages", metavar="STACK", help=argparse.SUPPRESS)  # one breakdown process
     args = parser.parse_args()
-    results = {}
-    for stack in ("dev", "staging", "prod"):
-        times = []
-        for _ in range(args.runs):
-            t0 = time.perf_counter()
-            subprocess.run([sys.executable, "-m", "dsvolc.cli", "preview", stack, "--quiet"],
-                           cwd=ROOT, check=True, capture_output=True)
-            times.append(time.perf_counter() - t0)
-        results[stack] = {"median_s": round(statistics.median(times), 3), "min_s": round(min(times), 3),
-                          "max_s": round(max(times), 3), "runs": args.runs}
-        print(f"{stack:8s} median {results[stack]['median_s']:.2f} s  (min {results[stack]['min_s']:.2f}, "
-              f"max {results[stack]['max_s']:.2f}, {args.runs} runs)")
+    if args.stages:
+        stages(args.stages)
+        return 0
+    stacks = [s for s in args.stacks.split(",") if s]
     out = {"date": date.today().isoformat(), "python": platform.python_version(),
-           "machine": f"{platform.machine()}, {__import__('os').cpu_count()} cores", "stacks": results}
-    (ROOT / "benchmarks" / "results").mkdir(parents=True, exist_ok=True)
-    (ROOT / "benchmarks" / "results" / "preview.json").write_text(json.dumps(out, indent=2) + "\n")
+           "machine": f"{platform.machine()}, {os.cpu_count()} cores, {cpu_model()}",
+           "command": "python -m dsvolc.cli preview STACK --quiet (both deploy phases)",
+           "bytecode_cache": "on (Python's default)"}
+    path = ROOT / "benchmarks" / "results" / "preview.json"
+    earlier = json.loads(path.read_text()) if path.is_file() else {}
+    previous = earlier.get("stacks", {})
+    previous = {k: v for k, v in previous.items() if "resources" in v}  # figures of this benchmark only
+    with tempfile.TemporaryDirectory() as tmp:
+        base, base_ref = None, None
+        if args.vs:
+            base = Path(tmp)
+            base_ref = {"ref": args.vs, "commit": checkout(args.vs, base)}
+        out["stacks"] = {**previous, **bench(stacks, args.runs, base, base_ref)}  # stacks not run keep their figures
+        if "prod_cpu_breakdown_s" in earlier:
+            out["prod_cpu_breakdown_s"] = earlier["prod_cpu_breakdown_s"]
+        if args.breakdown:
+            out["prod_cpu_breakdown_s"] = {"this tree": breakdown(ROOT, "prod", args.breakdown)}
+            if base is not None:
+                out["prod_cpu_breakdown_s"]["baseline"] = breakdown(base, "prod", args.breakdown)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=2) + "\n")
+    missed = [s for s, r in out["stacks"].items() if r.get("within_goal") is False]
+    for s in missed:
+        print(f"{s}: median {out['stacks'][s]['median_s']:.2f} s misses the goal of {GOAL_S[s]:.1f} s")
+    return 1 if missed else 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

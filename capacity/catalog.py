@@ -55,6 +55,9 @@ _V3_COMMON: dict[str, Any] = dict(
     mtp_layers=1,  # num_nextn_predict_layers: 1 (the 14B MTP module of README_WEIGHTS.md)
 )
 
+# DeepSeek Sparse Attention (V3.2-Exp, V3.2): the lightning indexer's config.json fields.
+_DSA: dict[str, Any] = dict(index_n_heads=64, index_head_dim=128, index_topk=2048)
+
 _V2_LITE_COMMON: dict[str, Any] = dict(
     architecture="deepseek_v2",
     num_layers=27,
@@ -142,6 +145,64 @@ MODELS: dict[str, ModelSpec] = {
                "huggingface.co/Yi30/DeepSeek-R1-NVFP4-OFFLINE)",
         reasoning_parser=R1_REASONING_PARSER,
         **_V3_COMMON,
+    ),
+    # DeepSeek-R1-0528 (the May 2025 update of R1): same V3 architecture. config.json read
+    # from copies that keep the architecture fields and replace only quantization_config:
+    # https://huggingface.co/amd/DeepSeek-R1-0528-MXFP4 (commit 41aaaead, config.json) and
+    # https://huggingface.co/mlx-community/DeepSeek-R1-0528-8bit/blob/main/config.json
+    # (61 layers, hidden 7168, 128 heads, kv_lora 512, q_lora 1536, rope 64, nope 128,
+    # 256 routed + 1 shared experts, top-8, moe_intermediate 2048, first_k_dense_replace 3,
+    # max_position_embeddings 163840, num_nextn_predict_layers 1). v_head_dim and
+    # vocab_size lie past the excerpts read and are V3's. Read 2026-12-01.
+    "deepseek-r1-0528": ModelSpec(
+        name="deepseek-r1-0528", hf_id="deepseek-ai/DeepSeek-R1-0528",
+        source="https://huggingface.co/deepseek-ai/DeepSeek-R1-0528/blob/main/config.json "
+               "(read 2026-12-01 via copies: huggingface.co/amd/DeepSeek-R1-0528-MXFP4 commit 41aaaead "
+               "config.json, huggingface.co/mlx-community/DeepSeek-R1-0528-8bit config.json; the native "
+               "FP8 128x128 checkpoint format is the V3 family's, the copies re-quantize it)",
+        reasoning_parser=R1_REASONING_PARSER,
+        **_V3_COMMON,
+    ),
+    # DeepSeek-V3.1: layers, hidden, heads, q_lora, kv_lora, rope/nope/v dims and
+    # max_position_embeddings as tabulated from the official config.json
+    # (https://huggingface.co/deepseek-ai/DeepSeek-V3.1/blob/main/config.json) in a public
+    # R1/V3.1/V3.2 comparison note (GitHub code index, file id 69308580305, recorded
+    # 2026-09-17; read 2026-12-01): identical to R1, full causal MLA, no indexer. Experts,
+    # vocabulary and dtype are not in that note and were not read from another source:
+    # they are taken from V3 (docs/limits.md says so).
+    "deepseek-v3.1": ModelSpec(
+        name="deepseek-v3.1", hf_id="deepseek-ai/DeepSeek-V3.1",
+        source="https://huggingface.co/deepseek-ai/DeepSeek-V3.1/blob/main/config.json "
+               "(attention fields via a public comparison of the official configs, GitHub code index "
+               "file id 69308580305, read 2026-12-01; MoE, vocabulary and dtype not read: V3's)",
+        **_V3_COMMON,
+    ),
+    # DeepSeek-V3.2-Exp: the V3.1-Terminus architecture plus DeepSeek Sparse Attention.
+    # Read from deepseek-ai's own repository github.com/deepseek-ai/DeepSeek-V3.2-Exp at
+    # commit 3b99a535 (2025-10-02), inference/config_671B_v3.2.json: vocab 129280, dim 7168,
+    # inter 18432, moe_inter 2048, 61 layers, 3 dense, 128 heads, 256 routed + 1 shared,
+    # 8 active, q_lora 1536, kv_lora 512, nope 128, rope 64, v 128, dtype fp8 (ue8m0
+    # scales; block_size 128 in inference/model.py), index_n_heads 64, index_head_dim 128,
+    # index_topk 2048. max_position_embeddings (163840) is the comparison note's (file id
+    # 69308580305); the inference config does not carry it. Read 2026-12-01.
+    "deepseek-v3.2-exp": ModelSpec(
+        name="deepseek-v3.2-exp", hf_id="deepseek-ai/DeepSeek-V3.2-Exp",
+        source="https://huggingface.co/deepseek-ai/DeepSeek-V3.2-Exp/blob/main/config.json "
+               "(read 2026-12-01 as github.com/deepseek-ai/DeepSeek-V3.2-Exp@3b99a535 "
+               "inference/config_671B_v3.2.json, the same fields in the inference format)",
+        **{**_V3_COMMON, "architecture": "deepseek_v32"}, **_DSA,
+    ),
+    # DeepSeek-V3.2 (the release after V3.2-Exp): attention and indexer fields as
+    # tabulated from the official config.json in the comparison note above (file id
+    # 69308580305): 61 layers, hidden 7168, 128 heads, q_lora 1536, kv_lora 512, rope 64,
+    # nope 128, v 128, index_n_heads 64, index_head_dim 128, index_topk 2048,
+    # max_position_embeddings 163840. MoE and vocabulary as V3.2-Exp.
+    "deepseek-v3.2": ModelSpec(
+        name="deepseek-v3.2", hf_id="deepseek-ai/DeepSeek-V3.2",
+        source="https://huggingface.co/deepseek-ai/DeepSeek-V3.2/blob/main/config.json "
+               "(attention and indexer fields via a public comparison of the official configs, GitHub "
+               "code index file id 69308580305, read 2026-12-01; MoE and vocabulary as DeepSeek-V3.2-Exp)",
+        **{**_V3_COMMON, "architecture": "deepseek_v32"}, **_DSA,
     ),
     # DeepSeek-V2 (236B): https://huggingface.co/ModelCloud/DeepSeek-V2-Chat-0628-gptq-4bit
     # config.json (_name_or_path DeepSeek-V2-Chat-0628; architecture fields unchanged)
@@ -255,26 +316,28 @@ MODELS: dict[str, ModelSpec] = {
 # what vLLM's gpu_memory_utilization is a fraction of; nominal_gb is the datasheet size.
 # FP8 tensor cores exist on Ada (L20) and Hopper (H20/H100/H800/H200); Ampere (A10,
 # A100, A800) runs FP8 checkpoints only through vLLM's weight-only FP8 Marlin kernels.
+# compute_capability: NVIDIA's CUDA GPU table (developer.nvidia.com/cuda-gpus); A800, H20
+# and H800 are A100 / H100 silicon and share their SM version.
 
 GPUS: dict[str, GPUSpec] = {
     "A10": GPUSpec("A10", 23028 * MiB, True, False, "PCIe 4.0 x16 (64 GB/s)", 24,
-                   "https://www.nvidia.com/en-us/data-center/products/a10-gpu/"),
+                   "https://www.nvidia.com/en-us/data-center/products/a10-gpu/", compute_capability=(8, 6)),
     "L20": GPUSpec("L20", 46068 * MiB, True, True, "PCIe 4.0 x16 (64 GB/s)", 48,
-                   "NVIDIA L20 datasheet (Ada, 48 GB GDDR6)"),
+                   "NVIDIA L20 datasheet (Ada, 48 GB GDDR6)", compute_capability=(8, 9)),
     "A100-40G": GPUSpec("A100-40G", 40960 * MiB, True, False, "NVLink 600 GB/s", 40,
-                        "https://www.nvidia.com/en-us/data-center/a100/"),
+                        "https://www.nvidia.com/en-us/data-center/a100/", compute_capability=(8, 0)),
     "A100-80G": GPUSpec("A100-80G", 81920 * MiB, True, False, "NVLink 600 GB/s", 80,
-                        "https://www.nvidia.com/en-us/data-center/a100/"),
+                        "https://www.nvidia.com/en-us/data-center/a100/", compute_capability=(8, 0)),
     "A800": GPUSpec("A800", 81920 * MiB, True, False, "NVLink 400 GB/s", 80,
-                    "NVIDIA A800 SXM4 80 GB datasheet (Ampere, A100 silicon, NVLink 400 GB/s)"),
+                    "NVIDIA A800 SXM4 80 GB datasheet (Ampere, A100 silicon, NVLink 400 GB/s)", compute_capability=(8, 0)),
     "H20": GPUSpec("H20", 97871 * MiB, True, True, "NVLink 900 GB/s", 96,
-                   "NVIDIA H20 datasheet (Hopper, 96 GB HBM3)"),
+                   "NVIDIA H20 datasheet (Hopper, 96 GB HBM3)", compute_capability=(9, 0)),
     "H100": GPUSpec("H100", 81559 * MiB, True, True, "NVLink 900 GB/s", 80,
-                    "https://www.nvidia.com/en-us/data-center/h100/"),
+                    "https://www.nvidia.com/en-us/data-center/h100/", compute_capability=(9, 0)),
     "H800": GPUSpec("H800", 81559 * MiB, True, True, "NVLink 400 GB/s", 80,
-                    "NVIDIA H800 SXM datasheet (export variant of H100, NVLink 400 GB/s)"),
+                    "NVIDIA H800 SXM datasheet (export variant of H100, NVLink 400 GB/s)", compute_capability=(9, 0)),
     "H200": GPUSpec("H200", 143771 * MiB, True, True, "NVLink 900 GB/s", 141,
-                    "https://www.nvidia.com/en-us/data-center/h200/"),
+                    "https://www.nvidia.com/en-us/data-center/h200/", compute_capability=(9, 0)),
 }
 
 
@@ -408,6 +471,10 @@ def model_from_config(path: str | Path, *, name: str | None = None) -> ModelSpec
             qk_rope_head_dim=rope, qk_nope_head_dim=nope,
             v_head_dim=int(cfg.get("v_head_dim") or nope),
             q_lora_rank=int(cfg["q_lora_rank"]) if cfg.get("q_lora_rank") else None,
+            # DeepSeek Sparse Attention (deepseek_v32): the indexer adds a key cache per token.
+            index_n_heads=int(_req(cfg, "index_n_heads", path)) if cfg.get("index_head_dim") else None,
+            index_head_dim=int(cfg["index_head_dim"]) if cfg.get("index_head_dim") else None,
+            index_topk=int(_req(cfg, "index_topk", path)) if cfg.get("index_head_dim") else None,
             **common,
         )
     else:

@@ -46,7 +46,9 @@ def catalog_table_markdown(gpus: tuple[str, ...] = DOC_GPUS, gpus_per_node: int 
         for g in gpus:
             p = plan(spec, GPUS[g], gpus_per_node=gpus_per_node)
             if not p.fits:
-                cells.append("does not fit")
+                sparse = any("DeepSeek Sparse Attention" in r for r in p.reasons)
+                cc = ".".join(map(str, GPUS[g].compute_capability or ()))
+                cells.append(f"no sparse-attention kernels (SM {cc})" if sparse else "does not fit")
                 continue
             cells.append(f"{short_layout(p)}, {p.nodes} node" + ("s" if p.nodes > 1 else "")
                          + f", {_short_tokens(p.replica_kv_cache_tokens)}")

@@ -25,6 +25,20 @@ from capacity.suggest import did_you_mean
 AIBRIX = "vllm-project/aibrix@e3e10f9e4aebe9aac5e7d992fb87d2648e01628b"
 
 
+READ = "2026-12-01"  # the date the availability sources below were read
+
+
+@dataclass(frozen=True)
+class Sighting:
+    """A public source showing an instance type (or its ML-platform mirror) running in a
+    region, in the zones it names (empty: the source names no zone)."""
+
+    region: str
+    zones: tuple[str, ...]
+    source: str
+    read: str = READ
+
+
 @dataclass(frozen=True)
 class InstanceType:
     name: str
@@ -39,6 +53,10 @@ class InstanceType:
     source: str
     confirmed: bool
     notes: str = ""
+    # Where a public source shows the type: VolcEngine's per-region sale tables render
+    # client-side and were not readable, so this lists sightings, not the sale list. A
+    # region not listed is unknown (stacks.regions.refuse_unsold warns), not refused.
+    seen_in: tuple[Sighting, ...] = ()
 
     @property
     def gpus_per_numa_node(self) -> int | None:
@@ -46,6 +64,12 @@ class InstanceType:
             return None
         return max(1, self.gpus // self.numa_nodes)
 
+
+# ML-platform queue "robot-task" in cn-shanghai, zone cn-shanghai-a: 1 x ml.pni2.14xlarge and
+# 3 x ml.hpcpni2.28xlarge, Tesla-A100-80G (GitHub code index, file id 55127256013).
+_SH_QUEUE = Sighting("cn-shanghai", ("cn-shanghai-a",),
+                     "ML-platform queue robot-task in cn-shanghai, zone cn-shanghai-a: ml.pni2.14xlarge and "
+                     "ml.hpcpni2.28xlarge, A100-80G (GitHub code index, file id 55127256013)")
 
 _ROWS = [
     # ----------------------------------------------------------------- A10 (gni2)
@@ -72,6 +96,7 @@ _ROWS = [
             True,
             "ECS name mirrors the ML-platform flavour; the A800 variants are the `l` families "
             "(pni2l, hpcpni2l)",
+            seen_in=(_SH_QUEUE,) if size == "14xlarge" else (),
         )
         for size, gpus, vcpus, mem in (("3xlarge", 1, 14, 245), ("7xlarge", 2, 28, 490),
                                        ("14xlarge", 4, 56, 980), ("28xlarge", 8, 112, 1960))
@@ -84,6 +109,7 @@ _ROWS = [
         True,
         "a queue listing of the same flavour reports 1715 GiB (file id 55127256013): allocatable, "
         "not installed, memory",
+        seen_in=(_SH_QUEUE,),
     ),
     # ----------------------------------------------------------------- A800 (ebmhpcpni2l)
     InstanceType(
@@ -93,6 +119,10 @@ _ROWS = [
         "flavour ml.hpcpni2l.28xlarge: \"8x A800 80GB, 1960 GiB, RDMA\" (file id 59683788669)",
         True,
         "RDMA NIC count not stated",
+        seen_in=(Sighting("cn-shanghai", ("cn-shanghai-b",),
+                          "VKE GPU node ecs.ebmhpcpni2l.32xlarge, 8x A800-SXM4-80GB, in zone cn-shanghai-b, "
+                          "HPC cluster subnet, opened 2026-03-09 (GitHub code index, file ids 52587277029, "
+                          "53066048398)"),),
     ),
     # ----------------------------------------------------------------- H20 96 GB (hpcpni3ln, ebmhpcpni3l)
     InstanceType(
@@ -102,6 +132,9 @@ _ROWS = [
         "1960 GiB\", RDMA 4x (file id 55127256013); RDMA devices mlx5_1..mlx5_4 on this type "
         "(file id 53525685346)",
         True,
+        seen_in=(Sighting("cn-beijing", ("cn-beijing-e",),
+                          "ML-platform queue Robot-North-H20 in cn-beijing, zone cn-beijing-e: 7 x "
+                          "ml.hpcpni3ln.45xlarge (GitHub code index, file id 55127256013)"),),
     ),
     InstanceType(
         "ecs.ebmhpcpni3l.48xlarge", "H20", 8, 192, 2048, None, True, 8, True,
@@ -111,7 +144,10 @@ _ROWS = [
     ),
 ]
 
-# No public source names a VolcEngine H800 or H100 instance type; none is listed.
+# No public source found names a VolcEngine H800, H100 or H200 instance type (searched
+# 2026-12-01: the GitHub code index and stored documentation pages for ecs.* families with
+# those GPUs); none is listed, and docs/limits.md says so. ecs.gni2, ecs.gni3cl and
+# ecs.ebmhpcpni3l have no region in any source found: their seen_in is empty.
 INSTANCE_CATALOG: dict[str, InstanceType] = {r.name: r for r in _ROWS}
 
 # (GPU key, GPUs per node) of every confirmed type: what the planner and `dsvolc size` use.

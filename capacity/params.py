@@ -61,6 +61,13 @@ def _attention_params(m: ModelSpec, tp: int) -> ParamGroups:
         other += kvr  # kv_a_layernorm
         linear += kvr * hl * (nope + v)  # kv_b_proj (column parallel)
         linear += hl * v * h  # o_proj (row parallel)
+        if m.has_sparse_indexer:
+            # DSA lightning indexer, replicated on every rank (vLLM deepseek_v2.py Indexer):
+            # wq_b q_lora -> heads x dim (quantized), wk + weights_proj fused and kept in
+            # bf16, k_norm LayerNorm weight and bias.
+            ih, idim = m.index_n_heads, m.index_head_dim
+            linear += (m.q_lora_rank or h) * ih * idim
+            other += h * (idim + ih) + 2 * idim
         return ParamGroups(linear, other)
     hd = m.head_dim
     kvl = kv_heads_per_rank(m, tp)
@@ -86,7 +93,7 @@ def _mlp_params(m: ModelSpec, tp: int, moe: bool, ep: int | None = None) -> Para
         experts = experts_per_rank(m, ep) * expert + m.n_shared_experts * expert / tp
     else:
         experts = (m.n_routed_experts + m.n_shared_experts) * expert / tp
-    router = m.n_routed_experts * h + (m.n_routed_experts if m.architecture == "deepseek_v3" else 0)
+    router = m.n_routed_experts * h + (m.n_routed_experts if m.architecture in ("deepseek_v3", "deepseek_v32") else 0)
     return ParamGroups(experts, router)
 
 

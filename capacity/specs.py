@@ -44,6 +44,12 @@ class ModelSpec:
     # Multi-token-prediction modules shipped in the checkpoint (config.json
     # `num_nextn_predict_layers`); vLLM loads them only for MTP speculative decoding.
     mtp_layers: int = 0
+    # DeepSeek Sparse Attention (V3.2): a lightning indexer per layer scores every cached
+    # token and attention reads the top `index_topk`. Its key cache is a second per-token
+    # cache beside the MLA latent (config.json `index_n_heads`, `index_head_dim`, `index_topk`).
+    index_n_heads: int | None = None
+    index_head_dim: int | None = None
+    index_topk: int | None = None
     # vLLM's reasoning parser for a model that writes its thinking between <think> and
     # </think> before the answer (DeepSeek-R1 and the R1 distills: `deepseek_r1`, in
     # vllm/reasoning/__init__.py); None for models that answer directly.
@@ -53,6 +59,22 @@ class ModelSpec:
     def is_mla(self) -> bool:
         """Multi-head latent attention (DeepSeek-V2/V3): one compressed latent per token."""
         return self.kv_lora_rank is not None
+
+    @property
+    def has_sparse_indexer(self) -> bool:
+        """DeepSeek Sparse Attention: an indexer key cache per token and layer."""
+        return self.index_head_dim is not None
+
+    @property
+    def indexer_bytes_per_token(self) -> int:
+        """Indexer key cache per token and layer (0 without DSA): FP8 values and one fp32
+        scale per 128, whatever the KV cache dtype (DeepSeek-V3.2-Exp inference/model.py:
+        k_cache float8_e4m3fn [index_head_dim], k_scale_cache float32 [index_head_dim // 128];
+        vLLM 0.32 deepseek_v2.py: DeepseekV32IndexerCache of head_dim + head_dim // 128 * 4
+        uint8)."""
+        if self.index_head_dim is None:
+            return 0
+        return self.index_head_dim + 4 * -(-self.index_head_dim // 128)
 
     @property
     def is_moe(self) -> bool:
@@ -79,3 +101,19 @@ class GPUSpec:
     interconnect: str
     nominal_gb: int = 0
     source: str = ""
+    compute_capability: tuple[int, int] | None = None  # CUDA SM version (developer.nvidia.com/cuda-gpus)
+
+
+# SM major versions vLLM 0.32's sparse-MLA backends accept (v1/attention/backends/mla/
+# flashmla_sparse.py 9/10, flashattn_mla_sparse.py 9, flashinfer_mla_sparse.py 12).
+SPARSE_MLA_SM_MAJORS = (9, 10, 12)
+
+
+def sparse_attention_problem(model: ModelSpec, gpu: GPUSpec) -> str | None:
+    """Why vLLM cannot run the model's DeepSeek Sparse Attention on this GPU, else None."""
+    cc = gpu.compute_capability
+    if not model.has_sparse_indexer or (cc and cc[0] in SPARSE_MLA_SM_MAJORS):
+        return None
+    return (f"{model.name} uses DeepSeek Sparse Attention, whose vLLM kernels need a GPU of compute "
+            f"capability 9.x, 10.x or 12.x (Hopper, Blackwell); {gpu.name} is "
+            f"{'.'.join(map(str, cc)) if cc else 'of unknown capability'}")

@@ -108,6 +108,23 @@ def _fake_kubeconfig(cluster_id: str) -> str:
     return base64.b64encode(json.dumps(doc).encode()).decode()
 
 
+def _available_answer(instance_type: str | None) -> dict:
+    """ecs.get_available_resources offline: no account can be asked, so every zone the
+    project knows answers Available (infra/availability.py; the real preview asks VolcEngine).
+    Tests replace this to see a sold-out answer refused."""
+    from stacks.regions import REGION_ZONES
+
+    zones = [(r, z) for r, zs in REGION_ZONES.items() for z in zs]
+    return {"availableZones": [
+        {"regionId": r, "zoneId": z, "status": "Available",
+         "availableResources": [{"type": "InstanceType",
+                                 "supportedResources": [{"value": instance_type or "", "status": "Available"}]}]}
+        for r, z in zones]}
+
+
+AVAILABLE_RESOURCES = "volcengine:ecs/getAvailableResources:getAvailableResources"
+
+
 class NewStackMocks(pulumi_mocks.Mocks):
     """The first preview of a new stack: inputs echo, no id, nothing computed is known.
 
@@ -124,6 +141,8 @@ class NewStackMocks(pulumi_mocks.Mocks):
         # looked up by name to choose the deploy phase (infra/identity.py), is not there.
         if args.token == "volcengine:vke/getClusters:getClusters":
             return _clusters_answer(args.args.get("name"), existing=False)
+        if args.token == AVAILABLE_RESOURCES:
+            return _available_answer(args.args.get("instanceTypeId"))
         return {}
 
 
@@ -175,6 +194,8 @@ class ExistingStackMocks(pulumi_mocks.Mocks):
             }
         if args.token == "volcengine:vke/getClusters:getClusters":
             return _clusters_answer(args.args.get("name"), existing=True)
+        if args.token == AVAILABLE_RESOURCES:
+            return _available_answer(args.args.get("instanceTypeId"))
         if args.token == "volcengine:apig/getGatewayServices:getGatewayServices":
             return _gateway_services_answer(args.args.get("gatewayId"), args.args.get("name"))
         if args.token == "volcengine:tls/getTraceInstances:getTraceInstances":
@@ -318,11 +339,18 @@ def _trigger(request) -> Any:
     return _unwrap(json_format.MessageToDict(request.replacement_trigger), mask=True)
 
 
+_SECRET_WIRE = _SECRET_VALUE.encode()
+
+
 def _secret_paths(struct) -> list[tuple]:
     """Paths of secret values in a protobuf Struct as the engine receives it."""
     from google.protobuf import json_format
 
     found: list[tuple] = []
+    if _SECRET_WIRE not in struct.SerializeToString():
+        # No value carries the secret signature (most registrations): nothing to walk, and
+        # no conversion of the whole Struct to a dict just to find that out.
+        return found
 
     def walk(v: Any, path: tuple) -> None:
         if isinstance(v, dict):

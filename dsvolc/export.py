@@ -56,7 +56,7 @@ def render(stack: str, raw: dict | None = None) -> list[dict[str, Any]]:
     written = None
     if raw is None:
         raw, written = loader.read_stack(stack)
-    loader.parse(raw, str(loader.stack_file(stack)), stack=name, written=written)  # every settings error first
+    loader.parse_plan(raw, str(loader.stack_file(stack)), stack=name, written=written)  # every settings error first
     return kubernetes_objects(engine.run(name, raw, mode="existing"))
 
 

@@ -41,15 +41,16 @@ def _digest_file(entry) -> str:
     return f"{entry.kind}-{entry.name}.digest"
 
 
-def copy_script(settings, entries) -> str:
+def copy_script(plan, entries) -> str:
     """A POSIX shell script copying every artifact into the mirror with standard tools,
     each writing the digest it resolved to digests/<kind>-<name>.digest."""
+    settings = plan.settings
     from workloads.supply_chain import mirror
 
-    host = mirror.registry_host(settings)
+    host = mirror.registry_host(plan)
     lines = [
         "#!/usr/bin/env bash",
-        f"# Mirror of stack {settings.stack} into {mirror.mirror_prefix(settings)}.",
+        f"# Mirror of stack {settings.stack} into {mirror.mirror_prefix(plan)}.",
         f"# Log in first: skopeo login {host} && helm registry login {host}",
         f"# Then record: dsvolc images {settings.stack} --record digests/",
         "set -euo pipefail",
@@ -87,12 +88,12 @@ def copy_script(settings, entries) -> str:
     return "\n".join(lines) + "\n"
 
 
-def record(settings, entries, directory: Path) -> list[str]:
+def record(plan, entries, directory: Path) -> list[str]:
     """Read digests/<kind>-<name>.digest into the lock; returns what changed. A digest that
     differs from the one recorded is refused: the upstream artifact moved under its tag."""
     from workloads.supply_chain import mirror
 
-    lock = mirror.read_lock(settings)
+    lock = mirror.read_lock(plan)
     sections = {"images": dict(lock.images), "charts": dict(lock.charts), "files": dict(lock.files)}
     changed, problems = [], []
     for e in entries:
@@ -115,12 +116,12 @@ def record(settings, entries, directory: Path) -> list[str]:
             changed.append(f"{e.kind} {e.name}: {value}")
     if problems:
         _fail("\n  ".join(["nothing recorded:", *problems]))
-    mirror.write_lock(mirror.lock_path(settings), mirror.Lock(sections["images"], sections["charts"],
-                                                               sections["files"], mirror.lock_path(settings)))
+    mirror.write_lock(mirror.lock_path(plan), mirror.Lock(sections["images"], sections["charts"],
+                                                               sections["files"], mirror.lock_path(plan)))
     return changed
 
 
-def record_build(stack: str, settings, metadata: Path, image: str) -> str:
+def record_build(stack: str, plan, metadata: Path, image: str) -> str:
     """The digest a build pushed, from docker buildx's --metadata-file, into the stack."""
     from workloads.supply_chain import mirror
 
@@ -133,10 +134,10 @@ def record_build(stack: str, settings, metadata: Path, image: str) -> str:
         _fail(f"{metadata}: containerimage.digest is {value!r}; expected sha256:<64 hex digits> "
               "(docker buildx build --push --metadata-file FILE)")
     if image == "plugin":
-        lock = mirror.read_lock(settings)
+        lock = mirror.read_lock(plan)
         images = dict(lock.images)
         images[mirror.target_key(mirror.GATEWAYAPI_PLUGIN)] = value
-        mirror.write_lock(mirror.lock_path(settings), mirror.Lock(images, lock.charts, lock.files, lock.path))
+        mirror.write_lock(mirror.lock_path(plan), mirror.Lock(images, lock.charts, lock.files, lock.path))
         return value
     from ruamel.yaml import YAML
 
@@ -171,47 +172,48 @@ def images(
     from workloads.supply_chain import mirror
 
     try:
-        settings = loader.load(stack)
+        plan = loader.load_plan(stack)
     except SettingsError as exc:
         _fail(str(exc), 2)
+    settings = plan.settings
     from workloads.supply_chain import inventory
 
-    entries = inventory.entries(settings)
+    entries = inventory.entries(plan)
     console = Console(soft_wrap=True)
     if ref is not None:
         if ref == "serving":
-            print(settings.serving.image.repository or settings.image_repository)
+            print(settings.serving.image.repository or plan.names.image_repository)
             return
         if ref not in mirror.BY_KEY:
             _fail(f"--ref: {ref!r} is not an image; expected serving or one of {', '.join(mirror.BY_KEY)}", 2)
         img = mirror.BY_KEY[ref]
-        if not mirror.digest(settings, img):
+        if not mirror.digest(plan, img):
             _fail(f"{img.source} has no recorded digest: mirror it first (dsvolc images {settings.stack} --script)")
-        print(mirror.ref(settings, ref))
+        print(mirror.ref(plan, ref))
         return
     if plugin_build_args:
         f = mirror.GATEWAYAPI_PLUGIN
-        sha = mirror.plugin_sha256(settings)
+        sha = mirror.plugin_sha256(plan)
         if not sha:
             _fail(f"{f.source} has no recorded sha256: mirror it first (dsvolc images {settings.stack} --script)")
-        print(f.source, sha, mirror.target(settings, f))
+        print(f.source, sha, mirror.target(plan, f))
         return
     if record_build_file is not None:
         if image not in ("serving", "plugin"):
             _fail(f"--image: expected serving or plugin, got {image!r}", 2)
-        value = record_build(stack, settings, record_build_file, image)
+        value = record_build(stack, plan, record_build_file, image)
         console.print(f"recorded {image} {value}", highlight=False)
         return
     if record_dir is not None:
-        changed = record(settings, entries, record_dir)
-        console.print(f"recorded {len(changed)} digest(s) in {mirror.lock_path(settings)}", highlight=False)
+        changed = record(plan, entries, record_dir)
+        console.print(f"recorded {len(changed)} digest(s) in {mirror.lock_path(plan)}", highlight=False)
         for c in changed:
             console.print(f"  {c}", highlight=False)
         return
     if script:
-        print(copy_script(settings, entries), end="")
+        print(copy_script(plan, entries), end="")
         return
-    table = Table(title=f"stack {settings.stack}: mirror {mirror.mirror_prefix(settings)}")
+    table = Table(title=f"stack {settings.stack}: mirror {mirror.mirror_prefix(plan)}")
     for col in ("kind", "name", "source", "target", "digest"):
         table.add_column(col, overflow="fold")
     for e in entries:
@@ -223,6 +225,6 @@ def images(
                   highlight=False)
     if json_out is not None:
         json_out.write_text(json.dumps({
-            "stack": settings.stack, "mirror": mirror.mirror_prefix(settings),
+            "stack": settings.stack, "mirror": mirror.mirror_prefix(plan),
             "artifacts": [{"kind": e.kind, "name": e.name, "source": e.source, "target": e.target,
                            "digest": e.digest, "purpose": e.purpose} for e in entries]}, indent=2) + "\n")

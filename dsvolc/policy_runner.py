@@ -10,17 +10,29 @@ provider; for the stack also parent and dependencies). Nothing is re-implemented
 messages and enforcement levels are the servicer's.
 
 The servicer is private API of pulumi-policy, which is why pyproject.toml pins it exactly.
+
+Speed: the servicer turns a resource's properties from protobuf into a dict (json_format's
+MessageToDict) once per policy that looks at it, and again per stack policy, so a stack of
+157 resources under some fifty policies converts the same Structs thousands of times. While
+`analyze` runs, the servicer's `json_format` answers MessageToDict from one conversion per
+distinct message (`ConversionCache`). The servicer still deserialises, proxies and judges
+every resource under every policy; only the repeated protobuf walk is gone. The answer can
+be shared because the servicer only reads it: `deserialize_properties` copies every dict and
+list before a policy sees them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import jsonschema
-from google.protobuf import empty_pb2, struct_pb2
+import pulumi_policy.policy
+from google.protobuf import empty_pb2, json_format, struct_pb2
+from google.protobuf.message import Message
 from pulumi.runtime.proto import analyzer_pb2 as proto
 from pulumi_policy import EnforcementLevel
 from pulumi_policy.deserialize import SPECIAL_SECRET_SIG, SPECIAL_SIG_KEY
@@ -81,10 +93,11 @@ def load_policy_config(environment_class: str) -> dict:
     return read_policy_config(config_path(environment_class))
 
 
-def stack_policy_config(settings) -> tuple[Path, dict]:
-    """(path, config) a stack is judged by: its `policy_config` setting, else its class's."""
-    path = ROOT / settings.policy_config_path
-    return path, read_policy_config(path, setting="policy_config" if settings.policy_config else None)
+def stack_policy_config(plan) -> tuple[Path, dict]:
+    """(path, config) a stack is judged by (a StackPlan's `policy_config`: the setting, else
+    its class's)."""
+    path = ROOT / plan.policy_config
+    return path, read_policy_config(path, setting="policy_config" if plan.settings.policy_config else None)
 
 
 def read_policy_config(path: Path, setting: str | None = None) -> dict:
@@ -194,41 +207,89 @@ def _struct(props: dict) -> struct_pb2.Struct:
     return s
 
 
-def _provider(rec: engine.Recording, r: engine.Recorded) -> proto.AnalyzerProviderResource | None:
+Structs = dict[str, struct_pb2.Struct]  # URN -> the resource's properties as on the wire
+
+
+def wire_structs(rec: engine.Recording) -> Structs:
+    """Each resource's properties as the engine sends them (secrets marked), built once for
+    its Analyze request, the AnalyzeStack request and the requests of the resources it provides."""
+    return {r.urn: _struct(_wire(r.inputs, r.raw_inputs)) for r in rec.resources}
+
+
+def _provider(rec: engine.Recording, r: engine.Recorded, structs: Structs) -> proto.AnalyzerProviderResource | None:
     if not r.provider:
         return None
     urn = r.provider.rsplit("::", 1)[0]
-    for p in rec.resources:
-        if p.urn == urn:
-            return proto.AnalyzerProviderResource(
-                type=p.type, properties=_struct(_wire(p.inputs, p.raw_inputs)), urn=p.urn, name=p.name)
-    return None
+    if urn not in structs:
+        return None
+    p = next(p for p in rec.resources if p.urn == urn)
+    return proto.AnalyzerProviderResource(type=p.type, properties=structs[urn], urn=p.urn, name=p.name)
 
 
 def _options(r: engine.Recorded) -> proto.AnalyzerResourceOptions:
     return proto.AnalyzerResourceOptions(parent=r.parent or "")
 
 
-def analyze_request(rec: engine.Recording, r: engine.Recorded) -> proto.AnalyzeRequest:
-    req = proto.AnalyzeRequest(type=r.type, properties=_struct(_wire(r.inputs, r.raw_inputs)), urn=r.urn,
-                               name=r.name, options=_options(r))
-    prov = _provider(rec, r)
-    if prov is not None:
-        req.provider.CopyFrom(prov)
-    return req
+def analyze_request(rec: engine.Recording, r: engine.Recorded, structs: Structs | None = None) -> proto.AnalyzeRequest:
+    structs = structs if structs is not None else wire_structs(rec)
+    return proto.AnalyzeRequest(type=r.type, properties=structs[r.urn], urn=r.urn, name=r.name,
+                                options=_options(r), provider=_provider(rec, r, structs))
 
 
-def analyze_stack_request(rec: engine.Recording) -> proto.AnalyzeStackRequest:
-    req = proto.AnalyzeStackRequest()
-    for r in rec.resources:
-        ar = proto.AnalyzerResource(type=r.type, properties=_struct(_wire(r.inputs, r.raw_inputs)), urn=r.urn,
-                                    name=r.name, options=_options(r), parent=r.parent or "",
-                                    dependencies=r.dependencies)
-        prov = _provider(rec, r)
-        if prov is not None:
-            ar.provider.CopyFrom(prov)
-        req.resources.append(ar)
-    return req
+def analyze_stack_request(rec: engine.Recording, structs: Structs | None = None) -> proto.AnalyzeStackRequest:
+    structs = structs if structs is not None else wire_structs(rec)
+    return proto.AnalyzeStackRequest(resources=[
+        proto.AnalyzerResource(type=r.type, properties=structs[r.urn], urn=r.urn, name=r.name, options=_options(r),
+                               parent=r.parent or "", dependencies=r.dependencies,
+                               provider=_provider(rec, r, structs))
+        for r in rec.resources
+    ])
+
+
+class ConversionCache:
+    """`json_format` as the servicer sees it while `analyze` runs: MessageToDict converts
+    each distinct message once, with the real json_format, and answers every repeat with
+    that conversion (a message is the same when its type and deterministic serialisation
+    are); everything else is the real module.
+
+    Sharing one answer is sound because the servicer only reads it: every use is
+    `deserialize_properties(MessageToDict(...))`, which copies each dict and list. The same
+    message object asked for again (the servicer asks once per policy) is answered without
+    serialising it again; that holds because nothing changes a request while it is judged."""
+
+    def __init__(self) -> None:
+        self._dicts: dict[tuple[str, bytes], dict] = {}
+        self._seen: dict[int, tuple[Message, dict]] = {}  # id -> (the message, kept alive; its dict)
+        self.calls = 0  # MessageToDict calls the servicer made
+        self.conversions = 0  # of which converted (the others were answered from the cache)
+
+    def MessageToDict(self, message: Message, *args: Any, **kwargs: Any) -> dict:  # noqa: N802 (json_format's name)
+        self.calls += 1
+        if args or kwargs:  # the servicer never passes options; convert such a call as asked
+            return json_format.MessageToDict(message, *args, **kwargs)
+        seen = self._seen.get(id(message))
+        if seen is not None and seen[0] is message:
+            return seen[1]
+        key = (message.DESCRIPTOR.full_name, message.SerializeToString(deterministic=True))
+        found = self._dicts.get(key)
+        if found is None:
+            found = self._dicts[key] = json_format.MessageToDict(message)
+            self.conversions += 1
+        self._seen[id(message)] = (message, found)
+        return found
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(json_format, name)
+
+    @contextlib.contextmanager
+    def installed(self):
+        """Serve the servicer's `json_format` from this cache for the duration."""
+        previous = pulumi_policy.policy.json_format
+        pulumi_policy.policy.json_format = self
+        try:
+            yield self
+        finally:
+            pulumi_policy.policy.json_format = previous
 
 
 # --------------------------------------------------------------------------- analyze
@@ -240,12 +301,14 @@ def analyze(recording: engine.Recording, policy_config: dict | None = None) -> l
     servicer = build_servicer()
     configure(servicer, resolve_config(policy_infos(servicer), policy_config))
     types = {r.urn: r.type for r in recording.resources}
+    structs = wire_structs(recording)
     diagnostics: list[tuple[proto.AnalyzeDiagnostic, str | None]] = []
-    for r in recording.resources:
-        response = servicer.Analyze(analyze_request(recording, r), None)
-        diagnostics += [(d, r.urn) for d in response.diagnostics]
-    response = servicer.AnalyzeStack(analyze_stack_request(recording), None)
-    diagnostics += [(d, None) for d in response.diagnostics]
+    with ConversionCache().installed():
+        for r in recording.resources:
+            response = servicer.Analyze(analyze_request(recording, r, structs), None)
+            diagnostics += [(d, r.urn) for d in response.diagnostics]
+        response = servicer.AnalyzeStack(analyze_stack_request(recording, structs), None)
+        diagnostics += [(d, None) for d in response.diagnostics]
 
     out = []
     for d, subject in diagnostics:

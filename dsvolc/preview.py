@@ -19,7 +19,7 @@ from rich.tree import Tree
 from capacity.docs import short_layout
 from dsvolc import engine
 from stacks import loader
-from stacks.settings import StackSettings
+from stacks.plan import StackPlan
 
 
 @dataclass
@@ -48,6 +48,8 @@ class PreviewResult:
         return [v for v in self.violations if v["enforcement_level"] == "mandatory"]
 
     def as_json(self) -> dict[str, Any]:
+        from dsvolc import report
+
         doc = {
             "stack": self.stack,
             "environment_class": self.environment_class,
@@ -57,22 +59,25 @@ class PreviewResult:
             "plans": self.plans,
             "resources": [r.as_json() for r in self.recording.resources],
             "violations": self.violations,
+            # the same facts as the printed preview: verdict, and violations grouped by policy and fix
+            "verdict": report.verdict(self),
+            "findings": report.findings(self),
         }
         if self.first_apply is not None:
             f = self.first_apply
             doc["first_apply"] = {"mode": f.recording.mode, "deploy_phase": f.deploy_phase,
                                   "resources": [r.as_json() for r in f.recording.resources],
-                                  "violations": f.violations}
+                                  "violations": f.violations, "verdict": report.verdict(f),
+                                  "findings": report.findings(f)}
         return doc
 
 
-def engine_plans(settings: StackSettings) -> list[dict[str, Any]]:
+def engine_plans(plan: StackPlan) -> list[dict[str, Any]]:
     """The engine plan of each serving workload, as a user reads it: where it runs, how it is
     split, how much context and KV cache it gets."""
-    sv, p = settings.serving, settings.serving_plan
+    settings = plan.settings
+    sv, p = settings.serving, plan.serving.engine
     pool = settings.cluster.gpu_pools[sv.gpu_pool]
-    a = settings.autoscaling
-    low = (a.min_replicas or sv.replicas) if a.enabled else sv.replicas
     return [{
         "workload": f"{sv.namespace}/{sv.name}",
         "model": p.model,
@@ -89,7 +94,7 @@ def engine_plans(settings: StackSettings) -> list[dict[str, Any]]:
         "gpus_per_replica": p.total_gpus,
         "nodes_per_replica": p.nodes,
         "multi_node": p.nodes > 1,
-        "replicas": {"min": low, "max": a.max_replicas if a.enabled else sv.replicas},
+        "replicas": {"min": plan.serving.min_replicas, "max": plan.serving.max_replicas},
         "max_model_len": p.max_model_len,
         "kv_cache_tokens": p.kv_cache_tokens,  # per engine
         "replica_kv_cache_tokens": p.replica_kv_cache_tokens,  # over the replica's engines
@@ -116,12 +121,13 @@ def run_preview(stack: str, *, policies: bool = True, transforms=None, raw: dict
     if raw is None:
         raw, written = loader.read_stack(stack)
     # fail fast, with every problem listed
-    settings = loader.parse(raw, str(loader.stack_file(stack)), stack=name, written=written)
-    config_file, config = policy_runner.stack_policy_config(settings) if policies else (None, None)
+    plan = loader.parse_plan(raw, str(loader.stack_file(stack)), stack=name, written=written)
+    settings = plan.settings
+    config_file, config = policy_runner.stack_policy_config(plan) if policies else (None, None)
     recording = engine.run(name, raw, transforms=transforms, mode=mode)
     result = PreviewResult(stack=name, environment_class=settings.environment_class,
-                           policy_config=settings.policy_config_path, recording=recording,
-                           plans=engine_plans(settings))
+                           policy_config=plan.policy_config, recording=recording,
+                           plans=engine_plans(plan))
     if policies:
         result.violations = policy_runner.analyze(recording, policy_config=config)
     return result
@@ -157,23 +163,59 @@ def phase_line(result: PreviewResult) -> str:
     return f"deploy {p['description']}; next: {p['next']}"
 
 
-def render(result: PreviewResult, console: Console) -> None:
+def _phase(result: PreviewResult, verbose: bool) -> str:
+    p = result.deploy_phase
+    text = f"deploy {p['description']}" if p else "deploy phase: unknown"
+    if verbose and p:
+        text += f"; next: {p['next']}"
+    return f"{text}; {len(result.recording.resources)} resources"
+
+
+def render(result: PreviewResult, console: Console, *, verbose: bool = False) -> None:
+    """The summary first (stack, deploy phase, engine plan, verdict), then one entry per
+    policy and fix (dsvolc.report). Verbose: the resource tree, the count by type, each
+    resource's finding and URN, and what the next `pulumi up` does."""
+    from dsvolc import report
+
+    console.print(f"[bold]stack {result.stack}[/bold]: class {result.environment_class}, "
+                  f"policy config {result.policy_config}", highlight=False)
+    f = result.first_apply
+    if f is not None:  # both phases: the stack as deployed, and its first `pulumi up`
+        console.print(f"as deployed: {_phase(result, verbose)}", highlight=False, markup=False)
+        console.print(f"first `pulumi up`: {_phase(f, verbose)}; {verdict_line(f)[len('policy verdict: '):]}",
+                      highlight=False, markup=False)
+    else:
+        which = "existing stack (computed outputs known)" if result.recording.mode == "existing" else "new stack"
+        console.print(f"{which}: {_phase(result, verbose)}", highlight=False, markup=False)
+    for p in result.plans:
+        console.print(f"engine plan {p['workload']}: {_plan_line(p)}", highlight=False)
+    passes = "passes" if not result.all_mandatory else "[bold red]refused[/bold red] (exit 1)"
+    console.print(f"{verdict_line(result)}: {passes}", highlight=False)
+
+    if verbose:
+        _render_tree(result, console)
+    if not result.violations and not (f and f.violations):
+        return
+    console.print()
+    counts = verdict_line(result)[len("policy verdict: "):]
+    if f is None:
+        console.print(f"[bold]policy violations[/bold] ({counts})", highlight=False)
+        report.render_findings(report.findings(result), console, verbose=verbose)
+        return
+    # both phases as one list: a fix both need is printed once, marked where it applies
+    console.print(f"[bold]policy violations[/bold] (as deployed: {counts}; first `pulumi up`: "
+                  f"{verdict_line(f)[len('policy verdict: '):]})", highlight=False)
+    report.render_findings(report.merged(report.findings(result), report.findings(f)), console, verbose=verbose)
+
+
+def _render_tree(result: PreviewResult, console: Console) -> None:
     resources = result.recording.resources
     by_urn = {r.urn: r for r in resources}
     children: dict[str | None, list[engine.Recorded]] = {}
     for r in resources:
         parent = r.parent if r.parent in by_urn else None
         children.setdefault(parent, []).append(r)
-
-    existing = " (existing stack: computed outputs known)" if result.recording.mode == "existing" else ""
-    console.print(f"[bold]stack {result.stack}[/bold]: class {result.environment_class}, "
-                  f"policy config {result.policy_config}{existing}", highlight=False)
-    console.print(phase_line(result), highlight=False, markup=False)
     tree = Tree(f"[bold]stack {result.stack}[/bold] ({len(resources)} resources)")
-    plans = Tree("[bold]engine plan[/bold]")
-    for p in result.plans:
-        plans.add(f"{p['workload']}: {_plan_line(p)}")
-    tree.children.append(plans)
 
     def add(node: Tree, parent: str | None) -> None:
         for r in sorted(children.get(parent, []), key=lambda x: (x.type, x.name)):
@@ -183,39 +225,13 @@ def render(result: PreviewResult, console: Console) -> None:
 
     add(tree, None)
     console.print(tree)
-
     counts = Counter(r.type for r in resources)
     table = Table(title="resources by type")
-    table.add_column("type")
+    table.add_column("type", overflow="fold")
     table.add_column("count", justify="right")
     for t, n in sorted(counts.items()):
         table.add_row(t, str(n))
     console.print(table)
-
-    if result.violations:
-        grouped: dict[str, list[dict[str, Any]]] = {}
-        for v in result.violations:
-            grouped.setdefault(v["policy"], []).append(v)
-        vt = Table(title="policy violations")
-        vt.add_column("policy")
-        vt.add_column("level")
-        vt.add_column("resource")
-        vt.add_column("message")
-        for policy, items in sorted(grouped.items()):
-            for v in items:
-                level = v["enforcement_level"]
-                colour = "red" if level == "mandatory" else "yellow"
-                vt.add_row(policy, f"[{colour}]{level}[/{colour}]", v.get("resource") or "(stack)", v["message"])
-        console.print(vt)
-    if result.first_apply is not None:
-        f = result.first_apply
-        console.print(f"first `pulumi up` of a new stack: {phase_line(f)}; {len(f.recording.resources)} "
-                      f"resources; policy verdict: {len(f.mandatory)} mandatory, "
-                      f"{len(f.violations) - len(f.mandatory)} advisory violation(s)", highlight=False, markup=False)
-        for v in f.violations:
-            console.print(f"  {v['enforcement_level']}: {v['policy']}: {v['message']}", highlight=False,
-                          markup=False)
-    console.print(verdict_line(result))
 
 
 def verdict_line(result: PreviewResult) -> str:
@@ -224,5 +240,8 @@ def verdict_line(result: PreviewResult) -> str:
     return f"policy verdict: {mandatory} mandatory, {advisory} advisory violation(s)"
 
 
-def write_json(result: PreviewResult, path: Path) -> None:
-    path.write_text(json.dumps(result.as_json(), indent=2, sort_keys=False) + "\n")
+def write_json(result: PreviewResult, path: Path, against: dict[str, Any] | None = None) -> None:
+    doc = result.as_json()
+    if against is not None:
+        doc["against"] = against
+    path.write_text(json.dumps(doc, indent=2, sort_keys=False) + "\n")

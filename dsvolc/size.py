@@ -17,7 +17,10 @@ from rich.table import Table
 
 from capacity.catalog import GPUS, MODELS, GiB, get_gpu, get_model
 from capacity.instances import INSTANCE_TYPES, resolve_instance_type, suggest_instance_type
+from capacity.perf import PerfDataError
 from capacity.planner import KV_CACHE_DTYPES, QUANTIZATIONS, Plan, PlanError, plan
+from capacity.sizing import Workload
+from dsvolc import size_perf
 
 EPILOG = (
     f"Models: {', '.join(MODELS)}. "
@@ -185,9 +188,27 @@ def size(
     max_num_batched_tokens: Optional[int] = typer.Option(
         None, "--max-num-batched-tokens",
         help="Token budget of one engine step (default: 8192, vLLM's)."),
+    concurrency: Optional[int] = typer.Option(
+        None, "--concurrency",
+        help="Sequences per replica for the speed figures (default: the most the SLOs and KV cache allow)."),
+    input_tokens: int = typer.Option(2048, "--input-tokens", help="Prompt tokens per request (mean)."),
+    output_tokens: int = typer.Option(1024, "--output-tokens", help="Generated tokens per request (mean)."),
+    target_rps: Optional[float] = typer.Option(
+        None, "--target-rps", help="Requests per second to serve: sizes replicas, nodes and cost."),
+    ttft_slo: Optional[float] = typer.Option(None, "--ttft-slo", help="Time-to-first-token SLO, seconds."),
+    itl_slo: Optional[float] = typer.Option(None, "--itl-slo", help="Inter-token latency SLO, seconds."),
+    compare: bool = typer.Option(
+        False, "--compare",
+        help="List the feasible layouts and instance types side by side, ranked by cost at the SLOs."),
+    price_per_hour: Optional[float] = typer.Option(
+        None, "--price-per-hour", help="Price of one node for one hour (the catalog has no VolcEngine prices)."),
+    currency: Optional[str] = typer.Option(None, "--currency", help="Currency of --price-per-hour, e.g. CNY."),
+    pricing: Optional[str] = typer.Option(
+        None, "--pricing", help="A pricing file (the format of capacity/pricing.yaml) with prices per instance type."),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as a JSON object instead of tables."),
 ) -> None:
-    """Size a vLLM deployment: weights, reserve and KV cache per GPU; TP, PP, nodes; engine settings."""
+    """Size a vLLM deployment: weights, reserve and KV cache per GPU; TP, PP, nodes; engine settings;
+    speed (TTFT, ITL, tokens/s per GPU), the replicas and nodes for a load, and their cost."""
     try:
         spec = get_model(model)
     except KeyError as exc:
@@ -207,6 +228,28 @@ def size(
         _fail(f"gpus-per-node: {instance_type} has {resolved[1]} GPU(s) per node, got {gpus_per_node}")
     per_node = gpus_per_node if gpus_per_node is not None else (resolved[1] if resolved else 8)
     try:
+        workload = Workload(input_tokens=input_tokens, output_tokens=output_tokens, target_rps=target_rps,
+                            ttft_slo_s=ttft_slo, itl_slo_s=itl_slo, concurrency=concurrency)
+    except PlanError as exc:
+        _fail(str(exc).replace("_slo_s", "-slo").replace("_", "-"))
+    if compare:
+        kwargs = dict(context=context, quantization=quantization, kv_cache_dtype=kv_cache_dtype,
+                      max_num_seqs=max_num_seqs, gpu_memory_utilization=gpu_memory_utilization,
+                      max_num_batched_tokens=max_num_batched_tokens)
+        try:
+            rows = size_perf.compare(spec, workload, gpu_key=gpu_spec.name, instance_type=instance_type,
+                                     per_node=per_node, plan_kwargs=kwargs, price_per_hour=price_per_hour,
+                                     currency=currency, pricing_path=pricing)
+        except (PlanError, PerfDataError) as exc:
+            _fail(str(exc))
+        if as_json:
+            sys.stdout.write(json.dumps(size_perf.compare_document(rows, workload), indent=2) + "\n")
+        else:
+            size_perf.render_compare(rows, workload, Console())
+        if not rows:
+            raise typer.Exit(code=1)
+        return
+    try:
         p = plan(spec, gpu_spec, gpus_per_node=per_node, context=context,
                  quantization=quantization, kv_cache_dtype=kv_cache_dtype,
                  tensor_parallel_size=tensor_parallel_size,
@@ -215,10 +258,23 @@ def size(
                  max_num_batched_tokens=max_num_batched_tokens)
     except PlanError as exc:
         _fail(str(exc))
+    sized = None
+    if p.fits:
+        try:
+            sized = size_perf.size_plan(spec, p, workload, instance_type=instance_type,
+                                        price_per_hour=price_per_hour, currency=currency, pricing_path=pricing)
+        except (PlanError, PerfDataError) as exc:
+            _fail(str(exc))
     if as_json:
-        sys.stdout.write(json.dumps(plan_document(p, instance_type), indent=2) + "\n")
+        doc = plan_document(p, instance_type)
+        if sized:
+            doc.update(size_perf.documents(sized, workload))
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     else:
-        render_table(p, Console(), instance_type)
+        console = Console()
+        render_table(p, console, instance_type)
+        if sized:
+            size_perf.render(sized, workload, console)
     if not p.fits:
         raise typer.Exit(code=1)
 

@@ -192,7 +192,7 @@ def first_model(http: _Http) -> tuple[Optional[str], str]:
 
 def run_checks(target: Target, token: str, *, metrics_url: Optional[str] = None, timeout: float = 120.0,
                max_tokens: int = 16) -> list[Check]:
-    from stacks.settings import infer_model_class
+    from stacks.plan.build import infer_model_class
 
     http = _Http(target.url, token, timeout)
     model = target.model

@@ -1,4 +1,5 @@
-"""The VolcEngine layer: one ComponentResource per unit, built from `StackSettings`.
+"""The VolcEngine layer: one ComponentResource per unit, built from the `StackPlan`
+(`stacks.plan`): derived values from the plan, what the user wrote from `plan.settings`.
 
 May import: `stacks`, `capacity`, pulumi and pulumi_volcengine. Never `workloads`:
 the serving layer receives infra only through the component outputs gathered in `Infra`.
@@ -7,11 +8,12 @@ the serving layer receives infra only through the component outputs gathered in 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import pulumi
 import pulumi_volcengine as volc
 
+from infra.availability import PoolPlacement, require_available
 from infra.cluster import AddonArgs, Cluster, ClusterArgs, GpuPoolArgs
 from infra.gateway import EdgeArgs, EdgeGateway, EdgeRetry, EdgeTls, EdgeUpstream
 from infra.identity import DeployPhase, decide, lookup_cluster
@@ -21,7 +23,7 @@ from infra.observability import Observability, ObservabilityArgs
 from infra.registry import Registry, RegistryArgs
 from infra.weights import WeightStore, WeightStoreArgs
 from stacks.constants import ENTRY_NAMESPACE, KEDA_NAMESPACE, LWS_NAMESPACE, ROLLOUTS_NAMESPACE
-from stacks.settings import StackSettings
+from stacks.plan import StackPlan
 
 BOOTSTRAP_ENV = "DSVOLC_BOOTSTRAP"
 
@@ -41,32 +43,39 @@ class Infra:
     edge: EdgeGateway | None = None
 
 
-def build_infra(s: StackSettings) -> Infra:
-    name = s.resource_prefix
-    tags = s.resource_tags()
+def build_infra(plan: StackPlan) -> Infra:
+    s = plan.settings
+    name = plan.names.prefix
+    tags = dict(plan.tags)
     # An explicit provider: the region comes from the validated settings, credentials from
     # VOLCENGINE_ACCESS_KEY / VOLCENGINE_SECRET_KEY in the environment.
     provider = volc.Provider(f"{name}-volcengine", region=s.region)
     opts = pulumi.ResourceOptions(providers=[provider])
     # Decided before anything registers, from what VKE reports for this stack's cluster
     # (infra/identity.py): phase 1 builds the cloud layer, phase 2 the identity and workloads.
-    phase = decide(s.cluster.irsa, lookup_cluster(s.cluster_name, provider))
+    phase = decide(s.cluster.irsa, lookup_cluster(plan.names.cluster, provider))
     if os.environ.get(BOOTSTRAP_ENV) == "1" and phase.number != 1:
         # deploy.yml's bootstrap runs outside the VPC; past phase 1 it could not reach the API server
-        raise pulumi.RunError(f"{BOOTSTRAP_ENV}=1 but cluster {s.cluster_name!r} exists ({phase.describe()}): "
+        raise pulumi.RunError(f"{BOOTSTRAP_ENV}=1 but cluster {plan.names.cluster!r} exists ({phase.describe()}): "
                               "bootstrap is for a new stack only; deploy from the stack's runner in its VPC "
                               "(docs/deploy.md)")
 
-    node_subnets = s.node_subnets()
-    vpc_cni = s.cluster.pod_network_mode == "VpcCniShared"
+    # Every GPU pool's type is sold in each zone it is placed in, as VolcEngine answers
+    # (infra/availability.py): refused here, not when node creation fails after the VPC and
+    # the cluster exist.
+    require_available([PoolPlacement(n, p.hardware.instance_type, p.zones) for n, p in plan.pools.items()],
+                      s.region, provider)
+
+    net = plan.network
+    vpc_cni = net.vpc_cni
     network = Network(
         name,
         NetworkArgs(
             vpc_cidr=str(s.network.vpc_cidr),
-            node_subnets={z: str(c) for z, c in node_subnets.items()},
-            pod_subnets={z: str(c) for z, c in s.pod_subnets().items()} if vpc_cni else {},
-            nat_zones=s.nat_zones(),
-            per_zone_routes=s.nat_mode == "per_zone",
+            node_subnets={z: str(c) for z, c in net.node_subnets.items()},
+            pod_subnets={z: str(c) for z, c in net.pod_subnets.items()},
+            nat_zones=list(net.nat_zones),
+            per_zone_routes=net.nat_mode == "per_zone",
             nat_spec=s.network.nat_spec,
             egress_bandwidth_mbps=s.network.egress_bandwidth_mbps,
             project_name=s.project_name,
@@ -75,27 +84,26 @@ def build_infra(s: StackSettings) -> Infra:
         opts=opts,
     )
 
-    logs = build_log_store(s, opts) if s.observability.logs.enabled else None
+    logs = build_log_store(plan, opts) if s.observability.logs.enabled else None
 
     gpu_pools = {}
     for pool_name, pool in s.cluster.gpu_pools.items():
-        gpu_model, gpus_per_node = pool.hardware()
-        hpc = s.pool_hardware(pool_name).hpc
-        mig = s.pool_mig(pool_name)
+        pp = plan.pools[pool_name]
+        mig = pp.mig
         gpu_pools[pool_name] = GpuPoolArgs(
             instance_type=pool.instance_type,
-            gpu_model=gpu_model,
-            gpus_per_node=gpus_per_node,
-            subnet_ids=[network.subnet_ids_by_zone[z] for z in s.pool_zones(pool_name)],
+            gpu_model=pp.gpu,
+            gpus_per_node=pp.gpus_per_node,
+            subnet_ids=[network.subnet_ids_by_zone[z] for z in pp.zones],
             min_nodes=pool.min_nodes,
             max_nodes=pool.max_nodes,
             desired_nodes=pool.desired_nodes if pool.desired_nodes is not None else pool.min_nodes,
             data_disk_gib=pool.data_disk_gib,
             system_disk_gib=pool.system_disk_gib,
             data_disk_type=pool.data_disk_type,
-            topology_policy=s.pool_topology_policy(pool_name),
+            topology_policy=pp.topology_policy,
             labels=pool.labels,
-            hpc_zone=s.pool_zones(pool_name)[0] if hpc else None,
+            hpc_zone=pp.zones[0] if pp.hardware.hpc else None,
             hpc_cluster_id=pool.hpc_cluster_id,
             mig_profile=mig.name if mig else None,
             mig_per_gpu=mig.per_gpu if mig else 0,
@@ -106,7 +114,7 @@ def build_infra(s: StackSettings) -> Infra:
     cluster = Cluster(
         name,
         ClusterArgs(
-            cluster_name=s.cluster_name,
+            cluster_name=plan.names.cluster,
             kubernetes_version=c.kubernetes_version,
             api_server_public=c.api_server_public,
             pod_network_mode=c.pod_network_mode,
@@ -128,7 +136,7 @@ def build_infra(s: StackSettings) -> Infra:
             system_disk_gib=c.system_pool.system_disk_gib,
             system_subnet_ids=network.node_subnet_ids,
             gpu_pools=gpu_pools,
-            addons=[AddonArgs(a.name, a.deploy_mode, a.deploy_node_type, a.version) for a in s.vke_addons()],
+            addons=[AddonArgs(a.name, a.deploy_mode, a.deploy_node_type, a.version) for a in plan.addons],
             ssh_key_pair=c.ssh_key_pair,
             project_name=s.project_name,
             tags=tags,
@@ -139,12 +147,12 @@ def build_infra(s: StackSettings) -> Infra:
     )
 
     if logs is not None:
-        build_log_collection(s, cluster, logs, opts)
+        build_log_collection(plan, cluster, logs, opts)
 
     weights = WeightStore(
         name,
         WeightStoreArgs(
-            bucket_name=s.bucket_name,
+            bucket_name=plan.names.bucket,
             prefix=s.weights.prefix,
             noncurrent_version_days=s.weights.noncurrent_version_days,
             sse_algorithm=s.weights.sse_algorithm,
@@ -154,8 +162,8 @@ def build_infra(s: StackSettings) -> Infra:
             # known at preview when VKE already reports IRSA on; else from this update's cluster
             oidc_provider_trn=phase.existing.oidc_provider_trn if phase.irsa_ready else cluster.oidc_provider_trn,
             oidc_issuer=phase.existing.issuer if phase.irsa_ready else cluster.oidc_issuer,
-            namespace=s.serving_namespace,
-            service_account=s.serving_service_account,
+            namespace=s.serving.namespace,
+            service_account=s.serving.service_account,
             protect=c.delete_protection,
             project_name=s.project_name,
             tags=tags,
@@ -166,7 +174,7 @@ def build_infra(s: StackSettings) -> Infra:
     registry = Registry(
         name,
         RegistryArgs(
-            registry_name=s.registry_name,
+            registry_name=plan.names.registry,
             namespace=s.registry.namespace,
             repository=s.registry.repository,
             region=s.region,
@@ -195,13 +203,13 @@ def build_infra(s: StackSettings) -> Infra:
     edge = None
     if s.gateway.edge_enabled:
         g = s.gateway
-        upstreams = [EdgeUpstream(**u) for u in s.edge_upstreams()]
+        upstreams = [EdgeUpstream(**asdict(u)) for u in plan.edge.upstreams]
         edge = EdgeGateway(
             name,
             EdgeArgs(
                 gateway_name=name,
                 vpc_id=network.vpc_id,
-                subnet_ids=[network.subnet_ids_by_zone[z] for z in s.edge_zones()],
+                subnet_ids=[network.subnet_ids_by_zone[z] for z in plan.edge.zones],
                 cluster_id=cluster.cluster_id,
                 flannel_pod_cidr=None if vpc_cni else str(s.network.flannel_pod_cidr),
                 instance_spec=g.instance_spec,
@@ -222,7 +230,6 @@ def build_infra(s: StackSettings) -> Infra:
                 ),
                 tls=EdgeTls(domain=g.tls.domain, certificate_id=g.tls.certificate_id, plain_http=g.tls.plain_http),
                 vmp_workspace_id=observability.workspace_id if observability is not None else None,
-                routes=phase.workloads,
                 log_project_id=logs.project_id if logs else None,
                 log_topic_id=logs.topic_ids["edge"] if logs else None,
                 project_name=s.project_name,
@@ -244,42 +251,43 @@ def build_infra(s: StackSettings) -> Infra:
     )
 
 
-def build_log_store(s: StackSettings, opts: pulumi.ResourceOptions) -> LogStore:
+def build_log_store(plan: StackPlan, opts: pulumi.ResourceOptions) -> LogStore:
     """The TLS project, topics, indexes and (for the tls backend) the trace instance."""
+    s = plan.settings
     t, lg = s.observability.tracing, s.observability.logs
     return LogStore(
-        s.resource_prefix,
+        plan.names.prefix,
         LogStoreArgs(
-            project_name=s.log_project_name,
+            project_name=plan.names.log_project,
             region=s.region,
             retention_days=lg.retention_days,
             shard_count=lg.shard_count,
-            trace_instance_name=s.trace_instance_name if t.enabled and t.backend == "tls" else None,
+            trace_instance_name=plan.names.trace_instance if t.enabled and t.backend == "tls" else None,
             trace_retention_days=t.retention_days,
             iam_project_name=s.project_name,
-            tags=s.resource_tags(),
+            tags=dict(plan.tags),
         ),
         opts=opts,
     )
 
 
-def build_log_collection(s: StackSettings, cluster: Cluster, logs: LogStore, opts: pulumi.ResourceOptions) -> None:
+def build_log_collection(plan: StackPlan, cluster: Cluster, logs: LogStore, opts: pulumi.ResourceOptions) -> None:
     """Container stdout of the serving pods, the gateway's proxies and the platform into
     their topics. The selections follow the workloads' labels: the serving pods carry
     app.kubernetes.io/instance=<serving.name>; Envoy Gateway labels our Gateway's proxies
     (workloads/edge/gateway.py proxy_selector)."""
+    s = plan.settings
     platform_namespaces = [ENTRY_NAMESPACE, KEDA_NAMESPACE, ROLLOUTS_NAMESPACE, LWS_NAMESPACE,
                            s.monitoring.namespace, s.observability.tracing.collector_namespace, "kube-system"]
-    identifier = s.observability.logs.collector_identifier or f"{s.resource_prefix}-nodes"
     LogCollection(
-        s.resource_prefix,
+        plan.names.prefix,
         LogCollectionArgs(
             cluster_id=cluster.cluster_id,
             topic_ids=logs.topic_ids,
-            host_group_name=f"{s.resource_prefix}-nodes",
-            host_identifier=identifier,
+            host_group_name=plan.names.node_group,
+            host_identifier=plan.names.log_collector,
             rules=collection_rules(
-                serving_namespace=s.serving_namespace,
+                serving_namespace=s.serving.namespace,
                 release=s.serving.name,
                 entry_namespace=ENTRY_NAMESPACE,
                 platform_namespaces=platform_namespaces,

@@ -67,8 +67,8 @@ class EdgeArgs:
     project_name: str
     tags: dict[str, str]
     # Upstreams and routes name Kubernetes Services: they come with the Kubernetes layer
-    # (deploy phase 2, infra/identity.py); phase 1 builds the gateway, service and domain.
-    routes: bool = True
+    # (deploy phase 2, infra/identity.py) through attach_routes; phase 1 builds the gateway,
+    # service and domain only.
 
     # TLS project and topic of the edge's access logs (infra/logging.py); none when None
     log_project_id: pulumi.Input[str] | None = None
@@ -216,9 +216,16 @@ class EdgeGateway(pulumi.ComponentResource):
         )
         self.gateway_id = gateway.id
         self.route_ids = []
-        if not args.routes:
-            self.register_outputs({"gateway_id": self.gateway_id})
-            return
+        self._name, self._args, self._gateway, self._service, self._source = name, args, gateway, service, source
+        self.register_outputs({"gateway_id": self.gateway_id})
+
+    def attach_routes(self, services: dict[tuple[str, str], pulumi.Resource]) -> None:
+        """The upstreams and routes, registered once the Kubernetes layer has registered the
+        Services they name (`services`: (namespace, name) -> resource): APIG resolves a K8S
+        upstream against the cluster, so each depends on its Service as well as on the
+        upstream source (docs/infrastructure.md, The public edge)."""
+        name, args, gateway, service, source = self._name, self._args, self._gateway, self._service, self._source
+        weights = upstream_weights(args.upstreams)
         upstream_ids: dict[str, pulumi.Output[str]] = {}
         for up in args.upstreams:
             upstream = volc.apig.ApigUpstream(
@@ -230,7 +237,8 @@ class EdgeGateway(pulumi.ComponentResource):
                 upstream_spec={"k8s_service": {"namespace": up.namespace, "name": up.service, "port": up.port}},
                 load_balancer_settings={"lb_policy": "SimpleLB", "simple_lb": "LEAST_CONN"},
                 comments=f"{up.role} track: {up.namespace}/{up.service}:{up.port}",
-                opts=child(self, depends_on=[source]),
+                opts=child(self, depends_on=[source, *([services[(up.namespace, up.service)]]
+                                                       if (up.namespace, up.service) in services else [])]),
             )
             upstream_ids[up.role] = upstream.id
 
@@ -271,4 +279,3 @@ class EdgeGateway(pulumi.ComponentResource):
             opts=child(self),
         )
         self.route_ids = [default_route.id, ab_route.id]
-        self.register_outputs({"gateway_id": self.gateway_id})

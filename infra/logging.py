@@ -243,7 +243,7 @@ class LogCollection(pulumi.ComponentResource):
     def __init__(self, name: str, args: LogCollectionArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__("deepseek-volc:logging:LogCollection", name, None, opts)
         # LogCollector runs on every node (a DaemonSet of the cluster's log-collector add-on,
-        # one of its add-ons: StackSettings.vke_addons), reading container stdout there.
+        # one of its add-ons: the plan's add-ons, stacks/plan/build.py), reading container stdout there.
         # A machine group by identifier: nodes join it by the LogCollector's user-defined
         # label, so nodes the autoscaler adds are collected without listing IPs (docs
         # 6470/111826: machine-identifier groups are the recommended kind for Kubernetes).

@@ -81,7 +81,7 @@ class Registry(pulumi.ComponentResource):
             opts=child(self),
         )
         # The pull credential: VKE's cr-credential-controller add-on is one of the cluster's
-        # add-ons (StackSettings.vke_addons); a pull Secret is named by the pods.
+        # add-ons (the plan's add-ons, stacks/plan/build.py); a pull Secret is named by the pods.
         if args.mirror_namespace:
             volc.cr.Namespace(
                 f"{name}-mirror-namespace",

@@ -178,7 +178,7 @@ class WeightStore(pulumi.ComponentResource):
         read_policy = volc.iam.Policy(
             f"{name}-read-policy",
             policy_name=f"{bucket_name}-read",
-            description=f"read {args.prefix}/ of {bucket_name}",
+            description=f"read the model weights in {bucket_name}",
             policy_document=json.dumps(read_policy_document(bucket_name, args.prefix)),
             opts=child(self),
         )

@@ -1,6 +1,6 @@
 """Capacity: the engine arguments the model server actually runs with fit its GPUs.
 
-Settings are planned when loaded (stacks/settings.py), but what reaches the cluster is the
+Settings are planned once (stacks/plan/), but what reaches the cluster is the
 container's command line; an extra arg, a hand edit or a transform can change it after
 planning. This stack policy reads the vLLM flags from the Deployment/LeaderWorkerSet, the
 GPU model and count from the node pool the pods are pinned to, and asks the same planner
@@ -92,7 +92,7 @@ def _layout(argv) -> dict:
 
 
 def _pool_rdma(args, pool: str | None) -> bool:
-    from stacks.settings import instance_type_rdma
+    from stacks.nodepools import instance_type_rdma
 
     for p in of_type(args.resources, VKE_NODE_POOL):
         if label_list(dig(p.props, "kubernetesConfig", "labels")).get(POOL_LABEL) == pool:

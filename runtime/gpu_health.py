@@ -15,11 +15,17 @@ decides with `decide()` (a pure function, tested) and acts on the Kubernetes API
   the running ones finish (a pending row remap activates at the next GPU reset);
 * "drain": the same taint, then evict the serving pods on the node through the Eviction
   API, which honours their PodDisruptionBudget (one replica at a time);
-* a node whose signals are clear again (repaired, rebooted) loses the taint.
+* a quarantined node loses the taint only on positive evidence of repair: it has rebooted
+  since it was quarantined (its status.nodeInfo.bootID differs from the one recorded in the
+  BOOT_ANNOTATION when the taint was set) *and* dcgm-exporter reports its GPUs again with
+  clear signals. Signals that merely disappear (an exporter restart, a scrape gap) or a last
+  XID that changes to a harmless one hold the quarantine. A person lifts it by removing the
+  taint (`kubectl taint node NODE deepseek-volc/gpu-unhealthy-`).
 
 VKE's own node check and self-healing (the pool's remedy config) repairs what is drained.
-Never more than `max_fraction` of the GPU nodes are quarantined at once: a broken exporter
-must not take the fleet down.
+Never more than `max_fraction` of the GPU nodes are quarantined at once (a broken exporter
+must not take the fleet down), but always at least one: a pool of one or two nodes has a
+bad GPU quarantined too.
 
 XID classes follow NVIDIA's Xid catalog for Ampere and newer GPUs, column "Resolution
 Bucket (Immediate Action)" (https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html)
@@ -27,7 +33,14 @@ and the page-retirement notes (https://docs.nvidia.com/deploy/dynamic-page-retir
 RESTART_APP / IGNORE codes are the application's fault or already recovered, and move
 nothing; codes whose immediate action is a GPU reset or a node reboot drain the node; a
 row remapped (63) or a high single-bit ECC rate (92) waits for the next reset, so cordon.
-Codes not listed move nothing automatically (the GpuXidErrors alert still fires).
+Codes not listed move nothing automatically.
+
+Each code also has a class, the one the alerts use (workloads/observability/rules render
+their XID sets from XID_ACTIONS): `hardware` (the GPU, its memory, NVLink or the bus
+failed; GpuXidHardware pages) or `application` (the program on the GPU faulted;
+GpuXidApplication warns). 94, a contained ECC error, is hardware that moves nothing: only
+the touching process is hit, and the remapped row it leaves cordons through the remap
+signal.
 
 Imports nothing of the project (it runs in the serving image beside runtime.weights).
 """
@@ -46,29 +59,39 @@ import urllib.request
 from dataclasses import dataclass, field
 
 TAINT_KEY = "deepseek-volc/gpu-unhealthy"
+# The node's boot ID when it was quarantined; a different one is the evidence of a repair.
+BOOT_ANNOTATION = "deepseek-volc/gpu-unhealthy-boot-id"
 OK, CORDON, DRAIN = "ok", "cordon", "drain"
-_RANK = {OK: 0, CORDON: 1, DRAIN: 2}
+HOLD = "hold"  # quarantined, signals clear, no evidence of repair yet: the taint stays
+_RANK = {OK: 0, HOLD: 1, CORDON: 1, DRAIN: 2}
+HARDWARE, APPLICATION = "hardware", "application"
 
-# XID -> (action, what it is). Immediate action per NVIDIA's catalog in the comment.
-XID_ACTIONS: dict[int, tuple[str, str]] = {
-    8: (OK, "GPU stopped processing (RESTART_APP)"),
-    13: (OK, "graphics engine exception (RESTART_APP)"),
-    31: (OK, "GPU memory page fault (RESTART_APP)"),
-    43: (OK, "GPU stopped processing, application (IGNORE)"),
-    45: (OK, "preemptive cleanup after an earlier error (IGNORE)"),
-    94: (OK, "contained ECC error, only the touching application is hit (RESTART_APP)"),
-    48: (DRAIN, "double-bit ECC error (RESET_GPU)"),
-    62: (DRAIN, "internal micro-controller halt (RESET_GPU)"),
-    63: (CORDON, "row remapping recorded, activates at the next reset (RESET_GPU when idle)"),
-    64: (DRAIN, "row remapping failed (RESET_GPU)"),
-    74: (DRAIN, "NVLink error (RESET_GPU)"),
-    79: (DRAIN, "GPU has fallen off the bus (RESTART_BM)"),
-    92: (CORDON, "high single-bit ECC error rate (RESET_GPU when idle)"),
-    95: (DRAIN, "uncontained ECC error (RESET_GPU)"),
-    119: (DRAIN, "GSP RPC timeout (RESET_GPU)"),
-    120: (DRAIN, "GSP error (RESET_GPU)"),
-    140: (DRAIN, "unrecovered ECC error (RESET_GPU)"),
+# XID -> (action, class, what it is). Immediate action per NVIDIA's catalog in brackets.
+XID_ACTIONS: dict[int, tuple[str, str, str]] = {
+    8: (OK, APPLICATION, "GPU stopped processing (RESTART_APP)"),
+    13: (OK, APPLICATION, "graphics engine exception (RESTART_APP)"),
+    31: (OK, APPLICATION, "GPU memory page fault (RESTART_APP)"),
+    43: (OK, APPLICATION, "GPU stopped processing, application (IGNORE)"),
+    45: (OK, APPLICATION, "preemptive cleanup after an earlier error (IGNORE)"),
+    68: (OK, APPLICATION, "video processor exception (RESTART_APP)"),
+    94: (OK, HARDWARE, "contained ECC error, only the touching application is hit (RESTART_APP)"),
+    48: (DRAIN, HARDWARE, "double-bit ECC error (RESET_GPU)"),
+    62: (DRAIN, HARDWARE, "internal micro-controller halt (RESET_GPU)"),
+    63: (CORDON, HARDWARE, "row remapping recorded, activates at the next reset (RESET_GPU when idle)"),
+    64: (DRAIN, HARDWARE, "row remapping failed (RESET_GPU)"),
+    74: (DRAIN, HARDWARE, "NVLink error (RESET_GPU)"),
+    79: (DRAIN, HARDWARE, "GPU has fallen off the bus (RESTART_BM)"),
+    92: (CORDON, HARDWARE, "high single-bit ECC error rate (RESET_GPU when idle)"),
+    95: (DRAIN, HARDWARE, "uncontained ECC error (RESET_GPU)"),
+    119: (DRAIN, HARDWARE, "GSP RPC timeout (RESET_GPU)"),
+    120: (DRAIN, HARDWARE, "GSP error (RESET_GPU)"),
+    140: (DRAIN, HARDWARE, "unrecovered ECC error (RESET_GPU)"),
 }
+
+
+def xids_of(cls: str) -> list[int]:
+    """The XID codes of one class, ascending (what the alert rules match on)."""
+    return sorted(x for x, (_, c, _) in XID_ACTIONS.items() if c == cls)
 
 
 @dataclass(frozen=True)
@@ -108,7 +131,7 @@ def decide(s: NodeSignals) -> Verdict:
     for gpu, xid in sorted(s.xids.items()):
         if not xid:
             continue
-        a, what = XID_ACTIONS.get(int(xid), (OK, "not classified"))
+        a, _, what = XID_ACTIONS.get(int(xid), (OK, APPLICATION, "not classified"))
         worse(a, f"xid{int(xid)}: GPU {gpu}: {what}")
     if s.remap_failure:
         worse(DRAIN, "remapfail: a memory row could not be remapped")
@@ -121,9 +144,10 @@ def decide(s: NodeSignals) -> Verdict:
 
 def limit(verdicts: list[Verdict], total_nodes: int, max_fraction: float,
           already: set[str] = frozenset()) -> list[Verdict]:
-    """Keep at most max_fraction of the GPU nodes quarantined (those already tainted count;
-    the worst verdicts go first). The rest are returned as OK with the reason they wait."""
-    budget = int(total_nodes * max_fraction)
+    """Keep at most max_fraction of the GPU nodes quarantined, and at least one node (those
+    already tainted count; the worst verdicts go first). The rest are returned as OK with
+    the reason they wait."""
+    budget = max(1, int(total_nodes * max_fraction)) if total_nodes else 0
     out, used = [], len(already)
     for v in sorted(verdicts, key=lambda v: (-_RANK[v.action], v.node)):
         if v.action == OK or v.node in already:
@@ -142,6 +166,60 @@ def taints_after(taints: list[dict], v: Verdict) -> list[dict]:
     if v.action == OK:
         return kept
     return kept + [{"key": TAINT_KEY, "value": v.taint_value, "effect": "NoSchedule"}]
+
+
+def quarantined(node: dict) -> bool:
+    return any(t.get("key") == TAINT_KEY for t in node.get("spec", {}).get("taints") or [])
+
+
+def boot_id(node: dict) -> str:
+    return node.get("status", {}).get("nodeInfo", {}).get("bootID", "")
+
+
+def hold_until_repaired(v: Verdict, node: dict, s: NodeSignals) -> Verdict:
+    """A quarantined node whose signals look clear stays quarantined (HOLD) unless there is
+    evidence of a repair: it rebooted since the quarantine and its GPUs report again."""
+    if v.action != OK or not quarantined(node):
+        return v
+    recorded = (node["metadata"].get("annotations") or {}).get(BOOT_ANNOTATION)
+    if not s.xids:
+        return Verdict(v.node, HOLD, ("held: dcgm-exporter reports no GPU of the node, no evidence of repair",))
+    if not recorded or recorded == boot_id(node):
+        return Verdict(v.node, HOLD, ("held: the node has not rebooted since it was quarantined",))
+    return v
+
+
+def node_patch(node: dict, v: Verdict) -> dict | None:
+    """The merge patch that brings the node in line with the verdict, or None.
+
+    A quarantine records the boot ID it was set in; a lifted one drops it. resourceVersion
+    makes the patch a compare-and-swap: a concurrent change fails the call."""
+    taints = node.get("spec", {}).get("taints") or []
+    notes = node["metadata"].get("annotations") or {}
+    spec, meta = {}, {}
+    if v.action in (CORDON, DRAIN):
+        new = taints_after(taints, v)
+        if new != taints:
+            spec["taints"] = new
+        if notes.get(BOOT_ANNOTATION) != boot_id(node):
+            meta[BOOT_ANNOTATION] = boot_id(node)
+    elif v.action == HOLD:
+        if not notes.get(BOOT_ANNOTATION):  # tainted without a record: from now on
+            meta[BOOT_ANNOTATION] = boot_id(node)
+    else:
+        new = taints_after(taints, v)
+        if new != taints:
+            spec["taints"] = new
+        if BOOT_ANNOTATION in notes:
+            meta[BOOT_ANNOTATION] = None
+    if not spec and not meta:
+        return None
+    patch: dict = {"metadata": {"resourceVersion": node["metadata"]["resourceVersion"]}}
+    if meta:
+        patch["metadata"]["annotations"] = meta
+    if spec:
+        patch["spec"] = spec
+    return patch
 
 
 # --------------------------------------------------------------------------- I/O
@@ -175,15 +253,18 @@ def signals_from(results: dict[str, list[dict]]) -> list[NodeSignals]:
 
 
 class Cluster:
-    """The few Kubernetes API calls the controller makes, in-cluster."""
+    """The few Kubernetes API calls the controller makes."""
 
-    def __init__(self):
+    def __init__(self, url: str, token: str, tls: ssl.SSLContext | None):
+        self.url, self.token, self.tls = url.rstrip("/"), token, tls
+
+    @classmethod
+    def in_cluster(cls) -> "Cluster":
         base = "/var/run/secrets/kubernetes.io/serviceaccount"
         host, port = os.environ["KUBERNETES_SERVICE_HOST"], os.environ["KUBERNETES_SERVICE_PORT"]
-        self.url = f"https://{host}:{port}"
         with open(f"{base}/token") as f:
-            self.token = f.read().strip()
-        self.tls = ssl.create_default_context(cafile=f"{base}/ca.crt")
+            token = f.read().strip()
+        return cls(f"https://{host}:{port}", token, ssl.create_default_context(cafile=f"{base}/ca.crt"))
 
     def call(self, method: str, path: str, body: dict | None = None, content_type: str = "application/json"):
         data = json.dumps(body).encode() if body is not None else None
@@ -195,10 +276,8 @@ class Cluster:
     def gpu_nodes(self, selector: str) -> list[dict]:
         return self.call("GET", "/api/v1/nodes?labelSelector=" + urllib.parse.quote(selector))["items"]
 
-    def set_taints(self, node: dict, taints: list[dict]) -> None:
-        # resourceVersion makes this a compare-and-swap: a concurrent change fails the call.
-        patch = {"metadata": {"resourceVersion": node["metadata"]["resourceVersion"]}, "spec": {"taints": taints}}
-        self.call("PATCH", f"/api/v1/nodes/{node['metadata']['name']}", patch, "application/merge-patch+json")
+    def patch_node(self, name: str, patch: dict) -> None:
+        self.call("PATCH", f"/api/v1/nodes/{urllib.parse.quote(name)}", patch, "application/merge-patch+json")
 
     def evict_serving_pods(self, node: str, namespace: str) -> None:
         q = urllib.parse.quote(f"spec.nodeName={node}")
@@ -212,7 +291,7 @@ class Cluster:
 
 
 def query(prometheus: str, promql: str) -> list[dict]:
-    url = f"{prometheus}/api/v1/query?query={urllib.parse.quote(promql)}"
+    url = f"{prometheus.rstrip('/')}/api/v1/query?query={urllib.parse.quote(promql)}"
     with urllib.request.urlopen(url, timeout=30) as resp:
         return json.loads(resp.read())["data"]["result"]
 
@@ -221,16 +300,15 @@ def run_once(prometheus: str, cluster: Cluster, node_selector: str, namespace: s
              evict: bool) -> list[Verdict]:
     nodes = {n["metadata"]["name"]: n for n in cluster.gpu_nodes(node_selector)}
     signals = {s.node: s for s in signals_from({k: query(prometheus, q) for k, q in QUERIES.items()})}
-    already = {name for name, n in nodes.items() if any(t.get("key") == TAINT_KEY for t in n["spec"].get("taints", []))}
+    already = {name for name, n in nodes.items() if quarantined(n)}
     verdicts = [decide(signals.get(name, NodeSignals(name))) for name in nodes]
     verdicts = limit(verdicts, len(nodes), max_fraction, already)
+    verdicts = [hold_until_repaired(v, nodes[v.node], signals.get(v.node, NodeSignals(v.node))) for v in verdicts]
     for v in verdicts:
-        node = nodes[v.node]
-        taints = node["spec"].get("taints", [])
-        new = taints_after(taints, v)
-        if new != taints:
-            logging.warning("node %s: %s (%s)", v.node, v.action, "; ".join(v.reasons) or "healthy again")
-            cluster.set_taints(node, new)
+        patch = node_patch(nodes[v.node], v)
+        if patch is not None:
+            logging.warning("node %s: %s (%s)", v.node, v.action, "; ".join(v.reasons) or "repaired")
+            cluster.patch_node(v.node, patch)
         if v.action == DRAIN and evict:
             cluster.evict_serving_pods(v.node, namespace)
     return verdicts
@@ -246,7 +324,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--no-evict", action="store_true", help="taint only; leave draining to VKE's remedy")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    cluster = Cluster()
+    cluster = Cluster.in_cluster()
     while True:
         try:
             run_once(a.prometheus, cluster, a.node_selector, a.namespace, a.max_fraction, not a.no_evict)

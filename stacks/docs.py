@@ -1,5 +1,5 @@
 """The generated tables of docs/infrastructure.md, from the data the program uses: the
-provider contract, the GPU instance catalog, the zones and the VKE add-ons (each row
+provider contract, the GPU instance catalog, the zones, where GPU types are seen and the VKE add-ons (each row
 with its source). A test checks the page is current.
 
     python -m stacks.docs             print the tables
@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from capacity.instances import INSTANCE_CATALOG
+from capacity.instances import INSTANCE_CATALOG, READ
 from stacks.contract import markdown_table as contract_table
 from stacks.addons import ADDONS
 from stacks.regions import REGIONS
@@ -46,6 +46,17 @@ def instances_table() -> str:
     return "\n".join(rows)
 
 
+def availability_table() -> str:
+    """Where each catalogued GPU type is seen (stacks.regions.refuse_unsold warns elsewhere)."""
+    rows = ["| instance type | seen in region | zones named | source | read |", "|---|---|---|---|---|"]
+    for r in INSTANCE_CATALOG.values():
+        for s in r.seen_in:
+            rows.append(f"| `{r.name}` | {s.region} | {', '.join(s.zones) or '-'} | {_cell(s.source)} | {s.read} |")
+        if not r.seen_in:
+            rows.append(f"| `{r.name}` | unknown | - | no source found names a region | {READ} |")
+    return "\n".join(rows)
+
+
 def zones_table() -> str:
     rows = ["| region | zone | source |", "|---|---|---|"]
     for region, zones in REGIONS.items():
@@ -67,6 +78,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "contract": contract_table,
     "instances": instances_table,
     "zones": zones_table,
+    "availability": availability_table,
     "addons": addons_table,
 }
 

@@ -1,4 +1,5 @@
-"""Load a stack file into `StackSettings`, turning every mistake into one readable error.
+"""Load a stack file into `StackSettings` (what the user wrote, validated) and its
+`StackPlan` (everything derived from it), turning every mistake into one readable error.
 
 The error names the path of the bad value (`cluster.gpu_pools.a10.max_nodes`), the value,
 and what was expected. Callers (the Pulumi program, `dsvolc`) print it; nobody sees a
@@ -10,28 +11,26 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from capacity.suggest import did_you_mean
 import stacks.yamlsafe as yamlsafe
+from capacity.suggest import did_you_mean
+from stacks.errors import SettingsError
+from stacks.plan import StackPlan, build_plan
 from stacks.settings import STACK_NAME, StackSettings
+
+__all__ = ["SettingsError", "from_pulumi_config", "load", "load_plan", "parse", "parse_plan", "read_raw",
+           "read_stack", "run_error", "shipped_stacks", "stack_file", "stack_name"]
 
 PROJECT = "deepseek-volc"
 SETTINGS_KEY = f"{PROJECT}:settings"
 STACKS_DIR = Path(__file__).resolve().parent
-
-
-class SettingsError(Exception):
-    """A stack's settings are invalid. `problems` holds one line per bad value."""
-
-    def __init__(self, source: str, problems: list[str]):
-        self.source = source
-        self.problems = problems
-        super().__init__(f"invalid settings in {source}:\n" + "\n".join(f"  - {p}" for p in problems))
 
 
 def stack_file(stack: str) -> Path:
@@ -112,10 +111,23 @@ def parse(raw: dict[str, Any], source: str = "<settings>", *, stack: str,
         raise SettingsError(source, [_describe(err, written) for err in exc.errors()]) from None
 
 
+def parse_plan(raw: dict[str, Any], source: str = "<settings>", *, stack: str,
+               written: dict[yamlsafe.Path, str] | None = None) -> StackPlan:
+    """`parse`, then `build_plan`: the settings' plan, or a SettingsError naming the field."""
+    return build_plan(parse(raw, source, stack=stack, written=written), source)
+
+
 def load(stack: str) -> StackSettings:
-    """Load and validate `stacks/Pulumi.<stack>.yaml` (or a path to a stack file)."""
+    """Load and validate `stacks/Pulumi.<stack>.yaml` (or a path to a stack file): what the
+    user wrote. Checks across sections come with its plan (`load_plan`)."""
     raw, written = read_stack(stack)
     return parse(raw, str(stack_file(stack)), stack=stack_name(stack), written=written)
+
+
+def load_plan(stack: str) -> StackPlan:
+    """Load, validate and plan a stack: its `StackPlan`, which carries `.settings`."""
+    raw, written = read_stack(stack)
+    return parse_plan(raw, str(stack_file(stack)), stack=stack_name(stack), written=written)
 
 
 def from_pulumi_config() -> StackSettings:
@@ -123,10 +135,18 @@ def from_pulumi_config() -> StackSettings:
     import pulumi
 
     raw = pulumi.Config(PROJECT).require_object("settings")
+    return parse(raw, f"stack {pulumi.get_stack()}", stack=pulumi.get_stack())
+
+
+@contextmanager
+def run_error() -> Iterator[None]:
+    """Inside the Pulumi program: a SettingsError becomes a pulumi.RunError, which the
+    engine prints without a Python traceback."""
+    import pulumi
+
     try:
-        return parse(raw, f"stack {pulumi.get_stack()}", stack=pulumi.get_stack())
+        yield
     except SettingsError as exc:
-        # RunError prints the message without a Python traceback.
         raise pulumi.RunError(str(exc)) from None
 
 

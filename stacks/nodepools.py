@@ -1,17 +1,36 @@
 """What a GPU node pool is made of, and the kubelet topology policy it gets.
 
-Pure functions over the instance catalog and the pool settings, shared by the settings
-(which refuse what VKE or kubelet would refuse) and the infra layer (which sets it).
+Pure functions over the instance catalog and the pool settings, shared by the pool's
+settings (which refuse a node shape the catalog cannot resolve), the plan (which decides
+each pool's shape and policy, stacks/plan/pools.py) and the policy pack.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from capacity.instances import InstanceType, get_instance_type, is_hpc_family
+from capacity.instances import InstanceType, get_instance_type, is_hpc_family, resolve_instance_type
 
 # The scope the provider accepts (provider contract: kubeletConfig.topologyManagerScope).
 TOPOLOGY_SCOPE = "container"
+
+
+def instance_type_rdma(instance_type: str) -> bool:
+    """VolcEngine's HPC GPU instance types (ecs.hpc*, ecs.ebmhpc*) sit in an HPC cluster with
+    RDMA NICs between nodes (ecs.hpcpni2.28xlarge, ecs.hpcpni3ln.45xlarge: RDMA)."""
+    family = instance_type.split(".")
+    return len(family) > 1 and family[1].startswith(("hpc", "ebmhpc"))
+
+
+def pool_gpu(instance_type: str, gpu: str | None, gpus_per_node: int | None) -> tuple[str, int]:
+    """(GPU model, GPUs per node) of a pool: as stated, else from the instance-type catalog
+    (the pool's settings refuse an instance type the catalog cannot resolve)."""
+    if gpu is not None and gpus_per_node is not None:
+        return gpu, gpus_per_node
+    resolved = resolve_instance_type(instance_type)
+    if resolved is None:
+        raise ValueError(f"{instance_type!r}: GPU model and count unknown; set gpu and gpus_per_node")
+    return resolved
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,10 @@ cloud (the provider would only fail minutes into `pulumi up`).
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
+
+from capacity.instances import Sighting, get_instance_type
 
 VKE_REGION_GUIDE = "https://www.volcengine.com/docs/6460/79643"
 REGION_GUIDE = "https://www.volcengine.com/docs/6534/1131814"
@@ -51,6 +54,54 @@ def zone_source(zone: str) -> str | None:
             if z.id == zone:
                 return z.source
     return None
+
+
+# -- where GPU instance types are sold ------------------------------------------------------
+# VolcEngine publishes the regions and zones of each instance family on client-rendered pages
+# ("实例规格族", docs 6396) and through ecs DescribeAvailableResource; neither was readable
+# here. capacity.instances records where public sources show each type running (seen_in).
+# NOT_SOLD holds (instance type, region) pairs a source states are not sold, with that source:
+# no source read on 2026-12-01 states that of any type, so it is empty and nothing is refused
+# on availability alone; a region with no sighting gets a PlacementWarning instead.
+NOT_SOLD: dict[tuple[str, str], str] = {}
+
+
+class PlacementWarning(UserWarning):
+    """A GPU pool is placed where no source shows its instance type (availability unknown)."""
+
+
+def where_sold(instance_type: str) -> tuple[Sighting, ...] | None:
+    """The regions (with zones where a source names them) an instance type is known in;
+    None for a type the GPU instance catalog does not hold."""
+    rec = get_instance_type(instance_type)
+    return None if rec is None else rec.seen_in
+
+
+def _seen(sightings: tuple[Sighting, ...]) -> str:
+    if not sightings:
+        return "no source found names a region for it"
+    parts = [f"{s.region} ({', '.join(s.zones)})" if s.zones else s.region for s in sightings]
+    return "seen in " + "; ".join(dict.fromkeys(parts))
+
+
+def refuse_unsold(pool_path: str, instance_type: str, region: str, zones: list[str]) -> None:
+    """Refuse a pool whose instance type a source says is not sold in `region` (ValueError
+    naming `<pool_path>.instance_type` and where the type is known); warn (PlacementWarning)
+    when no source shows it there. Zones are reported, not checked: one zone seen says
+    nothing about the others."""
+    key = instance_type.strip().lower()
+    sightings = where_sold(key)
+    known = _seen(sightings or ())
+    if (key, region) in NOT_SOLD:
+        raise ValueError(f"{pool_path}.instance_type: {instance_type} is not sold in {region} "
+                         f"({NOT_SOLD[(key, region)]}); expected a region where it is sold: {known}")
+    if sightings is None:
+        return  # not catalogued: the pool states gpu and gpus_per_node; nothing is recorded
+    if not any(s.region == region for s in sightings):
+        warnings.warn(f"{pool_path}.instance_type: no source shows {instance_type} in {region} "
+                      f"(zones {', '.join(zones)}); {known}. A real `pulumi preview` asks VolcEngine "
+                      "(ecs DescribeAvailableResource) and refuses a zone that does not sell it",
+                      PlacementWarning, stacklevel=2)
 
 
 # VKE release notes (docs 6460/101027) list v1.34, v1.32, v1.30 and v1.28 (scheduled for

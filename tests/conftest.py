@@ -11,7 +11,9 @@
 
 Tiers (markers registered in pyproject.toml): ``integration`` tests start real servers or
 tools (vLLM, promtool); ``slow`` tests are CPU-heavy (the Triton interpreter, the policy
-proof matrix). The fast tier is ``-m "not integration and not slow"``. Tests that start
+proof matrix); ``engine`` tests need the engine extra, which the quick-start environment
+lacks (tests/engine_extra.py). The fast tier is
+``-m "not integration and not slow and not engine"``. Tests that start
 vLLM are skipped, with the reason printed, when vLLM is not installed (a failure in CI).
 """
 
@@ -30,7 +32,13 @@ for p in (str(_ROOT), str(_TESTS)):
     if p not in sys.path:
         sys.path.insert(0, p)
 
-from vllm_harness import VLLM_SERVER_FILES, ServerPool, make_tiny_model  # noqa: E402
+from server_scheduling import (  # noqa: E402,F401  - hooks: the server files' scheduling, timeouts
+    pytest_runtest_protocol,
+    pytest_timeout_set_timer,
+    pytest_xdist_make_scheduler,
+    timeout_paused,
+)
+from vllm_harness import ServerPool, make_tiny_model  # noqa: E402
 
 VLLM_AVAILABLE = importlib.util.find_spec("vllm") is not None
 
@@ -65,7 +73,8 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.C
     logs = os.environ.get("DSVOLC_TEST_LOGS")
     log_dir = Path(logs) if logs else tmp_path_factory.mktemp("vllm-logs")
     log_dir.mkdir(parents=True, exist_ok=True)
-    pool = ServerPool(log_dir)
+    # Waiting for another process's server is not the waiting test's time.
+    pool = ServerPool(log_dir, on_wait=lambda: timeout_paused(pytestconfig))
     pytestconfig.stash[_POOL] = pool
     try:
         yield pool.get
@@ -125,18 +134,22 @@ def _one_program_run_per_stack_and_mode():
 
 
 _KERNELS = _TESTS / "kernels"
-
-
-def xdist_group(path: Path) -> str:
-    return "vllm-servers" if path.name in VLLM_SERVER_FILES else str(path.relative_to(_TESTS))
+# Fixtures that need the engine extra: the tiny models are written with torch, safetensors
+# and tokenizers (vllm_harness.make_tiny_model); the servers are vLLM.
+ENGINE_FIXTURES = frozenset({"tiny_models_dir", "vllm_server"})
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Which worker runs which file under -n 2 --dist loadgroup: tests/server_scheduling.py.
     for item in items:
-        item.add_marker(pytest.mark.xdist_group(xdist_group(Path(str(item.path)))))
+        in_kernels = _KERNELS in Path(str(item.path)).parents
         # The kernels' tests run Triton's interpreter on the CPU: correct, but slow.
-        if _KERNELS in Path(str(item.path)).parents and "integration" not in item.keywords:
+        if in_kernels and "integration" not in item.keywords:
             item.add_marker(pytest.mark.slow)
+        # What the quick-start environment lacks (tests/engine_extra.py): torch and Triton
+        # for the kernels, torch, safetensors and tokenizers for the tiny models, vLLM.
+        if in_kernels or ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.engine)
         # Tests of the weights tool against a real S3 server process (tests/test_runtime_weights.py).
         if "s3" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.integration)

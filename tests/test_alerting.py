@@ -32,12 +32,13 @@ import yaml
 
 import stacks
 from runtime import alert_relay
-from stacks import SettingsError, parse
+from stacks import SettingsError, parse, parse_plan
 from tests.k8s_schema import validate_all
 from tests.stack_fixtures import filled_raw
 from workloads.observability import alerting
 from workloads.observability import monitoring
 from workloads.platform import controllers as platform
+from stacks.plan import build_plan
 from workloads.engine.context import build_context
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -68,7 +69,7 @@ def _routes(config_file: Path, *labels: str) -> list[str]:
 def test_receivers_and_routes_follow_the_settings():
     cfg = alerting.config(stacks.load("prod"))
     names = [r["name"] for r in cfg["receivers"]]
-    assert names == ["null", "oncall", "ops-feishu"]
+    assert names == ["null", "oncall", "deadman", "ops-feishu"]
     crit = [r["receiver"] for r in cfg["route"]["routes"] if r["matchers"] == ['severity="critical"']]
     warn = [r["receiver"] for r in cfg["route"]["routes"] if r["matchers"] == ['severity="warning"']]
     assert crit == ["oncall", "ops-feishu"] and warn == ["ops-feishu"]
@@ -80,7 +81,7 @@ def test_receivers_and_routes_follow_the_settings():
 
 def test_the_chart_gets_the_configuration_and_the_relay_its_secrets():
     s = stacks.load("prod")
-    (kps,) = [r for r in platform.releases(s) if r["name"] == "kube-prometheus-stack"]
+    (kps,) = [r for r in platform.releases(build_plan(s)) if r["name"] == "kube-prometheus-stack"]
     assert kps["values"]["alertmanager"]["config"] == alerting.config(s)
     objs = alerting.relay(s)
     validate_all(objs, s.cluster.kubernetes_version)
@@ -98,7 +99,7 @@ def test_the_chart_gets_the_configuration_and_the_relay_its_secrets():
 
 def test_every_inhibition_names_shipped_alerts():
     s = stacks.load("prod")
-    ctx = build_context(s, image_repository="r.internal/x/y", weights_bucket=s.bucket_name)
+    ctx = build_context(build_plan(s), image_repository="r.internal/x/y")
     shipped = set(monitoring.alert_names(ctx))
     for cause, (targets, _) in alerting.DEPENDENTS.items():
         assert cause in shipped and set(targets) <= shipped, (cause, targets)
@@ -119,7 +120,7 @@ def test_bad_alerting_settings_name_the_field(alerting_, path, expected):
     raw = filled_raw("prod")
     raw["alerting"] = {**raw["alerting"], **alerting_}
     with pytest.raises(SettingsError) as info:
-        parse(raw, "prod", stack="prod")
+        parse_plan(raw, "prod", stack="prod")
     line = next((p for p in info.value.problems if p.startswith(path)), None)
     assert line is not None and expected in line, info.value.problems
 
@@ -154,12 +155,29 @@ def test_a_critical_pages_and_a_warning_does_not(tmp_path):
     warn = _routes(cfg, "severity=warning", "alertname=VllmKVCacheHigh", "namespace=deepseek-serving")
     assert crit == ["oncall", "ops-feishu"]
     assert "oncall" not in warn and warn == ["ops-feishu", "ops-mail"]
-    assert _routes(cfg, "alertname=Watchdog", "severity=none") == ["null"]
+    # the Watchdog goes to the dead man's switch alone, as a heartbeat every few minutes
+    assert _routes(cfg, "alertname=Watchdog", "severity=none") == ["deadman"]
+    (dog,) = [r for r in alerting.config(s)["route"]["routes"] if r["matchers"] == ['alertname="Watchdog"']]
+    assert dog["repeat_interval"] == f"{s.alerting.watchdog_repeat_minutes}m" == "5m"
+    assert _routes(cfg, "alertname=InfoInhibitor", "severity=none") == ["null"]
     assert _routes(cfg, "severity=info", "alertname=KubeletTooManyPods") == ["null"]
     # the password is read from the mounted Secret, never written into the configuration
     mail = next(r for r in alerting.config(s)["receivers"] if r["name"] == "ops-mail")["email_configs"][0]
     assert mail["auth_password_file"] == "/etc/alertmanager/secrets/alerting-smtp/password"
     assert alerting.chart_values(s)["alertmanager"]["alertmanagerSpec"]["secrets"] == ["alerting-smtp"]
+
+
+@pytest.mark.integration
+def test_the_watchdog_goes_nowhere_only_when_no_dead_mans_switch_is_named(tmp_path):
+    raw = filled_raw("prod")
+    raw["alerting"].pop("watchdog")
+    cfg = _write_config(alerting.config(parse(raw, "prod", stack="prod")), tmp_path)
+    assert _routes(cfg, "alertname=Watchdog", "severity=none") == ["null"]
+    raw["alerting"]["watchdog"] = "pager"
+    with pytest.raises(SettingsError) as info:
+        parse(raw, "prod", stack="prod")
+    assert any(p.startswith("alerting.watchdog") and "not a receiver" in p for p in info.value.problems), \
+        info.value.problems
 
 
 @pytest.mark.integration
@@ -236,14 +254,14 @@ def _until(pred, seconds: float = 30):
 def delivery(tmp_path):
     """Real Alertmanager -> real relay -> local webhook and Feishu endpoints."""
     s = stacks.load("prod")
-    oncall, feishu = _Sink(), _Sink(answer={"code": 0, "msg": "success"})
+    oncall, feishu, deadman = _Sink(), _Sink(answer={"code": 0, "msg": "success"}), _Sink()
     signing_key = "test-signing-key"
     relay_port, am_port = _free_port(), _free_port()
     routes, env = alerting.relay_routes(s)
     (tmp_path / "routes.json").write_text(json.dumps(routes))
     relay_env = {**os.environ, "ALERT_RELAY_ROUTES": str(tmp_path / "routes.json"),
                  "ALERT_RELAY_HOST": "127.0.0.1", "ALERT_RELAY_PORT": str(relay_port),
-                 "RELAY_ONCALL_URL": oncall.url, "RELAY_OPS_FEISHU_URL": feishu.url,
+                 "RELAY_ONCALL_URL": oncall.url, "RELAY_OPS_FEISHU_URL": feishu.url, "RELAY_DEADMAN_URL": deadman.url,
                  "RELAY_OPS_FEISHU_SIGNING_KEY": signing_key}
     assert {e["name"] for e in env} <= set(relay_env)
     procs = [subprocess.Popen([sys.executable, str(ROOT / "runtime" / "alert_relay.py")], env=relay_env,
@@ -263,13 +281,14 @@ def delivery(tmp_path):
     try:
         _wait(f"{am}/-/ready")
         _wait(f"http://127.0.0.1:{relay_port}/healthz")
-        yield {"am": am, "oncall": oncall, "feishu": feishu, "key": signing_key}
+        yield {"am": am, "oncall": oncall, "feishu": feishu, "deadman": deadman, "key": signing_key}
     finally:
         for p in procs:
             p.terminate()
             p.wait(timeout=10)
         oncall.server.shutdown()
         feishu.server.shutdown()
+        deadman.server.shutdown()
 
 
 def _alert(name: str, severity: str, **labels) -> dict:
@@ -294,6 +313,17 @@ def test_a_critical_alert_reaches_the_pager_and_a_warning_only_the_chat(delivery
     for m in feishu.received:  # signed with the bot's key, as Feishu verifies it
         assert m["msg_type"] == "text"
         assert m["sign"] == alert_relay.feishu_sign(delivery["key"], int(m["timestamp"]))
+
+
+@pytest.mark.integration
+def test_the_watchdog_reaches_the_dead_mans_switch_and_nobody_else(delivery):
+    dog = {"labels": {"alertname": "Watchdog", "severity": "none"},
+           "annotations": {"summary": "An alert that should always be firing"}}
+    _post_alerts(delivery["am"], [dog])
+    got = _until(lambda: delivery["deadman"].received)
+    assert got and got[0]["receiver"] == "deadman" and got[0]["alerts"][0]["labels"]["alertname"] == "Watchdog"
+    time.sleep(2)
+    assert not delivery["oncall"].received and not delivery["feishu"].received
 
 
 @pytest.mark.integration
@@ -322,6 +352,21 @@ def test_a_cause_inhibits_the_alerts_it_makes_redundant(delivery):
     told = "\n".join(m["content"]["text"] for m in delivery["feishu"].received)  # summaries name alert and pod
     assert "VllmKVCacheHigh on deepseek-a" not in told and "VllmEndToEndLatencyP99High" not in told
     assert "VllmKVCacheHigh on deepseek-b" in told
+
+
+@pytest.mark.integration
+def test_the_gateway_error_alert_yields_to_its_cause(delivery):
+    am = delivery["am"]
+    gw = {"labels": {"alertname": "GatewayErrorRateHigh", "severity": "critical"},
+          "annotations": {"summary": "GatewayErrorRateHigh at the gateway"}}
+    _post_alerts(am, [_alert("RateLimitStoreDown", "critical", deployment="envoy-ratelimit-redis"), gw])
+
+    def gateway_state():
+        alerts = json.loads(urllib.request.urlopen(f"{am}/api/v2/alerts", timeout=10).read())
+        got = [a["status"] for a in alerts if a["labels"]["alertname"] == "GatewayErrorRateHigh"]
+        return got if got and got[0]["inhibitedBy"] else None
+
+    assert _until(gateway_state), "the gateway's error alert was not inhibited by its cause"
 
 
 # --------------------------------------------------------------------------- the relay alone

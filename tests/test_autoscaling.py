@@ -10,6 +10,7 @@ from k8s_schema import validate_all
 from stacks import parse, read_raw
 from workloads.engine import autoscaling
 from workloads.observability import monitoring
+from stacks.plan import build_plan
 from workloads.engine.context import build_context
 
 STACKS = ["dev", "staging", "prod"]
@@ -24,7 +25,7 @@ def ctx_for(stack: str, **changes):
             doc = doc.setdefault(k, {})
         doc[keys[-1]] = value
     s = parse(raw, stack=stack)
-    return build_context(s, image_repository="cr.example/ns/repo", weights_bucket=s.bucket_name)
+    return build_context(build_plan(s), image_repository="cr.example/ns/repo")
 
 
 def scaled_object(ctx) -> dict:
@@ -48,7 +49,7 @@ def test_a_misspelt_field_fails_the_schema():
 
 def test_scale_target_follows_the_shape_of_the_release():
     dev = ctx_for("dev")
-    assert not dev.multi_node and dev.settings.uses_argo_rollouts
+    assert not dev.multi_node and dev.plan.rollout.argo
     assert scaled_object(dev)["spec"]["scaleTargetRef"] == {
         "apiVersion": "argoproj.io/v1alpha1", "kind": "Rollout", "name": dev.release}
 
@@ -140,12 +141,12 @@ def test_the_autoscaler_cannot_ask_for_more_than_the_pool_holds(stack):
     ctx = ctx_for(stack)
     s = ctx.settings
     pool = s.cluster.gpu_pools[s.serving.gpu_pool]
-    _, per_node = pool.hardware()
-    top = scaled_object(ctx)["spec"]["maxReplicaCount"] + s.rollout_surge()
+    per_node = ctx.gpus_per_node
+    top = scaled_object(ctx)["spec"]["maxReplicaCount"] + ctx.plan.rollout.surge
     if ctx.multi_node:
-        assert top * ctx.plan.nodes <= pool.max_nodes
+        assert top * ctx.engine.nodes <= pool.max_nodes
     else:
-        assert top * ctx.plan.total_gpus <= pool.max_nodes * per_node
+        assert top * ctx.engine.total_gpus <= pool.max_nodes * per_node
 
 
 def test_a_pool_too_small_for_max_replicas_and_surge_is_refused():

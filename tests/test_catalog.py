@@ -16,7 +16,10 @@ REQUIRED_MODELS = {
     "deepseek-r1-distill-qwen-1.5b", "deepseek-r1-distill-qwen-7b",
     "deepseek-r1-distill-qwen-14b", "deepseek-r1-distill-qwen-32b",
     "deepseek-r1-distill-llama-8b", "deepseek-r1-distill-llama-70b",
+    "deepseek-r1-0528", "deepseek-v3.1", "deepseek-v3.2-exp", "deepseek-v3.2",
 }
+_V3_FAMILY = {"deepseek-v3", "deepseek-r1", "deepseek-r1-0528", "deepseek-v3.1", "deepseek-v3.2-exp",
+              "deepseek-v3.2"}
 
 
 def test_catalog_has_every_model_and_gpu():
@@ -41,8 +44,7 @@ def test_v3_architecture_from_published_config():
 
 
 def test_distills_are_gqa():
-    for name in REQUIRED_MODELS - {"deepseek-v3", "deepseek-r1", "deepseek-v2",
-                                   "deepseek-v2-lite", "deepseek-coder-v2-lite"}:
+    for name in REQUIRED_MODELS - _V3_FAMILY - {"deepseek-v2", "deepseek-v2-lite", "deepseek-coder-v2-lite"}:
         spec = MODELS[name]
         assert not spec.is_mla and not spec.is_moe and spec.kv_lora_rank is None
         assert spec.num_attention_heads % spec.num_kv_heads == 0
@@ -169,3 +171,76 @@ def test_pipeline_is_chosen_when_only_tp_is_given():
     p = plan(MODELS["deepseek-r1-distill-qwen-32b"], get_gpu("A10"), tensor_parallel_size=2)
     assert p.fits and p.tensor_parallel_size == 2 and p.pipeline_parallel_size == 3
     assert p.nodes == 1 and p.total_gpus == 6
+
+
+# config.json facts of the newer DeepSeek releases, as cited in capacity/catalog.py:
+# (layers, hidden, heads, q_lora, kv_lora, nope, rope, v, experts, top-k, moe_inter,
+#  first_k_dense, vocab, max_position_embeddings)
+_V3_FACTS = (61, 7168, 128, 1536, 512, 128, 64, 128, 256, 8, 2048, 3, 129280, 163840)
+
+
+@pytest.mark.parametrize("name", ["deepseek-r1-0528", "deepseek-v3.1", "deepseek-v3.2-exp", "deepseek-v3.2"])
+def test_newer_releases_carry_their_cited_config(name):
+    m = MODELS[name]
+    got = (m.num_layers, m.hidden_size, m.num_attention_heads, m.q_lora_rank, m.kv_lora_rank,
+           m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim, m.n_routed_experts,
+           m.num_experts_per_tok, m.moe_intermediate_size, m.first_k_dense_replace, m.vocab_size,
+           m.max_context)
+    assert got == _V3_FACTS
+    assert m.native_dtype == "fp8" and m.fp8_block_size == (128, 128)
+    assert m.hf_id == "deepseek-ai/" + {"deepseek-r1-0528": "DeepSeek-R1-0528", "deepseek-v3.1": "DeepSeek-V3.1",
+                                        "deepseek-v3.2-exp": "DeepSeek-V3.2-Exp",
+                                        "deepseek-v3.2": "DeepSeek-V3.2"}[name]
+    assert "2026-12-01" in m.source
+
+
+def test_v32_sparse_attention_is_planned_with_its_indexer_cache():
+    """V3.2's lightning indexer (64 heads x 128, top-2048) caches one FP8 key of 128 values plus
+    an fp32 scale per token and layer: 132 bytes beside the 576-value MLA latent, whatever
+    the KV dtype. V3.1 and R1-0528 have no indexer."""
+    for name in ("deepseek-v3.2-exp", "deepseek-v3.2"):
+        m = MODELS[name]
+        assert (m.index_n_heads, m.index_head_dim, m.index_topk) == (64, 128, 2048)
+        assert m.architecture == "deepseek_v32" and m.has_sparse_indexer
+        assert kv_bytes_per_token_per_gpu(m) == 61 * ((512 + 64) * 2 + 132)
+        assert kv_bytes_per_token_per_gpu(m, kv_cache_dtype="fp8") == 61 * (512 + 64 + 132)
+    for name in ("deepseek-r1-0528", "deepseek-v3.1"):
+        assert not MODELS[name].has_sparse_indexer
+        assert kv_bytes_per_token_per_gpu(MODELS[name]) == kv_bytes_per_token_per_gpu(MODELS["deepseek-v3"])
+    # the same GPUs hold fewer V3.2 tokens than V3 tokens
+    v3, v32 = (plan(MODELS[n], get_gpu("H200"), tensor_parallel_size=8) for n in ("deepseek-v3", "deepseek-v3.2"))
+    assert v32.kv_cache_tokens < v3.kv_cache_tokens
+
+
+def test_a_local_v32_config_keeps_its_indexer(tmp_path):
+    """A local deepseek_v32 config.json is not read as plain V3: the indexer fields are kept."""
+    cfg = {"model_type": "deepseek_v32", "num_hidden_layers": 61, "hidden_size": 7168,
+           "num_attention_heads": 128, "num_key_value_heads": 128, "vocab_size": 129280,
+           "intermediate_size": 18432, "moe_intermediate_size": 2048, "n_routed_experts": 256,
+           "n_shared_experts": 1, "num_experts_per_tok": 8, "first_k_dense_replace": 3,
+           "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
+           "v_head_dim": 128, "max_position_embeddings": 163840, "index_n_heads": 64,
+           "index_head_dim": 128, "index_topk": 2048,
+           "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    m = model_from_config(path)
+    assert (m.index_n_heads, m.index_head_dim, m.index_topk) == (64, 128, 2048)
+    assert kv_bytes_per_token_per_gpu(m) == kv_bytes_per_token_per_gpu(MODELS["deepseek-v3.2-exp"])
+    del cfg["index_topk"]
+    path.write_text(json.dumps(cfg))
+    with pytest.raises(KeyError, match="index_topk"):
+        model_from_config(path)
+
+
+@pytest.mark.parametrize("gpu,fits", [("A100-80G", False), ("L20", False), ("A10", False), ("H20", True), ("H200", True)])
+def test_v32_is_refused_where_vllm_has_no_sparse_attention_kernels(gpu, fits):
+    """vLLM's sparse-MLA backends take compute capability 9.x/10.x/12.x only: V3.2 on Ampere or
+    Ada is refused with that reason, not planned as if it were V3."""
+    p = plan(MODELS["deepseek-v3.2"], get_gpu(gpu), gpus_per_node=8)
+    sparse = [r for r in p.reasons if "DeepSeek Sparse Attention" in r]
+    assert bool(sparse) is (not fits)
+    if not fits:  # the only reason: no layout or memory figure would change it
+        assert p.reasons == sparse and not p.fits
+        assert f"{gpu} is {'.'.join(map(str, get_gpu(gpu).compute_capability))}" in sparse[0]
+    assert not any("Sparse" in r for r in plan(MODELS["deepseek-v3"], get_gpu(gpu), gpus_per_node=8).reasons)

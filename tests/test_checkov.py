@@ -13,6 +13,7 @@ in the repository (what .ci/run creates), else `checkov` on the PATH.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import json
 import os
 import shutil
@@ -51,9 +52,14 @@ def load_skips() -> list[dict]:
     return entries
 
 
+@functools.lru_cache(maxsize=None)
+def _class(stack: str) -> str:
+    return loader.load(stack).environment_class
+
+
 def covering(skips: list[dict], stack: str, check: str, resource: str) -> list[int]:
     return [i for i, e in enumerate(skips)
-            if e["check"] == check and stack in e.get("stacks", STACKS)
+            if e["check"] == check and ("classes" not in e or _class(stack) in e["classes"])
             and any(fnmatch.fnmatchcase(resource, pat) for pat in e["resources"])]
 
 

@@ -2,26 +2,124 @@
 
 from __future__ import annotations
 
+import io
 import json
 import re
+from importlib.metadata import version
 
 import pytest
 import yaml
+from rich.console import Console
 from typer.testing import CliRunner
 
 from dsvolc.cli import app
-from stacks import load, read_raw, stack_file
+from dsvolc.preview import render, run_both
+from stacks import load, read_raw, shipped_stacks, stack_file
+from stacks.plan import build_plan
 from tests.stack_fixtures import filled_raw
 
 runner = CliRunner()
 
 
-def test_preview_dev_prints_tree_and_counts():
-    result = runner.invoke(app, ["preview", "dev"])
+def test_preview_verbose_prints_tree_counts_findings_and_urns():
+    result = runner.invoke(app, ["preview", "dev", "--verbose"])
     assert result.exit_code == 0, result.output
     assert "stack dev" in result.output
     assert "resources by type" in result.output
     assert "volcengine:vke/cluster:Cluster" in result.output
+    out = " ".join(result.output.replace("│", " ").split())
+    # every resource's own finding and its URN, and what the next `pulumi up` does
+    for v in run_both("dev").violations:
+        assert v["message"].split(" Fix: ")[0] in out and v["resource"] in out
+    assert "next: run `pulumi up` again" in out
+
+
+@pytest.fixture(scope="module")
+def dev_preview():
+    return run_both("dev")
+
+
+def _at_80_columns(result, **kw) -> str:
+    console = Console(width=80, file=io.StringIO(), record=True, color_system=None)
+    render(result, console, **kw)
+    return console.export_text()
+
+
+def _label(r: dict) -> str:
+    """`Kind namespace/name` of a recorded resource, from its inputs (VolcEngine resources:
+    `module.Type name`)."""
+    if r["type"].startswith("kubernetes:helm.sh"):
+        return f"HelmRelease {r['inputs']['namespace']}/{r['inputs']['name']}"
+    if r["type"].startswith("volcengine:"):  # volcengine:apig/apigCustomDomain:ApigCustomDomain
+        _, module, kind = r["type"].split(":")
+        return f"{module.split('/')[0]}.{kind} {r['name']}"
+    md = r["inputs"]["metadata"]
+    return f"{r['inputs']['kind']} {md['namespace']}/{md['name']}" if md.get("namespace") else \
+        f"{r['inputs']['kind']} {md['name']}"
+
+
+def test_preview_reads_at_80_columns_summary_first_then_one_entry_per_policy_and_fix(dev_preview):
+    text = _at_80_columns(dev_preview)
+    lines = text.splitlines()
+    # was 540 lines, 284 of them a violations table whose resource column was one truncated URN:
+    # now it fits a screen of 80 x 80
+    assert len(lines) <= 80 and max(len(line) for line in lines) <= 80, len(lines)
+    assert "urn:pulumi" not in text and "…" not in text
+    # the summary first: stack, both deploy phases, the engine plan, the verdict
+    verdict = next(i for i, line in enumerate(lines) if line.startswith("policy verdict:"))
+    assert lines[0].startswith("stack dev: class dev") and "policy violations" not in " ".join(lines[:verdict])
+    head = " ".join(" ".join(lines[:verdict + 1]).split())
+    assert "as deployed: deploy phase 2 of 2" in head and "first `pulumi up`: deploy phase 1 of 2" in head
+    assert "engine plan deepseek-serving/deepseek: deepseek-r1-distill-qwen-7b on A10 x 1" in head
+    assert f"policy verdict: 0 mandatory, {len(dev_preview.violations)} advisory violation(s): passes" in head
+    flat = " ".join(text.split())
+    both = dev_preview.violations + dev_preview.first_apply.violations  # both phases' verdicts
+    fixes = {v["message"].split(" Fix: ")[1] for v in both}
+    assert len(fixes) < len(dev_preview.violations)  # several violations share a fix ...
+    for fix in fixes:  # ... which is printed once, in whichever phases need it
+        assert flat.count(fix) == 1, fix
+    # each entry names its resources as Kind namespace/name
+    by_urn = {r.urn: r.as_json() for r in dev_preview.recording.resources + dev_preview.first_apply.recording.resources}
+    for v in both:
+        assert _label(by_urn[v["resource"]]) in flat, v["resource"]
+    heads = [i for i, line in enumerate(lines) if re.match(r"(advisory|mandatory) +\S+ +\d+ resources?$", line)]
+    assert len(heads) == len({(v["policy"], v["message"].split(" Fix: ")[1]) for v in both})
+    # no entry runs longer than a short paragraph
+    assert max(b - a for a, b in zip(heads, heads[1:] + [len(lines)])) <= 16
+    images = next(lines[i] for i in heads if " images-by-digest " in lines[i])
+    assert images.endswith(f"{sum(v['policy'] == 'images-by-digest' for v in dev_preview.violations)} resources")
+
+
+def test_preview_json_carries_the_verdict_and_the_grouped_findings(tmp_path, dev_preview):
+    out = tmp_path / "dev.json"
+    result = runner.invoke(app, ["preview", "dev", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(out.read_text())
+    n = len(dev_preview.violations)
+    assert doc["verdict"] == {"mandatory": 0, "advisory": n, "passes": True}
+    assert doc["first_apply"]["verdict"]["passes"] is True
+    groups = doc["findings"]
+    assert sum(len(g["resources"]) for g in groups) == n
+    flat = " ".join(_at_80_columns(dev_preview).split())
+    for g in groups:
+        assert set(g) == {"policy", "enforcement_level", "description", "fix", "resources"}
+        assert flat.count(g["fix"]) == 1
+        for r in g["resources"]:
+            assert r["label"] == (f"{r['kind']} {r['namespace']}/{r['name']}" if r["namespace"]
+                                  else f"{r['kind']} {r['name']}")
+            assert r["label"] in flat and r["urn"].startswith("urn:pulumi:dev::") and r["finding"]
+    (digests,) = [g for g in groups if g["policy"] == "images-by-digest"]
+    assert len(digests["resources"]) == sum(v["policy"] == "images-by-digest" for v in dev_preview.violations) > 1
+
+
+def test_quiet_and_verbose_exclude_each_other():
+    result = runner.invoke(app, ["preview", "dev", "--quiet", "--verbose"])
+    assert result.exit_code == 2 and "--quiet and --verbose exclude each other" in result.output
+
+
+def test_version_prints_the_package_version():
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.output.strip() == f"dsvolc {version('deepseek-volc')}"
 
 
 def test_preview_prod_json_lists_the_foundation(tmp_path):
@@ -35,7 +133,10 @@ def test_preview_prod_json_lists_the_foundation(tmp_path):
         "identity-provider-not-placeholder", "images-by-digest", "edge-domain-not-placeholder"}
     assert plan["stack"] == "prod"
     assert set(plan) == {"stack", "environment_class", "policy_config", "mode", "deploy_phase", "first_apply",
-                         "plans", "resources", "violations"}
+                         "plans", "resources", "violations", "verdict", "findings"}
+    mandatory = [v for v in plan["violations"] if v["enforcement_level"] == "mandatory"]
+    assert plan["verdict"] == {"mandatory": len(mandatory), "advisory": len(plan["violations"]) - len(mandatory),
+                               "passes": False}
     # the stack as deployed (phase 2) at the top, its first `pulumi up` (phase 1) beside it
     assert plan["mode"] == "existing" and plan["first_apply"]["mode"] == "new"
     assert plan["deploy_phase"]["phase"] == 2 and plan["deploy_phase"]["irsa"] is True
@@ -43,12 +144,13 @@ def test_preview_prod_json_lists_the_foundation(tmp_path):
     assert plan["environment_class"] == "prod" and plan["policy_config"] == "policies/config/prod.json"
     (serving,) = plan["plans"]
     s = load("prod")
+    p = build_plan(s)
     assert serving["model"] == s.serving.model and serving["gpu"] == "H20" and serving["gpus_per_node"] == 8
     assert serving["tensor_parallel_size"] * serving["pipeline_parallel_size"] * serving["data_parallel_size"] == 16
     assert serving["gpus_per_replica"] == 16 and serving["layout"] == "DP16+EP16" and serving["expert_parallel"]
     assert serving["nodes_per_replica"] == 2 and serving["multi_node"] is True
     assert serving["max_model_len"] == s.serving.engine.max_model_len
-    assert serving["kv_cache_tokens"] == s.serving_plan.kv_cache_tokens > serving["max_model_len"]
+    assert serving["kv_cache_tokens"] == p.serving.engine.kv_cache_tokens > serving["max_model_len"]
     assert serving["replicas"] == {"min": s.serving.replicas, "max": s.autoscaling.max_replicas}
     types = {r["type"] for r in plan["resources"]}
     for t in [
@@ -157,7 +259,8 @@ def test_a_stack_file_mistake_is_one_clear_line_and_exit_2(tmp_path, old, new, p
 def test_unknown_stack_exit_2_lists_known_stacks():
     result = runner.invoke(app, ["preview", "qa"])
     assert result.exit_code == 2
-    assert "known stacks: dev, mig-example, prod, staging, triton-example" in result.output
+    # whatever stack files there are (a new one included), in order
+    assert f"known stacks: {', '.join(shipped_stacks())}" in result.output and "dev, mig-example, prod" in result.output
 
 
 def test_preview_existing_sees_what_the_program_builds_from_computed_outputs(tmp_path):
@@ -210,3 +313,19 @@ def test_manifests_bad_settings_exit_2_without_a_traceback(tmp_path):
     assert result.exit_code == 2, result.output
     assert "cluster.gpu_pools.a10.max_nodes" in result.output and "Traceback" not in result.output
     assert not (tmp_path / "m").exists()
+
+
+def test_every_resource_has_a_name_a_person_reads(dev_preview):
+    """Any resource a policy may concern gets a label: Kubernetes objects and Helm releases
+    as Kind namespace/name, VolcEngine and Pulumi resources as module.Type and their name."""
+    from dsvolc.report import resource_ref
+
+    labels = {r.urn: resource_ref(r, r.urn, r.type)["label"] for r in dev_preview.recording.resources}
+    assert not [x for x in labels.values() if "urn:" in x or "::" in x]
+    by_name = {r.name: labels[r.urn] for r in dev_preview.recording.resources}
+    s = load("dev")
+    assert by_name[f"{s.resource_prefix}-vke"] == f"vke.Cluster {s.resource_prefix}-vke"
+    assert by_name[f"{s.resource_prefix}-bucket"] == f"tos.Bucket {s.resource_prefix}-bucket"
+    assert by_name[f"{s.resource_prefix}-namespace-{s.serving.namespace}"] == f"Namespace {s.serving.namespace}"
+    assert by_name[f"{s.resource_prefix}-helm-keda"] == "HelmRelease keda/keda"
+    assert resource_ref(None, None, None)["label"] == "(the stack)"

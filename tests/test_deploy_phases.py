@@ -11,6 +11,7 @@ import pytest
 from dsvolc import engine
 from infra.weights import irsa_trust_document
 from stacks import load, read_raw
+from stacks.plan import build_plan
 
 STACKS = ["dev", "staging", "prod"]
 
@@ -57,10 +58,11 @@ def test_first_apply_creates_no_reader_identity_and_no_kubernetes_object(first, 
 @pytest.mark.parametrize("stack", STACKS)
 def test_later_apply_trusts_the_clusters_issuer_audience_and_service_account(later, stack):
     s = load(stack)
+    p = build_plan(s)
     rec = later[stack]
     assert rec.outputs["deploy_phase"]["phase"] == 2
     assert one(rec, "vke/cluster:Cluster")["irsaEnabled"] is True
-    answer = engine._clusters_answer(s.cluster_name, True)["clusters"][0]["irsaConfigs"][0]
+    answer = engine._clusters_answer(p.names.cluster, True)["clusters"][0]["irsaConfigs"][0]
     (st,) = json.loads(one(rec, "iam/role:Role")["trustPolicyDocument"])["Statement"]
     assert st["Principal"] == {"Federated": [answer["oidcTrn"]]}
     assert st["Condition"]["StringEquals"] == {
@@ -68,7 +70,7 @@ def test_later_apply_trusts_the_clusters_issuer_audience_and_service_account(lat
         "oidc:aud": ["sts.volcengine.com"],
         "oidc:sub": [f"system:serviceaccount:{s.serving.namespace}:{s.serving.service_account}"],
     }
-    assert rec.outputs["weights_reader"] == f"trn:iam::{engine.FAKE_ACCOUNT}:role/{s.bucket_name}-reader"
+    assert rec.outputs["weights_reader"] == f"trn:iam::{engine.FAKE_ACCOUNT}:role/{p.names.bucket}-reader"
 
 
 def test_irsa_switched_on_in_the_same_update_takes_the_provider_from_the_cluster(monkeypatch):
@@ -123,10 +125,11 @@ def test_a_bootstrap_run_is_refused_once_the_cluster_exists(monkeypatch):
 @pytest.mark.parametrize("stack", STACKS)
 def test_the_registry_is_reachable_from_the_vpc_with_a_credential(later, stack):
     s = load(stack)
+    p = build_plan(s)
     rec = later[stack]
     vpc = next(r for r in rec.resources if r.type.endswith("vpc/vpc:Vpc"))
     ep = one(rec, "cr/vpcEndpoint:VpcEndpoint")
-    assert ep["registry"] == s.registry_name and ep["vpcs"] == [{"vpcId": vpc.id}]
+    assert ep["registry"] == p.names.registry and ep["vpcs"] == [{"vpcId": vpc.id}]
     addons = [r.inputs["name"] for r in of(rec, "vke/addon:Addon")]
     assert "cr-credential-controller" in addons
 
@@ -147,10 +150,11 @@ def test_with_a_pull_secret_the_pods_name_it_and_no_addon_is_installed():
 @pytest.mark.parametrize("stack", STACKS)
 def test_edge_on_at_most_two_subnets_chosen_by_settings(later, stack):
     s = load(stack)
+    p = build_plan(s)
     rec = later[stack]
     gw = one(rec, "apig/apigGateway:ApigGateway")
     subnets = {r.id: r.inputs["zoneId"] for r in of(rec, "vpc/subnet:Subnet") if "-nodes-" in r.name}
-    assert [subnets[i] for i in gw["networkSpec"]["subnetIds"]] == s.edge_zones()
+    assert [subnets[i] for i in gw["networkSpec"]["subnetIds"]] == list(p.edge.zones)
     assert 1 <= len(gw["networkSpec"]["subnetIds"]) <= 2
     assert gw["resourceSpec"]["replicas"] == s.gateway.replicas >= 2
 

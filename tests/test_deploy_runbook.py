@@ -13,6 +13,7 @@ import pytest
 
 from dsvolc import engine
 from stacks import load, read_raw, shipped_stacks
+from stacks.plan import build_plan
 
 ROOT = Path(__file__).resolve().parent.parent
 POLICY = ROOT / "docs" / "deploy-iam-policy.json"
@@ -212,10 +213,11 @@ def test_policy_grants_no_whole_service(policy):
 @pytest.mark.parametrize("stack", shipped_stacks())
 def test_policy_scopes_buckets_and_iam_to_the_stacks_names(recordings, policy, stack):
     s = load(stack)
-    assert _allows(policy, "tos:CreateBucket", f"trn:tos:::{s.bucket_name}")
+    p = build_plan(s)
+    assert _allows(policy, "tos:CreateBucket", f"trn:tos:::{p.names.bucket}")
     assert not _allows(policy, "tos:CreateBucket", "trn:tos:::someone-elses-bucket")
     # the deploy identity configures the weights bucket, it does not read the weights
-    assert not _allows(policy, "tos:GetObject", f"trn:tos:::{s.bucket_name}/{s.weights.prefix}/x")
+    assert not _allows(policy, "tos:GetObject", f"trn:tos:::{p.names.bucket}/{s.weights.prefix}/x")
     for r in recordings[(stack, "existing")].resources:
         if r.type == "volcengine:iam/policy:Policy":
             assert _allows(policy, "iam:CreatePolicy", f"trn:iam::{engine.FAKE_ACCOUNT}:policy/{r.inputs['policyName']}")
@@ -248,10 +250,11 @@ def test_weights_uploader_writes_the_model_prefix_and_nothing_else(stack):
     up = json.loads(UPLOADER.read_text())
     _check_grammar(up)
     s = load(stack)
-    key = f"trn:tos:::{s.bucket_name}/{s.weights.prefix}/{s.serving.model}/model-00001-of-00002.safetensors"
+    p = build_plan(s)
+    key = f"trn:tos:::{p.names.bucket}/{s.weights.prefix}/{s.serving.model}/model-00001-of-00002.safetensors"
     assert _allows(up, "tos:PutObject", key)
     for action in ("tos:GetObject", "tos:DeleteObject", "tos:PutBucketPolicy", "tos:DeleteBucket"):
-        assert not _allows(up, action, key) and not _allows(up, action, f"trn:tos:::{s.bucket_name}")
-    assert not _allows(up, "tos:PutObject", f"trn:tos:::{s.bucket_name}/elsewhere/x")
+        assert not _allows(up, action, key) and not _allows(up, action, f"trn:tos:::{p.names.bucket}")
+    assert not _allows(up, "tos:PutObject", f"trn:tos:::{p.names.bucket}/elsewhere/x")
     (listing,) = [st for st in up["Statement"] if "tos:ListBucket" in st["Action"]]
     assert listing["Condition"]["StringLike"]["tos:prefix"] == [f"{s.weights.prefix}/*"]

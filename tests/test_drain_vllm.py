@@ -21,6 +21,7 @@ import pytest
 from stacks import load
 from vllm_harness import VllmServer
 from workloads.engine import engine_args
+from stacks.plan import build_plan
 from workloads.engine.context import build_context
 
 pytestmark = pytest.mark.integration
@@ -29,7 +30,7 @@ MAX_TOKENS = 400
 
 def rendered_args(model_dir, shutdown_timeout=None) -> tuple[object, list[str]]:
     s = load("dev")
-    ctx = build_context(s, image_repository="r.example/ns/repo", weights_bucket=s.bucket_name)
+    ctx = build_context(build_plan(s), image_repository="r.example/ns/repo")
     a = engine_args.from_context(ctx, str(model_dir))
     cfg = json.loads((model_dir / "config.json").read_text())
     a = dataclasses.replace(a, max_model_len=cfg["max_position_embeddings"])

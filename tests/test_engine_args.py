@@ -9,12 +9,13 @@ import pytest
 
 from stacks import load, parse, read_raw
 from workloads.engine import engine_args
+from stacks.plan import build_plan
 from workloads.engine.context import build_context
 
 
 def ctx_for(stack: str, raw: dict | None = None):
     s = parse(raw, stack=stack) if raw is not None else load(stack)
-    return build_context(s, image_repository="r.example/ns/repo", weights_bucket=s.bucket_name)
+    return build_context(build_plan(s), image_repository="r.example/ns/repo")
 
 
 def flag(args: list[str], name: str) -> str | None:
@@ -25,7 +26,7 @@ def flag(args: list[str], name: str) -> str | None:
 def test_sizes_come_from_the_plan(stack):
     ctx = ctx_for(stack)
     args = engine_args.render(engine_args.from_context(ctx, "/models"))
-    p = ctx.plan
+    p = ctx.engine
     assert flag(args, "--tensor-parallel-size") == str(p.tensor_parallel_size)
     assert flag(args, "--pipeline-parallel-size") == str(p.pipeline_parallel_size)
     assert flag(args, "--max-model-len") == str(p.max_model_len)
@@ -79,10 +80,10 @@ def test_multi_node_arguments():
     raw["serving"]["engine"].update(parallelism="tp_pp", tensor_parallel_size=8, pipeline_parallel_size=2,
                                     speculative_tokens=0)
     ctx = ctx_for("prod", raw)
-    assert ctx.multi_node and ctx.plan.parallelism == "tp_pp"
+    assert ctx.multi_node and ctx.engine.parallelism == "tp_pp"
     base = engine_args.from_context(ctx, "/models")
     leader = engine_args.render(engine_args.for_rank(base, node_rank="0", master_addr="$(LWS_LEADER_ADDRESS)"))
-    assert flag(leader, "--nnodes") == str(ctx.plan.nodes)
+    assert flag(leader, "--nnodes") == str(ctx.engine.nodes)
     assert flag(leader, "--node-rank") == "0"
     assert flag(leader, "--master-addr") == "$(LWS_LEADER_ADDRESS)"
     assert flag(leader, "--distributed-executor-backend") == "mp"
@@ -94,7 +95,7 @@ def test_multi_node_arguments():
 def test_data_parallel_multi_node_arguments():
     # prod: DP16 + EP16 over two nodes, eight engines per node, MTP
     ctx = ctx_for("prod")
-    p = ctx.plan
+    p = ctx.engine
     assert (p.data_parallel_size, p.nodes, p.expert_parallel) == (16, 2, True)
     base = engine_args.from_context(ctx, "/models")
     leader = engine_args.render(engine_args.for_rank(base, node_rank="0", master_addr="$(LWS_LEADER_ADDRESS)"))

@@ -7,6 +7,7 @@ import pytest
 import stacks
 from tests.k8s_schema import known_kinds, validate
 from workloads.edge import gateway
+from stacks.plan import build_plan
 from workloads.engine.context import build_context
 from stacks.constants import HTTP_PORT, ENTRY_NAMESPACE, entry_service
 
@@ -14,7 +15,7 @@ ENVS = ("dev", "staging", "prod")
 
 
 def _ctx(settings):
-    return build_context(settings, image_repository="r.example/x/y", weights_bucket=settings.bucket_name)
+    return build_context(build_plan(settings), image_repository="r.example/x/y")
 
 
 @pytest.fixture(scope="module", params=ENVS)
@@ -87,7 +88,7 @@ def test_with_argo_no_rule_is_canary_only(stack):
     while Argo manages the split the route holds only the weighted rule, and the A/B rule
     is Argo's managed header route (tests/test_rollout.py)."""
     ctx = _ctx(stacks.load(stack))
-    assert ctx.settings.uses_argo_rollouts
+    assert ctx.plan.rollout.argo
     route = _one(gateway.render(ctx), "HTTPRoute")
     assert [r["name"] for r in route["spec"]["rules"]] == [gateway.SPLIT_RULE]
     for rule in route["spec"]["rules"]:
@@ -186,9 +187,9 @@ def test_entry_service_selects_our_proxies(ctx):
 
 
 def test_edge_targets_the_entry_service(ctx):
-    (up,) = ctx.settings.edge_upstreams()
+    (up,) = ctx.plan.edge.upstreams
     svc = _one(gateway.render(ctx), "Service")
-    assert (up["namespace"], up["service"], up["port"]) == (
+    assert (up.namespace, up.service, up.port) == (
         svc["metadata"]["namespace"], svc["metadata"]["name"], svc["spec"]["ports"][0]["port"])
 
 

@@ -18,10 +18,11 @@ from typer.testing import CliRunner
 from dsvolc import preview
 from dsvolc.cli import app
 from policies.gateway import reserved_domain
-from stacks import SettingsError, parse, read_raw
+from stacks import SettingsError, parse, parse_plan, read_raw
 from tests.k8s_schema import validate_all
 from tests.stack_fixtures import FILLED_IDENTITY, filled_raw, filled_stack_file
 from workloads.edge import gateway
+from stacks.plan import build_plan
 from workloads.engine.context import build_context
 
 POLICY = "identity-provider-not-placeholder"
@@ -108,7 +109,7 @@ BAD = [
 @pytest.mark.parametrize("auth, path, expected", BAD, ids=[b[1] + ":" + b[2][:16] for b in BAD])
 def test_bad_identity_settings_name_the_field(auth, path, expected):
     with pytest.raises(SettingsError) as info:
-        parse(_with_auth("prod", **auth), "prod", stack="prod")
+        parse_plan(_with_auth("prod", **auth), "prod", stack="prod")
     line = next((p for p in info.value.problems if p.startswith(path)), None)
     assert line is not None and expected in line, info.value.problems
 
@@ -118,7 +119,7 @@ def test_no_identity_provider_defaults_in_code():
     raw = copy.deepcopy(read_raw("prod"))
     del raw["serving"]["auth"]
     with pytest.raises(SettingsError) as info:
-        parse(raw, "prod", stack="prod")
+        parse_plan(raw, "prod", stack="prod")
     assert "serving.auth: required value is missing" in info.value.problems
     # auth off needs nothing else (the gateway policies refuse it instead)
     raw["serving"]["auth"] = {"enabled": False}
@@ -127,7 +128,7 @@ def test_no_identity_provider_defaults_in_code():
 
 def _jwt_provider(raw: dict) -> dict:
     s = parse(raw, "prod", stack="prod")
-    ctx = build_context(s, image_repository="r.internal/x/y", weights_bucket=s.bucket_name)
+    ctx = build_context(build_plan(s), image_repository="r.internal/x/y")
     (policy,) = [o for o in gateway.render(ctx) if o["kind"] == "SecurityPolicy"]
     validate_all([policy], s.cluster.kubernetes_version)
     (provider,) = policy["spec"]["jwt"]["providers"]

@@ -16,6 +16,7 @@ from infra import logging as tls
 from stacks import load, parse, read_raw
 from stacks.logschema import ACCESS_LOG_ANALYSED, ACCESS_LOG_KEYS, SERVING_LOG_KEYS
 from workloads.edge import gateway
+from stacks.plan import build_plan
 from workloads.engine.context import build_context
 
 
@@ -34,8 +35,9 @@ def _id(r: engine.Recorded) -> str:
 
 def test_one_project_and_a_topic_per_source_with_the_retention_from_settings(prod):
     s = load("prod")
+    p = build_plan(s)
     (project,) = of(prod, "tls/project:Project")
-    assert project.inputs["projectName"] == s.log_project_name
+    assert project.inputs["projectName"] == p.names.log_project
     assert project.inputs["region"] == s.region
     topics = {t.inputs["topicName"]: t for t in of(prod, "tls/topic:Topic")}
     assert set(topics) == set(tls.TOPICS) == {"serving", "gateway", "platform", "edge"}
@@ -68,16 +70,17 @@ def test_collection_rules_select_the_workloads_labels():
     """The rules are built from settings (infra cannot import workloads); the labels they
     select must be labels the workloads really carry."""
     s = load("prod")
-    ctx = build_context(s, image_repository="r/ns/repo", weights_bucket=s.bucket_name)
+    p = build_plan(s)
+    ctx = build_context(build_plan(s), image_repository="r/ns/repo")
     rules = {r.topic: r for r in tls.collection_rules(
-        serving_namespace=s.serving_namespace, release=s.serving.name, entry_namespace="envoy-gateway-system",
-        platform_namespaces=["envoy-gateway-system", "monitoring", s.serving_namespace],
+        serving_namespace=s.serving.namespace, release=s.serving.name, entry_namespace="envoy-gateway-system",
+        platform_namespaces=["envoy-gateway-system", "monitoring", s.serving.namespace],
         gateway_proxy_labels={"app.kubernetes.io/component": "proxy",
                               "gateway.envoyproxy.io/owning-gateway-name": s.serving.name})}
     assert rules["serving"].include_pod_labels.items() <= ctx.labels("server").items()
     assert rules["gateway"].include_pod_labels.items() <= gateway.proxy_selector(ctx).items()
     # a container matched by two rules is collected by one only: the selections are disjoint
-    assert s.serving_namespace not in rules["platform"].namespaces
+    assert s.serving.namespace not in rules["platform"].namespaces
     assert rules["platform"].exclude_pod_labels.items() <= gateway.proxy_selector(ctx).items()
 
 
@@ -87,21 +90,22 @@ def _match(regex: str, value: str) -> bool:
 
 def test_registered_rules_are_container_stdout_rules_bound_to_the_nodes(prod):
     s = load("prod")
+    p = build_plan(s)
     topics = {_id(t): t.inputs["topicName"] for t in of(prod, "tls/topic:Topic")}
     rules = {topics[r.inputs["topicId"]]: r for r in of(prod, "tls/rule:Rule")}
     assert set(rules) == {"serving", "gateway", "platform"}
     k8s = {name: r.inputs["containerRule"]["kubernetesRule"] for name, r in rules.items()}
     assert all(r.inputs["inputType"] == tls.CONTAINER_STDOUT for r in rules.values())
     assert rules["serving"].inputs["logType"] == rules["gateway"].inputs["logType"] == "json_log"
-    assert _match(k8s["serving"]["namespaceNameRegex"], s.serving_namespace)
-    assert not _match(k8s["serving"]["namespaceNameRegex"], s.serving_namespace + "-x")
-    assert not _match(k8s["platform"]["namespaceNameRegex"], s.serving_namespace)
+    assert _match(k8s["serving"]["namespaceNameRegex"], s.serving.namespace)
+    assert not _match(k8s["serving"]["namespaceNameRegex"], s.serving.namespace + "-x")
+    assert not _match(k8s["platform"]["namespaceNameRegex"], s.serving.namespace)
     for ns in ("envoy-gateway-system", "keda", "argo-rollouts", s.monitoring.namespace,
                s.observability.tracing.collector_namespace, "kube-system"):
         assert _match(k8s["platform"]["namespaceNameRegex"], ns), ns
     (group,) = of(prod, "tls/hostGroup:HostGroup")
     assert group.inputs["hostGroupType"] == "Label"
-    assert group.inputs["hostIdentifier"] == f"{s.resource_prefix}-nodes"
+    assert group.inputs["hostIdentifier"] == f"{p.names.prefix}-nodes"
     applied = {(a.inputs["hostGroupId"], a.inputs["ruleId"]) for a in of(prod, "tls/ruleApplier:RuleApplier")}
     assert applied == {(_id(group), _id(r)) for r in rules.values()}
     addons = {a.inputs["name"] for a in of(prod, "vke/addon:Addon")}
@@ -121,8 +125,9 @@ def test_control_plane_and_edge_logs_go_to_the_project(prod):
 
 def test_the_collector_writes_the_stacks_trace_topic(prod):
     s = load("prod")
+    p = build_plan(s)
     (instance,) = of(prod, "tls/traceInstance:TraceInstance")
-    assert instance.inputs["traceInstanceName"] == s.trace_instance_name
+    assert instance.inputs["traceInstanceName"] == p.names.trace_instance
     assert instance.inputs["backendConfig"]["ttl"] == s.observability.tracing.retention_days
     (rel,) = [r for r in of(prod, "helm.sh/v3:Release") if r.inputs["name"] == "otel-collector"]
     (exp,) = rel.inputs["values"]["alternateConfig"]["exporters"].values()

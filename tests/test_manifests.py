@@ -10,6 +10,7 @@ import pytest
 import k8s_schema
 from stacks import load, parse, read_raw
 from workloads.engine import manifests
+from stacks.plan import build_plan
 from workloads.engine.context import build_context
 
 STACKS = ["dev", "staging", "prod"]
@@ -18,7 +19,7 @@ ROLE = "trn:iam::2100000000:role/reader"
 
 def ctx_for(stack: str, raw: dict | None = None):
     s = parse(raw, stack=stack) if raw is not None else load(stack)
-    return build_context(s, image_repository=s.image_repository, weights_bucket=s.bucket_name)
+    return build_context(build_plan(s))
 
 
 def objects(stack: str, raw: dict | None = None) -> list[dict]:
@@ -52,7 +53,7 @@ def test_gpu_limits_equal_the_ranks_of_a_pod(stack):
     """One GPU per rank on the pod's node: the TP group (a pipeline stage per node), or
     the node's share of the data-parallel engines (prod: 8 of DP16)."""
     ctx = ctx_for(stack)
-    p = ctx.plan
+    p = ctx.engine
     per_pod = p.tensor_parallel_size * p.pipeline_parallel_size * p.data_parallel_size // p.nodes
     assert per_pod == ctx.gpus_per_pod and (stack != "prod" or per_pod == 8)
     for tmpl in pod_templates(workload(objects(stack))):
@@ -143,8 +144,9 @@ def test_scheduled_on_the_gpu_pool(stack):
 @pytest.mark.parametrize("stack", STACKS)
 def test_image_is_pinned_and_from_the_stack_registry(stack):
     s = load(stack)
+    p = build_plan(s)
     image = serving_container(workload(objects(stack)))["image"]
-    assert image.startswith(s.image_repository)
+    assert image.startswith(p.names.image_repository)
     assert not image.endswith(":latest")
     if s.serving.image.digest:
         assert image.endswith("@" + s.serving.image.digest)
@@ -193,11 +195,12 @@ def test_sync_mode_uses_the_node_cache_and_verifies():
 
 def test_stream_mode_uses_runai_and_the_s3_endpoint():
     s = load("staging")
+    p = build_plan(s)
     w = workload(objects("staging"))
     c = serving_container(w)
     assert c["command"][:2] == ["/bin/sh", "-c"]
     args = c["args"]
-    assert args[args.index("--model") + 1] == f"s3://{s.bucket_name}/{s.weights.prefix}/{s.serving.model}"
+    assert args[args.index("--model") + 1] == f"s3://{p.names.bucket}/{s.weights.prefix}/{s.serving.model}"
     assert args[args.index("--load-format") + 1] == "runai_streamer"
     names = [i["name"] for i in pod_templates(w)[0]["spec"]["initContainers"]]
     assert names == ["tos-credentials", "tokenizer-check"]
@@ -228,7 +231,7 @@ def test_prod_is_a_leader_worker_set_over_the_planned_nodes():
     w = workload(objects("prod"))
     assert w["kind"] == "LeaderWorkerSet"
     lwt = w["spec"]["leaderWorkerTemplate"]
-    assert lwt["size"] == ctx.plan.nodes == 2
+    assert lwt["size"] == ctx.engine.nodes == 2
     assert lwt["restartPolicy"] == "RecreateGroupOnPodRestart"
     leader = lwt["leaderTemplate"]["spec"]["containers"][0]
     worker = lwt["workerTemplate"]["spec"]["containers"][0]
@@ -246,9 +249,10 @@ def test_prod_is_a_leader_worker_set_over_the_planned_nodes():
 @pytest.mark.parametrize("stack", ["dev", "staging"])
 def test_single_node_stacks_are_deployments(stack):
     s = load(stack)
+    p = build_plan(s)
     w = workload(objects(stack))
     assert w["kind"] == "Deployment"
-    expected = 0 if s.uses_argo_rollouts else s.serving.replicas
+    expected = 0 if p.rollout.argo else s.serving.replicas
     assert w["spec"]["replicas"] == expected
 
 

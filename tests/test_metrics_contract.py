@@ -30,6 +30,7 @@ from test_autoscaling import STACKS, ctx_for
 from workloads.engine import engine_args
 from workloads.observability import monitoring
 from workloads.observability import queries
+from stacks.plan import build_plan
 from workloads.engine.context import build_context
 
 DATA = Path(__file__).resolve().parent / "data"  # sources: data/SOURCES.md
@@ -50,6 +51,21 @@ ALLOWED = {
     "kube_horizontalpodautoscaler_spec_max_replicas": "kube-state-metrics",
     "kube_node_spec_taint": "kube-state-metrics",
     "kube_deployment_status_replicas_available": "kube-state-metrics",
+    # docs/metrics/cluster/node-metrics.md (the gpu-health controller's capacity signal)
+    "kube_node_status_capacity": "kube-state-metrics",
+    "kube_node_status_allocatable": "kube-state-metrics",
+    # docs/metrics/workload/pod-metrics.md (VllmTargetDown: only pods that were Ready)
+    "kube_pod_status_ready": "kube-state-metrics",
+    # Envoy's own statistics as its /stats/prometheus names them (envoy_ + the stat, dots
+    # to underscores, the prefix or cluster as a label): HTTP connection manager statistics
+    # (downstream_rq_total, downstream_rq_xx, downstream_rq_time), cluster statistics
+    # (upstream_rq_pending_overflow) and the rate limit filter's (cluster.<c>.ratelimit.over_limit),
+    # https://www.envoyproxy.io/docs/envoy/latest/configuration/observability/statistics
+    "envoy_http_downstream_rq_total": "Envoy",
+    "envoy_http_downstream_rq_xx": "Envoy",
+    "envoy_http_downstream_rq_time_bucket": "Envoy",
+    "envoy_cluster_upstream_rq_pending_overflow": "Envoy",
+    "envoy_cluster_ratelimit_over_limit": "Envoy",
 }
 
 
@@ -151,7 +167,7 @@ def server(vllm_server, tiny_deepseek_v2):
     # The same arguments as tests/test_serving_vllm.py (the dev stack's rendered engine
     # arguments), so the session's server pool starts one server for both.
     s = load("dev")
-    ctx = build_context(s, image_repository="r.example/ns/repo", weights_bucket=s.bucket_name)
+    ctx = build_context(build_plan(s), image_repository="r.example/ns/repo")
     cfg = json.loads((tiny_deepseek_v2 / "config.json").read_text())
     a = engine_args.from_context(ctx, str(tiny_deepseek_v2))
     a = dataclasses.replace(a, max_model_len=cfg["max_position_embeddings"])

@@ -13,9 +13,10 @@ from capacity.mig import MIG_PROFILES, mig_profile, slice_gpu
 from capacity.planner import plan
 from capacity.specs import MiB
 from dsvolc import engine, preview
-from stacks import SettingsError, load, parse, read_raw
+from stacks import SettingsError, load, parse, parse_plan, read_raw
 from workloads.engine import manifests
 from workloads.platform import controllers as platform
+from stacks.plan import build_plan
 from workloads.engine.context import build_context
 
 STACK = "mig-example"
@@ -33,7 +34,7 @@ def raw_with(**changes) -> dict:
 
 def problems(**changes) -> list[str]:
     with pytest.raises(SettingsError) as info:
-        parse(raw_with(**changes), STACK, stack=STACK)
+        parse_plan(raw_with(**changes), STACK, stack=STACK)
     return info.value.problems
 
 
@@ -91,9 +92,10 @@ def test_the_planner_sizes_a_distill_on_a_slice_and_refuses_one_too_big():
 
 def test_the_example_stack_serves_the_distill_on_one_slice():
     s = load(STACK)
-    mig = s.pool_mig(s.serving.gpu_pool)
+    s_plan = build_plan(s)
+    mig = s_plan.pools[s.serving.gpu_pool].mig
     assert mig.name == "1g.24gb"
-    p = s.serving_plan
+    p = s_plan.serving.engine
     assert (p.tensor_parallel_size, p.pipeline_parallel_size, p.nodes) == (1, 1, 1)
     assert p.gpu_memory_bytes == mig.memory_bytes
     assert p.max_model_len == s.serving.engine.max_model_len
@@ -127,7 +129,7 @@ def test_pool_size_counts_slices_not_nodes():
 
 def ctx():
     s = load(STACK)
-    return build_context(s, image_repository="cr.example/ns/repo", weights_bucket=s.bucket_name)
+    return build_context(build_plan(s), image_repository="cr.example/ns/repo")
 
 
 def test_serving_pods_request_one_slice_and_no_whole_gpu():
@@ -161,13 +163,13 @@ def test_the_pool_partitions_its_gpus_and_labels_its_nodes(run):
 def test_nvidia_device_plugin_runs_with_the_mixed_strategy_instead_of_the_addon(run):
     addons = {r.inputs["name"] for r in run.resources if r.type.endswith("vke/addon:Addon")}
     assert "nvidia-device-plugin" not in addons and "cluster-autoscaler" in addons
-    (rel,) = [r for r in platform.releases(load(STACK)) if r["name"] == "nvidia-device-plugin"]
+    (rel,) = [r for r in platform.releases(build_plan(load(STACK))) if r["name"] == "nvidia-device-plugin"]
     cfg = rel["values"]["config"]
     assert "migStrategy: mixed" in cfg["map"]["mig-mixed"] and cfg["default"] == "default"
     # a whole-GPU stack keeps VKE's add-on and runs no chart of its own
     dev = engine.run("dev", read_raw("dev"))
     assert "nvidia-device-plugin" in {r.inputs["name"] for r in dev.resources if r.type.endswith("vke/addon:Addon")}
-    assert not [r for r in platform.releases(load("dev")) if r["name"] == "nvidia-device-plugin"]
+    assert not [r for r in platform.releases(build_plan(load("dev"))) if r["name"] == "nvidia-device-plugin"]
 
 
 def test_the_example_stack_previews_without_a_mandatory_violation():

@@ -17,6 +17,7 @@ from dsvolc import engine, preview
 from dsvolc.cli import app
 from stacks import parse, read_raw
 from stacks.loader import SETTINGS_KEY
+from stacks.plan import build_plan
 from tests.stack_fixtures import filled_raw, synthetic_digest
 from workloads.supply_chain import inventory
 from workloads.supply_chain import mirror
@@ -50,7 +51,7 @@ def _refs(obj, path=""):
 @pytest.mark.parametrize("stack", ["dev", "staging", "prod"])
 def test_rendered_stack_pulls_nothing_from_outside_its_registry(stack):
     s = _settings(stack)
-    host = mirror.registry_host(s)
+    host = mirror.registry_host(build_plan(s))
     rec = engine.run(stack, read_raw(stack), mode="existing")
     seen = 0
     for r in rec.resources:
@@ -66,11 +67,11 @@ def test_rendered_stack_pulls_nothing_from_outside_its_registry(stack):
 
 def test_with_recorded_digests_every_chart_spells_its_digest_its_own_way():
     s = _settings("prod", recorded=True)
-    rels = {r["name"]: r for r in platform.releases(s)}
+    rels = {r["name"]: r for r in platform.releases(build_plan(s))}
     d = lambda src: synthetic_digest(src)  # noqa: E731
     kps = rels["kube-prometheus-stack"]["values"]
     prom = kps["prometheus"]["prometheusSpec"]["image"]
-    assert prom == {"registry": mirror.registry_host(s), "repository": "mirror/prometheus/prometheus",
+    assert prom == {"registry": mirror.registry_host(build_plan(s)), "repository": "mirror/prometheus/prometheus",
                     "tag": versions.KPS_PROMETHEUS_TAG,
                     "sha": d(f"quay.io/prometheus/prometheus:{versions.KPS_PROMETHEUS_TAG}")[7:]}  # hex only
     assert kps["kube-state-metrics"]["image"]["sha"].startswith("sha256:")  # that chart wants the prefix
@@ -79,8 +80,8 @@ def test_with_recorded_digests_every_chart_spells_its_digest_its_own_way():
     assert keda["tag"] == f"{versions.KEDA.app_version}@{d(f'ghcr.io/kedacore/keda:{versions.KEDA.app_version}')}"
     eg = rels["envoy-gateway"]["values"]["global"]["images"]
     for key, im in (("envoyGateway", "envoy-gateway"), ("ratelimit", "envoy-ratelimit"), ("envoyProxy", "envoy-proxy")):
-        assert re.fullmatch(rf"{re.escape(mirror.mirror_prefix(s))}/\S+:\S+@sha256:[0-9a-f]{{64}}", eg[key]["image"])
-        assert eg[key]["image"] == mirror.ref(s, im)
+        assert re.fullmatch(rf"{re.escape(mirror.mirror_prefix(build_plan(s)))}/\S+:\S+@sha256:[0-9a-f]{{64}}", eg[key]["image"])
+        assert eg[key]["image"] == mirror.ref(build_plan(s), im)
     # and the stack previews clean of digest findings
     r = preview.run_preview("prod", raw=filled_raw("prod"), mode="existing")
     assert [v for v in r.violations if v["policy"].startswith("images-")] == []
@@ -88,18 +89,18 @@ def test_with_recorded_digests_every_chart_spells_its_digest_its_own_way():
 
 def test_the_gatewayapi_plugin_comes_from_the_mirror_with_its_checksum():
     s = _settings("staging", recorded=True)  # a stack whose canaries Argo Rollouts runs
-    (ar,) = [r for r in platform.releases(s) if r["name"] == "argo-rollouts"]
+    (ar,) = [r for r in platform.releases(build_plan(s)) if r["name"] == "argo-rollouts"]
     c = ar["values"]["controller"]
     (plugin,) = c["trafficRouterPlugins"]
     assert plugin["name"] == "argoproj-labs/gatewayAPI"
     assert plugin["location"] == "file:///plugin-bin/gatewayapi-plugin"
     assert plugin["sha256"] == synthetic_digest(f"gatewayapi-plugin:{versions.ARGO_GATEWAYAPI_PLUGIN}")[7:]
     (init,) = c["initContainers"]
-    assert init["image"].startswith(f"{mirror.mirror_prefix(s)}/argoproj-labs/") and "@sha256:" in init["image"]
+    assert init["image"].startswith(f"{mirror.mirror_prefix(build_plan(s))}/argoproj-labs/") and "@sha256:" in init["image"]
     assert c["volumeMounts"][0]["mountPath"] == "/plugin-bin" == init["volumeMounts"][0]["mountPath"]
     assert "github.com" not in json.dumps(c)
     # unrecorded: no checksum is invented
-    (ar,) = [r for r in platform.releases(_settings("staging")) if r["name"] == "argo-rollouts"]
+    (ar,) = [r for r in platform.releases(build_plan(_settings("staging"))) if r["name"] == "argo-rollouts"]
     assert "sha256" not in ar["values"]["controller"]["trafficRouterPlugins"][0]
 
 
@@ -110,7 +111,7 @@ def test_shipped_lock_records_no_digest_it_could_not_resolve():
     assert all(v is None for section in doc.values() for v in section.values())
     keys = {k for section in doc.values() for k in section}
     for st in ("dev", "staging", "prod"):
-        assert {e.lock_key for e in inventory.entries(_settings(st))} <= keys, st
+        assert {e.lock_key for e in inventory.entries(build_plan(_settings(st)))} <= keys, st
     assert "digest" not in read_raw("prod")["serving"]["image"]  # written by the build, not by hand
 
 
@@ -144,11 +145,11 @@ def test_images_lists_source_target_and_digest(tmp_path):
     assert res.exit_code == 0, res.output
     doc = json.loads(out.read_text())
     s = _settings("prod")
-    assert doc["mirror"] == mirror.mirror_prefix(s)
+    assert doc["mirror"] == mirror.mirror_prefix(build_plan(s))
     kinds = {a["kind"] for a in doc["artifacts"]}
     assert kinds == {"chart", "image"}  # prod runs no Argo canary, hence no plugin file
     for a in doc["artifacts"]:
-        assert a["target"].startswith((mirror.mirror_prefix(s), f"oci://{mirror.mirror_prefix(s)}")), a
+        assert a["target"].startswith((mirror.mirror_prefix(build_plan(s)), f"oci://{mirror.mirror_prefix(build_plan(s))}")), a
         assert a["digest"] is None
     names = {a["name"] for a in doc["artifacts"]}
     assert {"envoy-proxy", "prometheus", "lws", "dcgm-exporter", "redis", "vllm-base"} <= names
@@ -162,7 +163,7 @@ def test_copy_script_writes_a_digest_file_for_every_artifact(tmp_path):
     res = runner.invoke(app, ["images", "prod", "--script"])
     assert res.exit_code == 0, res.output
     script = res.output
-    entries = inventory.entries(_settings("prod"))
+    entries = inventory.entries(build_plan(_settings("prod")))
     for e in entries:
         if e.source.startswith("built by"):
             assert "runtime/build.sh plugin prod" in script
@@ -188,7 +189,7 @@ def test_record_takes_digests_from_the_copy_and_refuses_a_moved_tag(tmp_path):
     assert sum(v is not None for section in doc.values() for v in section.values()) == 2
     # the rendered Redis now pulls by that digest
     s = stacks.load(str(path))
-    assert mirror.ref(s, "redis").endswith("@" + good)
+    assert mirror.ref(build_plan(s), "redis").endswith("@" + good)
     # an upstream tag that moved is refused, as is garbage
     (digests / "image-redis.digest").write_text("sha256:" + "c" * 64)
     res = runner.invoke(app, ["images", str(path), "--record", str(digests)])

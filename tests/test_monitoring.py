@@ -193,7 +193,7 @@ def test_operations_doc_lists_exactly_the_alerts():
     ("deepseek-v2-lite", "chat", 30.0, 20.0),
 ])
 def test_objectives_follow_the_model_class(model, cls, e2e, tps):
-    from stacks.settings import SLO_CLASS_DEFAULTS, infer_model_class
+    from stacks.plan import SLO_CLASS_DEFAULTS, infer_model_class
 
     assert infer_model_class(model) == cls
     assert SLO_CLASS_DEFAULTS[cls] == {"e2e_p99_seconds": e2e, "min_tokens_per_second": tps}
@@ -210,4 +210,33 @@ def test_reasoning_alerts_get_the_long_budget_and_the_token_rate_objective():
     x = ctx_for("dev", monitoring__e2e_p99_seconds=200, monitoring__min_tokens_per_second=8)
     assert _alerts(x)["VllmEndToEndLatencyP99High"]["expr"].endswith("> 200")
     assert _alerts(x)["VllmTokenRateLow"]["expr"].endswith("> 0.125")
-    assert x.settings.slo.canary_p99_seconds == 200
+    assert x.plan.slo.canary_p99_seconds == 200
+
+
+def test_the_envoy_proxies_are_scraped_on_their_stats_port_with_the_job_the_rules_read():
+    from workloads.edge import gateway
+
+    ctx = ctx_for("dev")
+    pm = by_kind(monitoring.render(ctx))[("PodMonitor", f"{ctx.release}-envoy")]
+    assert pm["metadata"]["namespace"] == ctx.settings.monitoring.namespace
+    spec = pm["spec"]
+    assert spec["selector"] == {"matchLabels": gateway.proxy_selector(ctx)}
+    assert spec["namespaceSelector"] == {"matchNames": [monitoring.ENTRY_NAMESPACE]}
+    (ep,) = spec["podMetricsEndpoints"]
+    assert (ep["portNumber"], ep["path"]) == (19001, "/stats/prometheus")  # Envoy Gateway's proxy metrics
+    (relabel,) = ep["relabelings"]
+    assert (relabel["targetLabel"], relabel["replacement"]) == ("job", monitoring.ENVOY_JOB)
+    # every rule reading Envoy series selects that job, the proxies' namespace and the API listener
+    envoy_rules = [r for gs in monitoring.rule_groups(ctx).values() for g in gs for r in g["rules"]
+                   if any(n.startswith("envoy_") for n in monitoring.metric_names(r["expr"]))]
+    assert len(envoy_rules) == 4  # three recorded at the gateway, the breaker alert
+    for r in envoy_rules:
+        assert f'job="{monitoring.ENVOY_JOB}",namespace="{monitoring.ENTRY_NAMESPACE}"' in r["expr"], r
+    assert 'envoy_http_conn_manager_prefix="http-10080"' in monitoring.rule_file_content(ctx)
+
+
+def test_without_the_in_cluster_gateway_nothing_reads_envoy():
+    ctx = ctx_for("dev", serving__in_cluster_gateway=False)
+    assert ("PodMonitor", f"{ctx.release}-envoy") not in by_kind(monitoring.render(ctx))
+    assert "envoy_" not in monitoring.rule_file_content(ctx)
+    assert not {"GatewayErrorRateHigh", "GatewayLatencyP99High"} & set(_alerts(ctx))

@@ -9,6 +9,7 @@ import pytest
 import stacks
 from tests.k8s_schema import validate_all
 from workloads.edge import network_policy
+from stacks.plan import build_plan
 from workloads.engine.context import build_context
 from stacks.constants import HTTP_PORT, ENTRY_NAMESPACE
 
@@ -16,7 +17,7 @@ NS = network_policy.NS_LABEL
 
 
 def _ctx(settings):
-    return build_context(settings, image_repository="r.example/x/y", weights_bucket=settings.bucket_name)
+    return build_context(build_plan(settings), image_repository="r.example/x/y")
 
 
 def _with(settings, section, **fields):
@@ -86,7 +87,7 @@ def test_without_in_cluster_gateway_the_edge_subnets_are_admitted():
     pol = _by_suffix(network_policy.render(_ctx(s)), "-ingress-http")
     (rule,) = pol["spec"]["ingress"]
     cidrs = {p["ipBlock"]["cidr"] for p in rule["from"] if "ipBlock" in p}
-    assert cidrs == {str(c) for c in s.node_subnets().values()}
+    assert cidrs == {str(c) for c in build_plan(s).network.node_subnets.values()}
     assert ENTRY_NAMESPACE not in str(rule)
 
 
@@ -133,7 +134,7 @@ def test_group_traffic_only_when_multi_node():
 
 
 def test_prod_is_two_nodes_per_replica():
-    assert _ctx(stacks.load("prod")).plan.nodes == 2
+    assert _ctx(stacks.load("prod")).engine.nodes == 2
 
 
 def test_https_egress_narrows_to_the_endpoint_ranges_when_given():

@@ -9,10 +9,11 @@ import json
 
 import pytest
 
-from stacks import SettingsError, load, parse, read_raw
+from stacks import SettingsError, load, load_plan, parse, parse_plan, read_raw
 from stacks.nodepools import PoolHardware, pool_hardware, rdma_per_pod, single_numa_refusal, topology_policy
 from workloads.engine import manifests
 from workloads.engine import rdma
+from stacks.plan import build_plan
 from workloads.engine.context import build_context
 
 
@@ -60,50 +61,52 @@ def raw_of(stack: str) -> dict:
 
 
 def test_shipped_pools_get_the_policy_their_pods_need():
-    assert load("dev").pool_topology_policy("a10") == "single-numa-node"  # 1 GPU per pod
-    assert load("staging").pool_topology_policy("a100") == "restricted"  # TP4, NUMA layout not stated
-    assert load("prod").pool_topology_policy("h20") == "restricted"  # TP8 spans both sockets
+    assert load_plan("dev").pools["a10"].topology_policy == "single-numa-node"  # 1 GPU per pod
+    assert load_plan("staging").pools["a100"].topology_policy == "restricted"  # TP4, NUMA layout not stated
+    assert load_plan("prod").pools["h20"].topology_policy == "restricted"  # TP8 spans both sockets
 
 
 def test_a_stated_numa_layout_lets_a_pod_that_fits_one_numa_node_align():
     raw = raw_of("staging")
     raw["cluster"]["gpu_pools"]["a100"]["numa_nodes"] = 2
     s = parse(raw, stack="staging")
-    assert s.serving_plan.tensor_parallel_size == 4 and s.pool_topology_policy("a100") == "single-numa-node"
+    p = build_plan(s)
+    assert p.serving.engine.tensor_parallel_size == 4 and p.pools["a100"].topology_policy == "single-numa-node"
 
 
 def test_single_numa_node_is_refused_where_the_pods_span_numa_nodes():
     raw = raw_of("prod")
     raw["cluster"]["gpu_pools"]["h20"]["topology_manager_policy"] = "single-numa-node"
     with pytest.raises(SettingsError) as info:
-        parse(raw, stack="prod")
+        parse_plan(raw, stack="prod")
     (line,) = [p for p in info.value.problems if p.startswith("cluster.gpu_pools.h20.topology_manager_policy")]
     assert "a pod of 8 GPUs may span NUMA nodes" in line and "expected restricted, best-effort or none" in line
     raw["cluster"]["gpu_pools"]["h20"]["numa_nodes"] = 2
     with pytest.raises(SettingsError) as info:
-        parse(raw, stack="prod")
+        parse_plan(raw, stack="prod")
     assert any("8 GPUs over 2 NUMA nodes, 4 per node" in p for p in info.value.problems)
     raw["cluster"]["gpu_pools"]["h20"]["topology_manager_policy"] = "best-effort"
-    assert parse(raw, stack="prod").pool_topology_policy("h20") == "best-effort"
+    assert parse_plan(raw, stack="prod").pools["h20"].topology_policy == "best-effort"
 
 
 def test_multi_node_on_rdma_nics_of_unknown_count_is_refused():
     raw = raw_of("prod")
     raw["cluster"]["gpu_pools"]["h20"]["instance_type"] = "ecs.ebmhpcpni2l.32xlarge"  # A800 x 8, NICs not stated
     with pytest.raises(SettingsError) as info:
-        parse(raw, stack="prod")
+        parse_plan(raw, stack="prod")
     assert any(p.startswith("cluster.gpu_pools.h20.rdma_nics: multi-node serving on ecs.ebmhpcpni2l.32xlarge")
                for p in info.value.problems), info.value.problems
     raw["cluster"]["gpu_pools"]["h20"]["rdma_nics"] = 8
     s = parse(raw, stack="prod")
-    assert s.serving_rdma_per_pod == 8 and "rdma-device-plugin" in {a.name for a in s.vke_addons()}
+    s_plan = build_plan(s)
+    assert s_plan.serving.rdma_per_pod == 8 and "rdma-device-plugin" in {a.name for a in s_plan.addons}
 
 
 def test_hpc_pool_in_a_named_zone_of_the_stack():
     raw = raw_of("prod")
     raw["cluster"]["gpu_pools"]["h20"]["zones"] = ["cn-beijing-a", "cn-beijing-b"]
     with pytest.raises(SettingsError) as info:
-        parse(raw, stack="prod")
+        parse_plan(raw, stack="prod")
     assert any(p.startswith("cluster.gpu_pools.h20.zones: ecs.hpcpni3ln.45xlarge is an HPC instance type")
                and "got cn-beijing-a, cn-beijing-b" in p for p in info.value.problems)
 
@@ -113,7 +116,7 @@ def test_hpc_pool_in_a_named_zone_of_the_stack():
 
 def _ctx(stack: str, raw: dict | None = None):
     s = parse(raw, stack=stack) if raw is not None else load(stack)
-    return build_context(s, image_repository=s.image_repository, weights_bucket=s.bucket_name)
+    return build_context(build_plan(s))
 
 
 def _templates(objs: list[dict]) -> list[dict]:
@@ -129,7 +132,7 @@ def _templates(objs: list[dict]) -> list[dict]:
 
 def test_multi_node_pods_request_rdma_and_tell_nccl():
     ctx = _ctx("prod")
-    nics = load("prod").serving_rdma_per_pod
+    nics = load_plan("prod").serving.rdma_per_pod
     assert nics == 4  # 8 GPUs per pod take all 4 NICs of ecs.hpcpni3ln.45xlarge
     templates = _templates(manifests.render(ctx, "trn:iam::1:role/r"))
     assert len(templates) == 2  # leader and worker
@@ -148,7 +151,7 @@ def test_multi_node_pods_request_rdma_and_tell_nccl():
 
 @pytest.mark.parametrize("stack", ["dev", "staging"])
 def test_single_node_pods_are_unchanged(stack):
-    assert load(stack).serving_rdma_per_pod == 0
+    assert load_plan(stack).serving.rdma_per_pod == 0
     (t,) = _templates(manifests.render(_ctx(stack), "trn:iam::1:role/r"))
     assert "annotations" not in t["metadata"]
     (engine,) = t["spec"]["containers"]

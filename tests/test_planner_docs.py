@@ -11,4 +11,6 @@ def test_docs_table_matches_planner():
     generated = text.split(DOC_BEGIN, 1)[1].split(DOC_END, 1)[0].strip()
     assert generated == catalog_table_markdown(), (
         "docs/planner.md is stale: run `python -m capacity.docs --update`")
-    assert generated.count("\n| deepseek-") == 11
+    from capacity.catalog import MODELS
+
+    assert generated.count("\n| deepseek-") == len(MODELS) == 15

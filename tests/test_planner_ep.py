@@ -9,6 +9,7 @@ from capacity.catalog import get_gpu, get_model
 from capacity.params import experts_per_rank
 from capacity.planner import PlanError, plan, stage_weight_bytes, weight_bytes_per_param
 from stacks import load
+from stacks.plan import build_plan
 
 R1, H20 = get_model("deepseek-r1"), get_gpu("H20")
 CTX = dict(gpus_per_node=8, context=65536, kv_cache_dtype="fp8")
@@ -118,8 +119,9 @@ def test_the_prod_plan_for_r1_on_h20():
     per GPU, and on two nodes data-parallel attention caches several times the tokens of
     TP8 x PP2, whose TP ranks all hold the same latents."""
     s = load("prod")
-    p = s.serving_plan
-    assert s.pool_rdma(s.serving.gpu_pool)
+    s_plan = build_plan(s)
+    p = s_plan.serving.engine
+    assert s_plan.pools[s.serving.gpu_pool].rdma
     assert (p.parallelism, p.nodes, p.data_parallel_size, p.experts_per_gpu, p.speculative_tokens) == (
         "dp_ep", 2, 16, 16, 1)
     one_node = plan(R1, H20, **CTX)

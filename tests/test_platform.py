@@ -12,6 +12,7 @@ from workloads.platform import controllers as platform
 from workloads.platform import secrets
 from workloads.supply_chain import versions
 from stacks.constants import ENTRY_NAMESPACE
+from stacks.plan import build_plan
 
 ENVS = ("dev", "staging", "prod")
 
@@ -52,7 +53,7 @@ def test_chart_app_version_matches_crd_source(chart, crd_file):
 
 @pytest.mark.parametrize("env", ENVS)
 def test_release_shape(env):
-    rels = platform.releases(stacks.load(env))
+    rels = platform.releases(build_plan(stacks.load(env)))
     names = [r["name"] for r in rels]
     assert len(names) == len(set(names))
     for r in rels:
@@ -63,29 +64,29 @@ def test_release_shape(env):
 
 
 def test_lws_only_for_multi_node():
-    assert "lws" in [r["name"] for r in platform.releases(stacks.load("prod"))]
-    assert "lws" not in [r["name"] for r in platform.releases(stacks.load("dev"))]
+    assert "lws" in [r["name"] for r in platform.releases(build_plan(stacks.load("prod")))]
+    assert "lws" not in [r["name"] for r in platform.releases(build_plan(stacks.load("dev")))]
 
 
 def test_optional_controllers_follow_settings():
     s = stacks.load("staging")
-    assert {"envoy-gateway", "keda", "argo-rollouts", "kube-prometheus-stack"} <= {r["name"] for r in platform.releases(s)}
+    assert {"envoy-gateway", "keda", "argo-rollouts", "kube-prometheus-stack"} <= {r["name"] for r in platform.releases(build_plan(s))}
     s = _with(s, "serving", in_cluster_gateway=False)
     s = _with(s, "autoscaling", enabled=False)
     s = _with(s, "rollout", enabled=False)
     s = _with(s, "observability", vmp_enabled=False)  # VMP's metrics come from the in-cluster Prometheus
     s = _with(s, "monitoring", enabled=False)
     s = _with(s, "observability.tracing", enabled=False)
-    assert platform.releases(s) == []
+    assert platform.releases(build_plan(s)) == []
 
 
 def test_envoy_gateway_uses_redis_for_global_rate_limit():
     s = stacks.load("staging")
-    (eg,) = [r for r in platform.releases(s) if r["name"] == "envoy-gateway"]
+    (eg,) = [r for r in platform.releases(build_plan(s)) if r["name"] == "envoy-gateway"]
     assert eg["namespace"] == ENTRY_NAMESPACE
     backend = eg["values"]["config"]["envoyGateway"]["rateLimit"]["backend"]
     assert backend == {"type": "Redis", "redis": {"url": platform.redis_url()}}
-    objs = platform.manifests(s)
+    objs = platform.manifests(build_plan(s))
     svc = next(o for o in objs if o["kind"] == "Service")
     host, port = platform.redis_url().split(":")
     assert host == f"{svc['metadata']['name']}.{svc['metadata']['namespace']}.svc.cluster.local"
@@ -94,14 +95,14 @@ def test_envoy_gateway_uses_redis_for_global_rate_limit():
 
 def test_no_redis_without_rate_limits():
     s = _with(stacks.load("staging"), "serving.rate_limits", enabled=False)
-    assert not [o for o in platform.manifests(s) if o["metadata"]["name"] == platform.REDIS_NAME]
+    assert not [o for o in platform.manifests(build_plan(s)) if o["metadata"]["name"] == platform.REDIS_NAME]
     assert secrets.REDIS_AUTH_SECRET not in {g.name for g in secrets.generated(s)}
-    (eg,) = [r for r in platform.releases(s) if r["name"] == "envoy-gateway"]
+    (eg,) = [r for r in platform.releases(build_plan(s)) if r["name"] == "envoy-gateway"]
     assert "config" not in eg["values"]
 
 
 def _redis(s):
-    objs = [o for o in platform.manifests(s) if o["metadata"]["name"] == platform.REDIS_NAME]
+    objs = [o for o in platform.manifests(build_plan(s)) if o["metadata"]["name"] == platform.REDIS_NAME]
     return {o["kind"]: o for o in objs}
 
 
@@ -116,14 +117,14 @@ def test_redis_requires_the_generated_password():
     (gen,) = [g for g in secrets.generated(s) if g.name == secrets.REDIS_AUTH_SECRET]
     assert gen.namespace == ENTRY_NAMESPACE and gen.random_keys == (secrets.REDIS_AUTH_KEY,)
     # ... and Envoy Gateway's rate-limit service authenticates with the same Secret
-    (eg,) = [r for r in platform.releases(s) if r["name"] == "envoy-gateway"]
+    (eg,) = [r for r in platform.releases(build_plan(s)) if r["name"] == "envoy-gateway"]
     deploy = eg["values"]["config"]["envoyGateway"]["provider"]["kubernetes"]["rateLimitDeployment"]
     assert deploy["container"]["env"] == [{"name": "REDIS_AUTH", "valueFrom": {"secretKeyRef": ref}}]
     assert dep["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
 
 
 def test_the_rate_limit_fails_closed():
-    (eg,) = [r for r in platform.releases(stacks.load("prod")) if r["name"] == "envoy-gateway"]
+    (eg,) = [r for r in platform.releases(build_plan(stacks.load("prod"))) if r["name"] == "envoy-gateway"]
     assert eg["values"]["config"]["envoyGateway"]["rateLimit"]["failClosed"] is True
 
 
@@ -146,8 +147,8 @@ def test_prometheus_volume_is_sized_from_retention(days, sps, gib):
     """retention x samples/s x 2 bytes x 1.25, in GiB rounded up: 15 d at 20k/s is
     15*86400*20000*2*1.25 = 64.8e9 B = 60.35 GiB -> 61; at least 10 GiB."""
     s = _with(stacks.load("prod"), "monitoring", retention_days=days, samples_per_second=sps)
-    assert platform.prometheus_volume_gib(s) == gib
-    (kps,) = [r for r in platform.releases(s) if r["name"] == "kube-prometheus-stack"]
+    assert platform.prometheus_volume_gib(build_plan(s)) == gib
+    (kps,) = [r for r in platform.releases(build_plan(s)) if r["name"] == "kube-prometheus-stack"]
     spec = kps["values"]["prometheus"]["prometheusSpec"]
     assert spec["retention"] == f"{days}d" and spec["retentionSize"] == f"{int(gib * 0.85)}GB"
     claim = spec["storageSpec"]["volumeClaimTemplate"]["spec"]
@@ -163,7 +164,7 @@ def test_prometheus_retention_must_cover_the_regression_baseline():
 
 def test_grafana_admin_comes_from_a_generated_secret():
     s = stacks.load("prod")
-    (kps,) = [r for r in platform.releases(s) if r["name"] == "kube-prometheus-stack"]
+    (kps,) = [r for r in platform.releases(build_plan(s)) if r["name"] == "kube-prometheus-stack"]
     admin = kps["values"]["grafana"]["admin"]
     (gen,) = [g for g in secrets.generated(s) if g.name == admin["existingSecret"]]
     assert gen.namespace == s.monitoring.namespace
@@ -174,21 +175,21 @@ def test_grafana_admin_comes_from_a_generated_secret():
 @pytest.mark.parametrize("env", ENVS)
 def test_manifests_schema_valid(env):
     s = stacks.load(env)
-    validate_all(platform.manifests(s), s.cluster.kubernetes_version)
+    validate_all(platform.manifests(build_plan(s)), s.cluster.kubernetes_version)
 
 
 def test_argo_rollouts_only_where_a_stack_runs_canaries():
     for env in ENVS:
         s = stacks.load(env)
-        names = [r["name"] for r in platform.releases(s)]
-        assert ("argo-rollouts" in names) == s.uses_argo_rollouts, env
+        names = [r["name"] for r in platform.releases(build_plan(s))]
+        assert ("argo-rollouts" in names) == build_plan(s).rollout.argo, env
     # prod's replicas span nodes (a LeaderWorkerSet, which Argo cannot manage): no controller
     prod = stacks.load("prod")
-    assert prod.rollout.enabled and "argo-rollouts" not in [r["name"] for r in platform.releases(prod)]
+    assert prod.rollout.enabled and "argo-rollouts" not in [r["name"] for r in platform.releases(build_plan(prod))]
 
 
 def test_rollouts_plugin_and_rbac():
-    (ar,) = [r for r in platform.releases(stacks.load("staging")) if r["name"] == "argo-rollouts"]
+    (ar,) = [r for r in platform.releases(build_plan(stacks.load("staging"))) if r["name"] == "argo-rollouts"]
     (plugin,) = ar["values"]["controller"]["trafficRouterPlugins"]
     assert plugin["name"] == "argoproj-labs/gatewayAPI"
     assert plugin["location"].startswith("file://")  # from the mirror (tests/test_mirror.py)
@@ -198,7 +199,22 @@ def test_rollouts_plugin_and_rbac():
 
 def test_monitoring_release_in_monitoring_namespace_with_dashboard_sidecar():
     s = stacks.load("prod")
-    (kps,) = [r for r in platform.releases(s) if r["name"] == "kube-prometheus-stack"]
+    (kps,) = [r for r in platform.releases(build_plan(s)) if r["name"] == "kube-prometheus-stack"]
     assert kps["namespace"] == s.monitoring.namespace
     assert kps["values"]["grafana"]["sidecar"]["dashboards"]["enabled"] is True
     assert kps["values"]["kubeStateMetrics"]["enabled"] is True
+
+
+def test_the_managed_control_planes_rules_are_off():
+    """VKE manages the controller manager and scheduler: nothing of theirs can be scraped, so
+    kube-prometheus-stack's absent() rules (KubeControllerManagerDown, KubeSchedulerDown,
+    critical) would fire for ever. The chart renders those rule files only when
+    `<component>.enabled` and, for the scheduler, `defaultRules.rules.kubeSchedulerAlerting`
+    are true (templates/prometheus/rules-1.14/kubernetes-system-{controller-manager,scheduler}.yaml)."""
+    for stack in ("dev", "prod"):
+        (kps,) = [r for r in platform.releases(build_plan(stacks.load(stack))) if r["name"] == "kube-prometheus-stack"]
+        v = kps["values"]
+        assert v["kubeControllerManager"]["enabled"] is False and v["kubeScheduler"]["enabled"] is False
+        rules = v["defaultRules"]["rules"]
+        assert rules["kubeControllerManager"] is False and rules["kubeSchedulerAlerting"] is False
+        assert rules["kubeSchedulerRecording"] is False

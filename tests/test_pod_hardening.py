@@ -14,6 +14,7 @@ from stacks import load, loader, pod_security
 from tests.stack_fixtures import filled_raw
 from workloads.observability import monitoring
 from workloads.platform import namespaces
+from stacks.plan import build_plan
 from workloads.engine.context import build_context
 
 STACKS = loader.shipped_stacks()
@@ -71,7 +72,7 @@ def test_every_container_but_dcgm_exporter_has_a_read_only_root(rendered):
 
 
 def _dcgm(settings) -> dict:
-    ctx = build_context(settings, image_repository="r.example/ns/repo", weights_bucket=settings.bucket_name)
+    ctx = build_context(build_plan(settings), image_repository="r.example/ns/repo")
     ds = next(o for o in monitoring.dcgm_exporter(ctx) if o["kind"] == "DaemonSet")
     return ds["spec"]["template"]["spec"]["containers"][0]
 
@@ -116,7 +117,7 @@ def test_every_namespace_carries_audit_and_warn_restricted_with_pinned_versions(
 def test_every_namespace_the_charts_use_is_created_labelled(rendered):
     for stack, objs in rendered.items():
         created = {o["metadata"]["name"] for o in objs if o["kind"] == "Namespace"}
-        assert namespaces.chart_namespaces(load(stack)) <= created, stack
+        assert namespaces.chart_namespaces(build_plan(load(stack))) <= created, stack
 
 
 def test_each_namespace_enforces_the_strictest_level_its_pods_meet(rendered):
@@ -125,7 +126,7 @@ def test_each_namespace_enforces_the_strictest_level_its_pods_meet(rendered):
     against Pod Security Admission's own fixtures in tests/test_pod_security.py)."""
     seen = {}
     for stack, objs in rendered.items():
-        charts = namespaces.chart_namespaces(load(stack))
+        charts = namespaces.chart_namespaces(build_plan(load(stack)))
         pods = namespaces.pods_by_namespace(objs)
         for ns in (o for o in objs if o["kind"] == "Namespace"):
             name, labels = ns["metadata"]["name"], ns["metadata"]["labels"]

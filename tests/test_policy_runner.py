@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 
@@ -125,3 +126,101 @@ def test_config_files_are_json_objects():
     for cls in ("dev", "staging", "prod"):
         doc = json.loads(policy_runner.config_path(cls).read_text())
         assert isinstance(doc, dict) and doc.get("all") == "mandatory"
+
+
+# --------------------------------------------------------------------------- one conversion per Struct
+
+
+def test_each_struct_is_converted_once_per_analysis(prod, monkeypatch):
+    """The servicer asks for the dict of a resource's properties once per policy (and again
+    per stack policy); the analysis answers it from one conversion of each distinct Struct.
+    Counted at json_format itself, so every real conversion is seen."""
+    from pulumi_policy.policy import _PolicyAnalyzerServicer
+
+    real = json_format.MessageToDict
+    converted: list[bytes] = []
+    judging = []  # inside Analyze or AnalyzeStack (Configure converts the pack config too)
+
+    def counting(message, *args, **kwargs):
+        if judging:
+            converted.append(message.SerializeToString(deterministic=True))
+        return real(message, *args, **kwargs)
+
+    def judged(method):
+        def wrapper(self, request, context):
+            judging.append(True)
+            try:
+                return method(self, request, context)
+            finally:
+                judging.pop()
+        return wrapper
+
+    monkeypatch.setattr(json_format, "MessageToDict", counting)
+    for name in ("Analyze", "AnalyzeStack"):
+        monkeypatch.setattr(_PolicyAnalyzerServicer, name, judged(getattr(_PolicyAnalyzerServicer, name)))
+    verdicts = policy_runner.analyze(prod, policy_runner.load_policy_config("prod"))
+    assert any(v["enforcement_level"] == "mandatory" for v in verdicts)  # the policies did run
+    structs = {policy_runner.analyze_request(prod, r).properties.SerializeToString(deterministic=True)
+               for r in prod.resources}
+    per_struct = {b: converted.count(b) for b in structs}
+    assert set(per_struct.values()) == {1}, "a resource's properties converted more than once"
+
+
+def test_the_servicer_still_sees_every_resource_under_every_policy(prod):
+    """Caching the conversion leaves the servicer's own work in place: it asks once per
+    resource-validation policy per resource and once per stack policy per resource."""
+    from pulumi_policy.policy import ResourceValidationPolicy, StackValidationPolicy
+
+    cache = policy_runner.ConversionCache()
+    servicer = policy_runner.build_servicer()
+    policy_runner.configure(servicer, policy_runner.resolve_config(
+        policy_runner.policy_infos(servicer), policy_runner.load_policy_config("prod")))
+    structs = policy_runner.wire_structs(prod)
+    with cache.installed():
+        for r in prod.resources:
+            servicer.Analyze(policy_runner.analyze_request(prod, r, structs), None)
+        servicer.AnalyzeStack(policy_runner.analyze_stack_request(prod, structs), None)
+    n_resource = sum(isinstance(p, ResourceValidationPolicy) for p in POLICIES)
+    n_stack = sum(isinstance(p, StackValidationPolicy) for p in POLICIES)
+    with_provider = sum(1 for r in prod.resources if policy_runner.analyze_request(prod, r, structs).HasField("provider"))
+    n = len(prod.resources)
+    # properties (and the provider's, where there is one) per policy per resource
+    assert cache.calls == (n_resource + n_stack) * (n + with_provider)
+    assert cache.conversions == len({s.SerializeToString(deterministic=True) for s in structs.values()})
+    assert json_format is __import__("pulumi_policy.policy").policy.json_format  # uninstalled after
+
+
+def test_verdicts_are_the_same_without_the_cache(prod, monkeypatch):
+    config = policy_runner.load_policy_config("prod")
+    cached = policy_runner.analyze(prod, config)
+    monkeypatch.setattr(policy_runner.ConversionCache, "installed", lambda self: contextlib.nullcontext())
+    plain = policy_runner.analyze(prod, config)
+    key = lambda v: json.dumps(v, sort_keys=True)  # noqa: E731
+    assert sorted(cached, key=key) == sorted(plain, key=key) and len(cached) >= 10
+
+
+def test_a_policy_changing_its_view_does_not_reach_the_next():
+    """One conversion serves every policy, so a policy writing into its properties (the
+    servicer's proxies allow it) must not change what the next policy reads."""
+    from pulumi_policy import EnforcementLevel, ResourceValidationPolicy
+    from pulumi_policy.policy import _PolicyAnalyzerServicer
+
+    seen = []
+
+    def writer(args, report):
+        args.props["bucketName"] = "changed"
+        args.props["tags"][0]["value"] = "changed"
+
+    def reader(args, report):
+        seen.append((args.props["bucketName"], args.props["tags"][0]["value"]))
+
+    servicer = _PolicyAnalyzerServicer("t", "0.0.1", [
+        ResourceValidationPolicy("writer", "writes", writer), ResourceValidationPolicy("reader", "reads", reader),
+    ], EnforcementLevel.MANDATORY, None, "")
+    props = {"bucketName": "original", "tags": [{"key": "k", "value": "original"}]}
+    request = policy_runner.proto.AnalyzeRequest(type="volcengine:tos/bucket:Bucket", urn="urn:x", name="b",
+                                                 properties=policy_runner._struct(props))
+    with policy_runner.ConversionCache().installed():
+        servicer.Analyze(request, None)
+        servicer.Analyze(request, None)
+    assert seen == [("original", "original")] * 2

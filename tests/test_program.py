@@ -10,6 +10,7 @@ import pytest
 
 from dsvolc import engine
 from stacks import load, read_raw
+from stacks.plan import build_plan
 
 STACKS = ["dev", "staging", "prod"]
 
@@ -38,11 +39,12 @@ def of(rec: engine.Recording, short: str) -> list[engine.Recorded]:
 @pytest.mark.parametrize("stack", STACKS)
 def test_one_subnet_per_zone_inside_the_vpc(runs, stack):
     s = load(stack)
+    p = build_plan(s)
     rec = runs[stack]
     vpc = of(rec, "vpc/vpc:Vpc")[0]
     assert vpc.inputs["cidrBlock"] == str(s.network.vpc_cidr)
     node = {r.inputs["zoneId"]: r.inputs["cidrBlock"] for r in of(rec, "vpc/subnet:Subnet") if "-nodes-" in r.name}
-    assert node == {z: str(c) for z, c in s.node_subnets().items()}
+    assert node == {z: str(c) for z, c in p.network.node_subnets.items()}
     pods = {r.inputs["zoneId"] for r in of(rec, "vpc/subnet:Subnet") if "-pods-" in r.name}
     assert pods == set(s.zones)  # VPC-CNI in every shipped stack
 
@@ -58,15 +60,16 @@ def test_egress_through_the_nat_gateway_of_each_zone(runs, stack):
     SNATs and routes 0.0.0.0/0 through its own zone's; shared (dev): one NAT gateway in the
     first zone for every subnet, through the VPC's system route table."""
     s = load(stack)
+    p = build_plan(s)
     rec = runs[stack]
     subnets = {r.urn: r for r in of(rec, "vpc/subnet:Subnet")}
     nats = {r.urn: r for r in of(rec, "nat/gateway:Gateway")}
     nat_zone = {u: _dep(n, subnets).inputs["zoneId"] for u, n in nats.items()}
     assert all("-nodes-" in _dep(n, subnets).name for n in nats.values())
-    assert sorted(nat_zone.values()) == sorted(s.nat_zones())
+    assert sorted(nat_zone.values()) == sorted(p.network.nat_zones)
     assert len(nats) == (len(s.zones) if stack != "dev" else 1)
     assert {n.inputs["spec"] for n in nats.values()} == {s.network.nat_spec}
-    egress_zone = (lambda z: z) if s.nat_mode == "per_zone" else (lambda z: s.zones[0])
+    egress_zone = (lambda z: z) if p.network.nat_mode == "per_zone" else (lambda z: s.zones[0])
 
     snat = of(rec, "nat/snatEntry:SnatEntry")
     assert len(snat) == len(subnets)
@@ -77,7 +80,7 @@ def test_egress_through_the_nat_gateway_of_each_zone(runs, stack):
     tables = {r.urn: r for r in of(rec, "vpc/routeTable:RouteTable")}
     routes = of(rec, "vpc/routeEntry:RouteEntry")
     associations = of(rec, "vpc/routeTableAssociate:RouteTableAssociate")
-    if s.nat_mode == "shared":
+    if p.network.nat_mode == "shared":
         assert tables == {} and routes == [] and associations == []
     else:
         default = {}
@@ -93,7 +96,7 @@ def test_egress_through_the_nat_gateway_of_each_zone(runs, stack):
     assert {a.inputs["instanceType"] for a in of(rec, "eip/associate:Associate")} == {"Nat"}
     # one egress address per NAT zone, exported for allow-lists
     ips = rec.outputs["egress_ips"]
-    assert sorted(ips) == sorted(s.nat_zones()) and len(set(ips.values())) == len(ips) == len(eips)
+    assert sorted(ips) == sorted(p.network.nat_zones) and len(set(ips.values())) == len(ips) == len(eips)
 
 
 @pytest.mark.parametrize("stack", STACKS)
@@ -138,11 +141,12 @@ def test_prod_api_server_is_private_and_protected(runs):
 @pytest.mark.parametrize("stack", STACKS)
 def test_gpu_pools_follow_the_map(runs, stack):
     s = load(stack)
+    p = build_plan(s)
     pools = {r.name.rsplit("-gpu-", 1)[1]: r.inputs for r in of(runs[stack], "vke/nodePool:NodePool") if "-gpu-" in r.name}
     assert set(pools) == set(s.cluster.gpu_pools)
     for name, pool in s.cluster.gpu_pools.items():
         got = pools[name]
-        gpu, per_node = pool.hardware()
+        gpu, per_node = p.pools[name].gpu, p.pools[name].gpus_per_node
         assert got["nodeConfig"]["instanceTypeIds"] == [pool.instance_type]
         assert got["autoScaling"]["minReplicas"] == pool.min_nodes
         assert got["autoScaling"]["maxReplicas"] == pool.max_nodes
@@ -150,10 +154,10 @@ def test_gpu_pools_follow_the_map(runs, stack):
         labels = {x["key"]: x["value"] for x in got["kubernetesConfig"]["labels"]}
         assert labels["deepseek-volc/gpu-model"] == gpu and labels["deepseek-volc/gpus-per-node"] == str(per_node)
         kubelet = got["kubernetesConfig"]["kubeletConfig"]
-        assert kubelet == {"topologyManagerPolicy": s.pool_topology_policy(name), "topologyManagerScope": "container"}
+        assert kubelet == {"topologyManagerPolicy": p.pools[name].topology_policy, "topologyManagerScope": "container"}
         assert got["nodeConfig"]["dataVolumes"][0]["size"] == pool.data_disk_gib
         assert got["nodeConfig"]["dataVolumes"][0]["type"] == pool.data_disk_type
-        assert len(got["nodeConfig"]["subnetIds"]) == len(s.pool_zones(name))
+        assert len(got["nodeConfig"]["subnetIds"]) == len(p.pools[name].zones)
     system = next(r.inputs for r in of(runs[stack], "vke/nodePool:NodePool") if r.name.endswith("-system"))
     assert "taints" not in system["kubernetesConfig"]
     assert system["autoScaling"]["minReplicas"] == s.cluster.system_pool.min_nodes
@@ -162,9 +166,10 @@ def test_gpu_pools_follow_the_map(runs, stack):
 @pytest.mark.parametrize("stack", STACKS)
 def test_bucket_is_private_encrypted_versioned(runs, stack):
     s = load(stack)
+    p = build_plan(s)
     rec = runs[stack]
     bucket = of(rec, "tos/bucket:Bucket")[0].inputs
-    assert bucket["bucketName"] == s.bucket_name
+    assert bucket["bucketName"] == p.names.bucket
     assert bucket["publicAcl"] == "private" and bucket["enableVersion"] is True
     enc = of(rec, "tos/bucketEncryption:BucketEncryption")[0].inputs
     assert enc["rule"]["applyServerSideEncryptionByDefault"]["sseAlgorithm"] == s.weights.sse_algorithm
@@ -175,12 +180,13 @@ def test_bucket_is_private_encrypted_versioned(runs, stack):
 @pytest.mark.parametrize("stack", STACKS)
 def test_reader_policy_is_least_privilege(runs, stack):
     s = load(stack)
+    p = build_plan(s)
     doc = json.loads(of(runs[stack], "iam/policy:Policy")[0].inputs["policyDocument"])
     by_action = {a: st for st in doc["Statement"] for a in st["Action"]}
     assert set(by_action) == {"tos:GetObject", "tos:ListBucket"}
-    assert by_action["tos:GetObject"]["Resource"] == [f"trn:tos:::{s.bucket_name}/{s.weights.prefix}/*"]
+    assert by_action["tos:GetObject"]["Resource"] == [f"trn:tos:::{p.names.bucket}/{s.weights.prefix}/*"]
     listing = by_action["tos:ListBucket"]
-    assert listing["Resource"] == [f"trn:tos:::{s.bucket_name}"]
+    assert listing["Resource"] == [f"trn:tos:::{p.names.bucket}"]
     assert listing["Condition"] == {"StringLike": {"tos:prefix": [f"{s.weights.prefix}/*"]}}
     assert all(st["Effect"] == "Allow" for st in doc["Statement"])
 
@@ -202,10 +208,11 @@ def test_reader_role_trusts_only_the_serving_service_account(existing, stack):
 @pytest.mark.parametrize("stack", STACKS)
 def test_edge_routes_to_the_in_cluster_entry(runs, stack):
     s = load(stack)
+    p = build_plan(s)
     rec = runs[stack]
     upstreams = of(rec, "apig/apigUpstream:ApigUpstream")
     assert [u.inputs["upstreamSpec"]["k8sService"]["name"] for u in upstreams] == [
-        u["service"] for u in s.edge_upstreams()]
+        u.service for u in p.edge.upstreams]
     routes = {r.name.rsplit("-", 1)[1]: r.inputs for r in of(rec, "apig/apigRoute:ApigRoute")}
     assert sum(u["weight"] for u in routes["default"]["upstreamLists"]) == 10000
     header = routes["ab"]["matchRule"]["headers"][0]
@@ -309,6 +316,7 @@ def _deps(rec: engine.Recording, r: engine.Recorded) -> set[str]:
 @pytest.mark.parametrize("stack", STACKS)
 def test_cluster_autoscaler_is_managed_and_comes_before_every_pool(runs, stack):
     s = load(stack)
+    p = build_plan(s)
     rec = runs[stack]
     addons = {r.inputs["name"]: r for r in of(rec, "vke/addon:Addon")}
     ca = addons["cluster-autoscaler"]
@@ -321,14 +329,15 @@ def test_cluster_autoscaler_is_managed_and_comes_before_every_pool(runs, stack):
     for name, a in addons.items():
         if name != "cluster-autoscaler":
             assert a.inputs["deployMode"] == "Unmanaged" and a.inputs["deployNodeType"] == "Node"
-            assert f"{s.resource_prefix}-system" in _deps(rec, a)
+            assert f"{p.names.prefix}-system" in _deps(rec, a)
 
 
 @pytest.mark.parametrize("stack", STACKS)
 def test_addon_versions_are_the_pinned_ones(runs, stack):
     s = load(stack)
+    p = build_plan(s)
     got = {r.inputs["name"]: r.inputs.get("version") for r in of(runs[stack], "vke/addon:Addon")}
-    assert got == {a.name: a.version for a in s.vke_addons()}
+    assert got == {a.name: a.version for a in p.addons}
     assert got["nvidia-device-plugin"] == "v1.1.4"  # VKE changelog, docs 6460/350800
 
 
@@ -351,10 +360,11 @@ def test_rdma_device_plugin_only_where_a_replica_spans_nodes(runs):
 @pytest.mark.parametrize("stack", ["staging", "prod"])
 def test_hpc_pool_is_single_zone_inside_an_hpc_cluster_of_that_zone(new, stack):
     s = load(stack)
+    p = build_plan(s)
     rec = new[stack]
     (pool_name,) = s.cluster.gpu_pools
     hpc = of(rec, "ecs/hpcCluster:HpcCluster")
-    assert len(hpc) == 1 and hpc[0].inputs["zoneId"] == s.pool_zones(pool_name)[0]
+    assert len(hpc) == 1 and hpc[0].inputs["zoneId"] == list(p.pools[pool_name].zones)[0]
     pool = next(r for r in of(rec, "vke/nodePool:NodePool") if r.name.endswith(f"-gpu-{pool_name}"))
     assert len(pool.inputs["nodeConfig"]["subnetIds"]) == 1
     assert pool.inputs["nodeConfig"]["hpcClusterIds"] == [engine.UNKNOWN_SHOWN]  # the new cluster's id
@@ -426,9 +436,10 @@ def test_pulumi_leaves_to_the_controllers_what_they_own(runs, stack):
     Argo Rollouts runs the canary, the weights of the HTTPRoute it moves, so `pulumi up`
     during a rollout or a scale-out does not reset them."""
     s = load(stack)
+    p = build_plan(s)
     rec = runs[stack]
     route = next(r for r in rec.resources if r.inputs.get("kind") == "HTTPRoute")
-    if s.uses_argo_rollouts:
+    if p.rollout.argo:
         assert route.ignore_changes == ["spec.rules[*].backendRefs[*].weight"]
     else:
         assert route.ignore_changes == []
@@ -439,4 +450,4 @@ def test_pulumi_leaves_to_the_controllers_what_they_own(runs, stack):
     assert owner.ignore_changes == ["spec.replicas"]
     # argo-rollouts is installed only where a stack runs its canaries
     releases = {r.inputs["name"] for r in rec.resources if r.type == "kubernetes:helm.sh/v3:Release"}
-    assert ("argo-rollouts" in releases) == s.uses_argo_rollouts
+    assert ("argo-rollouts" in releases) == p.rollout.argo

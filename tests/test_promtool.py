@@ -75,7 +75,7 @@ def humanize_duration(seconds: float) -> str:
 def case_values(ctx) -> dict[str, str]:
     """The rules' template values plus the series label sets the test files use."""
     v = monitoring.template_values(ctx)
-    budget = ctx.settings.slo.e2e_p99_seconds
+    budget = ctx.plan.slo.e2e_p99_seconds
     v.update(e2e_slow_lo=monitoring._num(2 * budget), e2e_slow_hi=monitoring._num(2 * budget + 100),
              e2e_slow_p99=humanize_duration(2 * budget + 99))
     pod = f"{ctx.release}-7d9f8-x2k4q"
@@ -86,6 +86,11 @@ def case_values(ctx) -> dict[str, str]:
         v=f'{sel},pod="{pod}",model_name="{MODEL}",engine="0"',  # a vLLM engine series
         p=f'{sel},pod="{pod}"',  # vLLM's HTTP server series (no model label)
         scrape=f'{sel},pod="{pod}",instance="10.0.0.7:8000"',  # the target's `up`
+        sel=sel,
+        # an Envoy proxy's series, and those of its API listener
+        envoy_pod=f'{monitoring.envoy_selector()},pod="envoy-{ctx.namespace}-{ctx.release}-5f7d9-k2x8p"',
+        e=f'{monitoring.envoy_selector()},pod="envoy-{ctx.namespace}-{ctx.release}-5f7d9-k2x8p",'
+          f'envoy_http_conn_manager_prefix="{v["envoy_listener"]}"',
         at_max_samples=str(minutes + 30),
         at_max_pending=f"{minutes - 5}m",
         at_max_firing=f"{minutes + 10}m",
@@ -265,7 +270,7 @@ def test_a_two_minute_answer_is_slow_for_chat_and_normal_for_reasoning(promtool,
               for le, v in (("60", "0x30"), ("120", "0+4x30"), ("+Inf", "0+4x30"))]
     expected = [{"exp_labels": {"severity": "warning", "namespace": ctx.namespace, "model_name": MODEL},
                  "exp_annotations": {"summary": "P99 end-to-end latency of deepseek is 1m 59s (threshold "
-                                                f"{monitoring._num(ctx.settings.slo.e2e_p99_seconds)}s)"}}]
+                                                f"{monitoring._num(ctx.plan.slo.e2e_p99_seconds)}s)"}}]
     test = {"rule_files": ["recording.yaml", "alerts.yaml"], "evaluation_interval": "1m", "tests": [{
         "interval": "1m", "input_series": series,
         "alert_rule_test": [{"eval_time": "20m", "alertname": "VllmEndToEndLatencyP99High",

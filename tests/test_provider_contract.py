@@ -14,7 +14,7 @@ import pytest
 from pulumi.runtime import rpc
 
 from dsvolc import engine
-from stacks import contract, read_raw, shipped_stacks
+from stacks import SettingsError, contract, parse, read_raw, shipped_stacks
 from stacks.docs import DOC_PAGE, section
 from stacks.settings import (
     GatewaySettings,
@@ -45,6 +45,58 @@ def variant(stack: str, **changes) -> dict:
     return raw
 
 
+# The longest stack name the settings accept and the longest value they accept for every
+# name a stack may choose, found by asking the settings: every cloud name derived from them
+# must still pass the API's rules.
+NAMED = ("cluster.name", "registry.name", "registry.namespace", "registry.mirror_namespace",
+         "registry.repository", "weights.bucket_name")
+POOL = "<serving GPU pool>"
+STACK = "<stack>"
+
+
+def _sized(n: int, fill: str) -> str:
+    return "a" + fill * (n - 2) + "z"
+
+
+def _with_names(names: dict[str, str], stack: str = "prod", **changes) -> tuple[str, dict]:
+    """(stack name, settings) of `stack` with `names` set: POOL renames its serving GPU pool."""
+    raw = variant(stack, **changes)
+    pool = names.get(POOL)
+    if pool:
+        pools = raw["cluster"]["gpu_pools"]
+        pools[pool] = pools.pop(raw["serving"]["gpu_pool"])
+        raw["serving"]["gpu_pool"] = pool
+    for path, value in names.items():
+        if path not in (POOL, STACK):
+            _set(raw, path, value)
+    return names.get(STACK, stack), raw
+
+
+def _accepted(names: dict[str, str]) -> bool:
+    stack, raw = _with_names(names)
+    try:
+        parse(raw, stack=stack)
+    except SettingsError:
+        return False
+    return True
+
+
+def _longest_accepted() -> dict[str, str]:
+    """The longest value of each name the settings accept (the others at their longest too)."""
+    out: dict[str, str] = {}
+    for i, key in enumerate((STACK, POOL, *NAMED)):
+        lo, hi = 3, 256  # lo is accepted, hi is not
+        assert _accepted({**out, key: _sized(lo, "x")}) and not _accepted({**out, key: _sized(hi, "x")}), key
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if _accepted({**out, key: _sized(mid, "x")}) else (lo, mid)
+        out[key] = _sized(lo, "bcdefghijk"[i])
+    return out
+
+
+LONGEST = _longest_accepted()
+
+
 # The shipped stacks, and the branches of the program they do not take (each sets arguments
 # the shipped stacks never do), in both engine modes.
 RUNS = {
@@ -61,6 +113,11 @@ RUNS = {
     "staging:no-in-cluster-gateway": ("staging", variant("staging", serving__in_cluster_gateway=False), "new"),
     "prod:remedy-policy": ("prod", variant("prod", cluster__gpu_pools__h20__auto_repair__remedy_policy_id="rp-x1"),
                            "new"),
+    # a weights prefix has no length limit of its own: no derived string may grow with it
+    "dev:long-prefix": ("dev", variant("dev", weights__prefix="models/" + "deepseek-ai/" * 12 + "v3"), "existing"),
+    "longest-names:new": (*_with_names(LONGEST), "new"),
+    "longest-names:existing": (*_with_names(LONGEST), "existing"),
+    "longest-names:static-key": (*_with_names(LONGEST, cluster__irsa=False), "existing"),
 }
 
 
@@ -82,6 +139,17 @@ def test_every_registered_volcengine_resource_passes_the_contract(recordings, ru
     violations = [str(v) for r in volcengine(rec) for v in C.check(r.type, r.name, r.raw_inputs)]
     assert violations == []
     assert len(volcengine(rec)) >= 25
+
+
+def test_the_longest_names_reach_what_the_api_takes():
+    """The longest names run above are long: the settings stop each name where a name derived
+    from it would break an API rule (stacks/names.py), not far short of it."""
+    lengths = {k: len(v) for k, v in LONGEST.items()}
+    assert lengths == {STACK: 20, POOL: 23, "cluster.name": 40, "registry.name": 30, "registry.namespace": 40,
+                       "registry.mirror_namespace": 40, "registry.repository": 40, "weights.bucket_name": 57}
+    rec = next(iter(r for r in volcengine(engine.run(*_with_names(LONGEST), mode="existing"))
+                    if r.type == "volcengine:iam/role:Role"))
+    assert len(rec.raw_inputs["roleName"]) == 64  # IAM's limit, reached
 
 
 @pytest.mark.parametrize("run", sorted(RUNS))
@@ -160,6 +228,16 @@ INJECTED = [
     ("-nat-eip-cn-beijing-c", "bandwidth", 500, "with billingType PostPaidByTraffic; expected 1..200"),
     # CreateSecurityGroup / CreateHpcCluster character sets: no colon, no space in an HPC description
     ("-nodes-sg", "description", "VKE nodes: in-VPC ingress only", "does not match"),
+    # names and descriptions: character sets and lengths the API documents
+    ("-vpc", "vpcName", "-vpc", "does not match"),
+    ("-vke", "name", "deepseek_prod", "does not match"),
+    ("-gpu-h20", "name", "p" * 65, "does not match"),
+    ("-registry", "name", "deepseek-prod-registry-instance", "does not match"),  # 31 > 30
+    ("-read-policy", "policyName", "r" * 65, "does not match"),
+    ("-logs", "projectName", "DeepSeek-Logs", "does not match"),
+    ("-logs", "description", "logs <and> traces", "does not match"),
+    ("-nodes-ingress-vpc", "description", "", "does not match"),  # a rule's description: 1-255
+    ("-service", "serviceName", "-api", "does not match"),
     ("-bucket", "publicAcl", "public", "private, public-read"),
     ("-encryption", "rule.applyServerSideEncryptionByDefault.sseAlgorithm", "AES128", "kms, AES256, SM4"),
     ("-bucket-policy", "policy", "{not json", "not a JSON document"),

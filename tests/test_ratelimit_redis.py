@@ -13,6 +13,7 @@ import time
 import pytest
 
 import stacks
+from stacks.plan import build_plan
 from workloads.platform import controllers as platform
 
 pytestmark = pytest.mark.integration
@@ -33,7 +34,7 @@ def _expand(args: list[str], env: dict[str, str]) -> list[str]:
 def redis(tmp_path):
     binary = shutil.which("redis-server")
     assert binary, "redis-server not found: apt-get install -y redis-server (CI's .ci/run does)"
-    dep = next(o for o in platform.manifests(stacks.load("staging")) if o["kind"] == "Deployment"
+    dep = next(o for o in platform.manifests(build_plan(stacks.load("staging"))) if o["kind"] == "Deployment"
                and o["metadata"]["name"] == platform.REDIS_NAME)
     (c,) = dep["spec"]["template"]["spec"]["containers"]
     password = "Zq3xTestPassword0123456789abcdef"  # what RandomPassword would put in the Secret

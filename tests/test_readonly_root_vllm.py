@@ -34,6 +34,7 @@ from stacks.constants import MODEL_CACHE_DIR
 from vllm_harness import DEFAULT_SERVER_ARGS, VllmServer, VllmStartupError
 from workloads.engine import engine_args
 from workloads.engine import manifests
+from stacks.plan import build_plan
 from workloads.engine.context import build_context
 
 pytestmark = pytest.mark.integration
@@ -53,7 +54,7 @@ def pod(tiny_deepseek_v2):
     """(model path in the container, args, env, emptyDir mount paths) of the rendered
     serving container of the dev stack, for the tiny model."""
     s = load("dev")
-    ctx = build_context(s, image_repository="r.example/ns/repo", weights_bucket=s.bucket_name)
+    ctx = build_context(build_plan(s), image_repository="r.example/ns/repo")
     model = f"{MODEL_CACHE_DIR}/{tiny_deepseek_v2.name}"
     cfg = json.loads((tiny_deepseek_v2 / "config.json").read_text())
     a = dataclasses.replace(engine_args.from_context(ctx, model), max_model_len=cfg["max_position_embeddings"])

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from capacity.catalog import MODELS, R1_REASONING_PARSER
-from stacks.settings import infer_model_class
+from stacks.plan.build import infer_model_class
 from vllm_harness import make_tiny_model
 
 # importing the real engine package takes seconds (full run only)

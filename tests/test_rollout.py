@@ -102,7 +102,7 @@ def test_progress_deadline_covers_a_model_load():
 def test_no_rollout_when_disabled_or_multi_node():
     assert rollout.render(ctx_for("dev", rollout__enabled=False)) == []
     prod = ctx_for("prod")
-    assert prod.multi_node and prod.settings.rollout.enabled and not prod.settings.uses_argo_rollouts
+    assert prod.multi_node and prod.settings.rollout.enabled and not prod.plan.rollout.argo
     assert rollout.render(prod) == []
 
 

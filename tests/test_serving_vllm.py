@@ -18,6 +18,7 @@ import pytest
 
 from stacks import load
 from workloads.engine import engine_args
+from stacks.plan import build_plan
 from workloads.engine.context import build_context
 
 pytestmark = pytest.mark.integration
@@ -26,7 +27,7 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def rendered(tiny_deepseek_v2):
     s = load("dev")
-    ctx = build_context(s, image_repository="r.example/ns/repo", weights_bucket=s.bucket_name)
+    ctx = build_context(build_plan(s), image_repository="r.example/ns/repo")
     cfg = json.loads((tiny_deepseek_v2 / "config.json").read_text())
     a = engine_args.from_context(ctx, str(tiny_deepseek_v2))
     a = dataclasses.replace(a, max_model_len=cfg["max_position_embeddings"])

@@ -1,5 +1,5 @@
-"""The settings model: the shipped stacks load, bad input is refused with the path of the
-bad value and what was expected, and derived values follow the settings."""
+"""The settings model and its plan: the shipped stacks load, bad input is refused with the
+path of the bad value and what was expected, and derived values follow the settings."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import ipaddress
 
 import pytest
 
-from stacks import SettingsError, load, parse, read_raw, stack_file
+from stacks import SettingsError, load, load_plan, parse, parse_plan, read_raw, stack_file
 from stacks.regions import SUPPORTED_KUBERNETES_VERSIONS
 
 STACKS = ["dev", "staging", "prod"]
@@ -37,20 +37,20 @@ def mutated(stack_: str, **changes) -> dict:
 
 @pytest.mark.parametrize("stack", STACKS)
 def test_shipped_stacks_load(stack):
-    s = load(stack)
-    assert s.environment_class == stack and s.stack == stack
-    assert s.serving_plan.fits
+    p = load_plan(stack)
+    assert p.settings.environment_class == stack and p.settings.stack == stack
+    assert p.serving.engine.fits
 
 
 def test_stacks_differ_where_they_should():
     dev, staging, prod = (load(s) for s in STACKS)
+    dev_plan, prod_plan = load_plan("dev"), load_plan("prod")
     assert len(dev.zones) == 1 and len(staging.zones) >= 2 and len(prod.zones) >= 2
     assert prod.cluster.delete_protection and not prod.cluster.api_server_public
     assert not dev.cluster.delete_protection
-    dev_gpu = dev.cluster.gpu_pools[dev.serving.gpu_pool].hardware()
-    prod_gpu = prod.cluster.gpu_pools[prod.serving.gpu_pool].hardware()
-    assert dev_gpu == ("A10", 1)
-    assert prod_gpu[1] == 8
+    dev_pool, prod_pool = dev_plan.pools[dev.serving.gpu_pool], prod_plan.pools[prod.serving.gpu_pool]
+    assert (dev_pool.gpu, dev_pool.gpus_per_node) == ("A10", 1)
+    assert prod_pool.gpus_per_node == 8
 
 
 # (changes, path named in the error, words of the expectation)
@@ -118,7 +118,16 @@ BAD = [
     ({"serving__engine__speculative_tokens": 1}, "serving.engine", "ships no MTP module"),
     ({"serving__engine__speculative_tokens": 9}, "serving.engine.speculative_tokens", "less than or equal to 4"),
     ({"weights__sse_algorithm": "kms"}, "weights.kms_key_id", "required"),
-    ({"weights__bucket_name": "Bad_Bucket"}, "weights.bucket_name", "pattern"),
+    ({"weights__bucket_name": "Bad_Bucket"}, "weights.bucket_name", "expected 3-57 lower-case letters"),
+    # names the stack derives cloud names from, held to the API's rules (stacks/names.py)
+    ({"weights__bucket_name": "b" * 58}, "weights.bucket_name", "the IAM role <bucket>-reader must fit IAM's 64"),
+    ({"cluster__name": "a" * 41}, "cluster.name", "expected 2-40 lower-case letters"),
+    ({"cluster__name": "1st-cluster"}, "cluster.name", "starting with a letter"),
+    ({"cluster__name": "c"}, "cluster.name", "expected 2-40"),
+    ({"registry__name": "r" * 31}, "registry.name", "expected 3-30 lower-case letters"),
+    ({"registry__name": "9registry"}, "registry.name", "starting with a letter"),
+    ({"registry__namespace": "a--b"}, "registry.namespace", "with single - between them"),
+    ({"registry__mirror_namespace": "m"}, "registry.mirror_namespace", "expected 2-40"),
     ({"gateway__canary_weight": 120}, "gateway.canary_weight", "less than or equal to 100"),
     ({"rollout__steps": [5, 50, 90]}, "rollout.steps", "last step to be 100"),
     ({"rollout__steps": [50, 5, 100]}, "rollout.steps", "strictly increasing"),
@@ -241,7 +250,7 @@ BAD = [
 def test_bad_input_names_path_and_expectation(changes, path, expected):
     raw = mutated("dev", **changes)
     with pytest.raises(SettingsError) as info:
-        parse(raw, "dev", stack="dev")
+        parse_plan(raw, "dev", stack="dev")
     text = str(info.value)
     line = next((p for p in info.value.problems if p.startswith(path)), None)
     assert line is not None, f"no problem names {path!r}:\n{text}"
@@ -252,8 +261,18 @@ def test_bad_input_names_path_and_expectation(changes, path, expected):
 def test_all_problems_are_reported_at_once():
     raw = mutated("dev", colour="blue", gateway__canary_weight=500)
     with pytest.raises(SettingsError) as info:
-        parse(raw, stack="dev")
+        parse_plan(raw, stack="dev")
     assert len(info.value.problems) == 2
+
+
+def test_a_gpu_pool_name_too_long_for_its_node_pool_is_refused():
+    raw = mutated("dev")
+    raw["cluster"]["gpu_pools"]["p" * 24] = raw["cluster"]["gpu_pools"].pop("a10")
+    raw["serving"]["gpu_pool"] = "p" * 24
+    with pytest.raises(SettingsError) as info:
+        parse(raw, stack="dev")
+    (line,) = [p for p in info.value.problems if p.startswith("cluster.gpu_pools.")]
+    assert "expected 1-23 lower-case letters" in line and "fits VKE's 64 characters" in line
 
 
 def test_too_few_bad_inputs_would_fail_the_issue():
@@ -261,12 +280,13 @@ def test_too_few_bad_inputs_would_fail_the_issue():
 
 
 def test_nat_per_zone_except_for_dev():
-    dev, staging, prod = (load(s) for s in STACKS)
-    assert dev.network.nat is None and dev.nat_mode == "shared" and dev.nat_zones() == dev.zones[:1]
-    assert staging.nat_mode == prod.nat_mode == "per_zone"
-    assert prod.nat_zones() == prod.zones and len(prod.zones) == 3
+    dev, staging, prod = (load_plan(s) for s in STACKS)
+    assert dev.settings.network.nat is None and dev.network.nat_mode == "shared"
+    assert dev.network.nat_zones == tuple(dev.settings.zones[:1])
+    assert staging.network.nat_mode == prod.network.nat_mode == "per_zone"
+    assert prod.network.nat_zones == tuple(prod.settings.zones) and len(prod.settings.zones) == 3
     # a dev stack may ask for per-zone egress
-    assert parse(mutated("dev", network__nat="per_zone"), "dev", stack="dev").nat_zones() == ["cn-beijing-a"]
+    assert parse_plan(mutated("dev", network__nat="per_zone"), "dev", stack="dev").network.nat_zones == ("cn-beijing-a",)
 
 
 def test_every_shipped_cidr_is_one_volcengine_accepts():
@@ -275,9 +295,10 @@ def test_every_shipped_cidr_is_one_volcengine_accepts():
 
     c = contract.load()
     for stack in STACKS:
-        s = load(stack)
+        p = load_plan(stack)
+        s = p.settings
         assert not c.problems("volcengine:vpc/vpc:Vpc", "cidrBlock", str(s.network.vpc_cidr))
-        for cidr in [*s.node_subnets().values(), *s.pod_subnets().values()]:
+        for cidr in [*p.network.node_subnets.values(), *p.network.pod_subnets.values()]:
             assert not c.problems("volcengine:vpc/subnet:Subnet", "cidrBlock", str(cidr))
         assert not c.problems("volcengine:vke/cluster:Cluster", "servicesConfig.serviceCidrsv4s",
                               [str(s.network.service_cidr)])
@@ -286,60 +307,61 @@ def test_every_shipped_cidr_is_one_volcengine_accepts():
 
 
 def test_derived_subnets_follow_the_vpc():
-    s = load("staging")
+    p = load_plan("staging")
     vpc = ipaddress.IPv4Network(read_raw("staging")["network"]["vpc_cidr"])
-    subnets = s.node_subnets()
-    assert list(subnets) == s.zones
+    subnets = p.network.node_subnets
+    assert list(subnets) == p.settings.zones
     assert all(c.subnet_of(vpc) for c in subnets.values())
-    pods = s.pod_subnets()
+    pods = p.network.pod_subnets
+    assert pods and list(pods) == p.settings.zones
     assert not any(a.overlaps(b) for a in subnets.values() for b in pods.values())
 
 
 def test_planner_fills_unset_engine_sizes():
     raw = read_raw("staging")
     assert "max_num_seqs" not in raw["serving"]["engine"]
-    s = load("staging")
-    assert s.serving_plan.max_num_seqs >= 1
-    assert s.serving_plan.tensor_parallel_size == raw["serving"]["engine"]["tensor_parallel_size"]
-    assert s.serving_plan.max_model_len == raw["serving"]["engine"]["max_model_len"]
+    engine = load_plan("staging").serving.engine
+    assert engine.max_num_seqs >= 1
+    assert engine.tensor_parallel_size == raw["serving"]["engine"]["tensor_parallel_size"]
+    assert engine.max_model_len == raw["serving"]["engine"]["max_model_len"]
 
 
 def test_infeasible_engine_is_refused_with_bytes():
     raw = mutated("dev", serving__engine__max_model_len=131072, serving__model="deepseek-r1-distill-qwen-14b",
                   serving__engine__tensor_parallel_size=1, serving__engine__pipeline_parallel_size=1)
     with pytest.raises(SettingsError) as info:
-        parse(raw, stack="dev")
+        parse_plan(raw, stack="dev")
     msg = "\n".join(info.value.problems)
     assert "does not fit" in msg and "GiB" in msg
 
 
 def test_supported_versions_are_the_only_ones_accepted():
     for v in SUPPORTED_KUBERNETES_VERSIONS:
-        parse(mutated("dev", cluster__kubernetes_version=v), stack="dev")
+        parse_plan(mutated("dev", cluster__kubernetes_version=v), stack="dev")
 
 
 def test_a_copied_stack_names_its_cloud_resources_after_itself():
-    s = parse(read_raw("dev"), stack="mytest")
-    dev = load("dev")
-    assert s.stack == "mytest" and s.environment_class == "dev"
-    assert s.cluster_name == "deepseek-mytest" != dev.cluster_name
-    assert s.bucket_name == "deepseek-volc-mytest-weights" != dev.bucket_name
-    assert s.registry_name == "deepseek-mytest" and s.resource_prefix == "deepseek-mytest"
-    assert s.resource_tags()["stack"] == "mytest"
-    assert s.policy_config_path == "policies/config/dev.json"
+    p = parse_plan(read_raw("dev"), stack="mytest")
+    dev = load_plan("dev").names
+    assert p.settings.stack == "mytest" and p.settings.environment_class == "dev"
+    assert p.names.cluster == "deepseek-mytest" != dev.cluster
+    assert p.names.bucket == "deepseek-volc-mytest-weights" != dev.bucket
+    assert p.names.registry == "deepseek-mytest" and p.names.prefix == "deepseek-mytest"
+    assert p.tags["stack"] == "mytest"
+    assert p.policy_config == "policies/config/dev.json"
 
 
 def test_the_policy_config_follows_the_class_unless_named():
     raw = mutated("dev", environment_class="prod")
-    assert parse(raw, stack="mytest").policy_config_path == "policies/config/prod.json"
+    assert parse_plan(raw, stack="mytest").policy_config == "policies/config/prod.json"
     raw["policy_config"] = "policies/config/staging.json"
-    assert parse(raw, stack="mytest").policy_config_path == "policies/config/staging.json"
+    assert parse_plan(raw, stack="mytest").policy_config == "policies/config/staging.json"
 
 
 @pytest.mark.parametrize("name", ["My_Test", "-dev", "a" * 21, ""])
 def test_a_stack_name_that_cannot_name_cloud_resources_is_refused(name):
     with pytest.raises(SettingsError) as info:
-        parse(read_raw("dev"), stack=name)
+        parse_plan(read_raw("dev"), stack=name)
     assert any(p.startswith(f"stack name {name!r}") and "DNS label" in p for p in info.value.problems)
 
 
@@ -347,7 +369,7 @@ def test_a_replica_spanning_nodes_is_refused_unless_multi_node_naming_a_pool_tha
     # 14B in bf16 does not fit one 24 GB A10: the planner would pipeline it over 2 nodes.
     raw = mutated("dev", serving__model="deepseek-r1-distill-qwen-14b", serving__engine__max_model_len=8192)
     with pytest.raises(SettingsError) as info:
-        parse(raw, stack="dev")
+        parse_plan(raw, stack="dev")
     (line,) = [p for p in info.value.problems if p.startswith("serving.multi_node")]
     assert "needs 2 nodes of A10 x 1" in line and "set serving.multi_node: true" in line
     # catalogued instance types come first (they can be ordered as they are): one A100 80 GB
@@ -358,14 +380,14 @@ def test_a_replica_spanning_nodes_is_refused_unless_multi_node_naming_a_pool_tha
     # one two-node group fills the 3-node pool; updates replace it in place (no surge)
     raw["autoscaling"] = {"max_replicas": 1}
     raw["rollout"] = {"max_surge": 0}
-    s = parse(raw, stack="dev")
-    assert s.serving_plan.nodes == 2 and s.serving_plan.pipeline_parallel_size == 2
+    engine = parse_plan(raw, stack="dev").serving.engine
+    assert engine.nodes == 2 and engine.pipeline_parallel_size == 2
 
 
 def test_prod_states_that_its_replicas_span_nodes():
     raw = mutated("prod", serving__multi_node=False)
     with pytest.raises(SettingsError) as info:
-        parse(raw, stack="prod")
+        parse_plan(raw, stack="prod")
     (line,) = [p for p in info.value.problems if p.startswith("serving.multi_node")]
     assert line.startswith("serving.multi_node: one replica of deepseek-r1 needs 2 nodes of H20 x 8")
     # with less KV cache one H20 x 8 node holds it: the catalogued type is named
@@ -457,6 +479,69 @@ def test_a_cidr_with_host_bits_in_the_file_says_so(tmp_path):
 ])
 def test_nothing_close_suggests_nothing(changes, path):
     with pytest.raises(SettingsError) as info:
-        parse(mutated("dev", **changes), "dev", stack="dev")
+        parse_plan(mutated("dev", **changes), "dev", stack="dev")
     (line,) = [p for p in info.value.problems if p.startswith(path)]
     assert "did you mean" not in line
+
+
+# -- where instance types are sold (stacks.regions.refuse_unsold) ----------------------------
+
+def _placed(stack_: str, pool: str, region: str, zones: list[str]) -> dict:
+    return mutated(stack_, region=region, zones=zones,
+                   **{f"cluster__gpu_pools__{pool}__zones": zones[:1]})
+
+
+@pytest.mark.parametrize("stack_,pool,region,zones,seen", [
+    # H20 (hpcpni3ln) is seen only in cn-beijing; A100 (hpcpni2) only in cn-shanghai
+    ("prod", "h20", "ap-southeast-1", ["ap-southeast-1a", "ap-southeast-1b"], "seen in cn-beijing (cn-beijing-e)"),
+    ("staging", "a100", "cn-hongkong", ["cn-hongkong-a", "cn-hongkong-b"], "seen in cn-shanghai (cn-shanghai-a)"),
+])
+def test_a_pool_where_no_source_shows_its_type_is_warned_with_where_it_is_seen(stack_, pool, region, zones, seen):
+    from stacks.regions import PlacementWarning
+
+    with pytest.warns(PlacementWarning) as caught:
+        parse_plan(_placed(stack_, pool, region, zones), stack_, stack=stack_)
+    text = " ".join(str(w.message) for w in caught if issubclass(w.category, PlacementWarning))
+    assert text.startswith(f"cluster.gpu_pools.{pool}.instance_type: no source shows")
+    assert region in text and seen in text
+
+
+def test_a_pool_where_its_type_is_seen_is_not_warned():
+    import warnings
+
+    from stacks.regions import PlacementWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PlacementWarning)
+        load("prod")  # ecs.hpcpni3ln.45xlarge in cn-beijing: seen there
+
+
+def test_a_type_a_source_says_is_not_sold_in_the_region_is_refused(monkeypatch):
+    from stacks import regions
+
+    monkeypatch.setitem(regions.NOT_SOLD, ("ecs.hpcpni3ln.45xlarge", "ap-southeast-1"), "a test source")
+    with pytest.raises(SettingsError) as info:
+        parse_plan(_placed("prod", "h20", "ap-southeast-1", ["ap-southeast-1a", "ap-southeast-1b"]), "prod", stack="prod")
+    line = next(p for p in info.value.problems if p.startswith("cluster.gpu_pools.h20.instance_type"))
+    assert "is not sold in ap-southeast-1 (a test source)" in line
+    assert "expected a region where it is sold: seen in cn-beijing (cn-beijing-e)" in line
+
+
+def test_every_sighting_names_a_known_region_zone_and_source():
+    from capacity.instances import INSTANCE_CATALOG
+    from stacks.regions import REGION_ZONES, where_sold
+
+    seen = {t: where_sold(t) for t in INSTANCE_CATALOG}
+    assert where_sold("ecs.unknown.large") is None
+    assert seen["ecs.hpcpni3ln.45xlarge"][0].region == "cn-beijing"
+    for sightings in seen.values():
+        for s in sightings:
+            assert s.region in REGION_ZONES and set(s.zones) <= set(REGION_ZONES[s.region])
+            assert "file id" in s.source and s.read == "2026-12-01"
+
+
+def test_the_availability_table_in_the_docs_is_current():
+    from stacks.docs import DOC_PAGE, availability_table, section
+
+    assert section(DOC_PAGE.read_text(), "availability") == availability_table(), \
+        "docs/infrastructure.md is stale: python -m stacks.docs --update"

@@ -22,7 +22,7 @@ def _version() -> None:  # a second command keeps `size` a named sub-command
 
 runner = CliRunner()
 KEYS = {"fits", "model", "gpu", "node", "replica", "weights_format", "kv_cache_dtype", "reasons", "notes"}
-FIT_KEYS = KEYS | {"memory_per_gpu", "kv_cache", "engine", "concurrency"}
+FIT_KEYS = KEYS | {"memory_per_gpu", "kv_cache", "engine", "concurrency", "performance", "capacity", "cost"}
 
 
 def run(*args: str):
@@ -47,6 +47,10 @@ def test_json_answer_for_every_model_and_gpu(model):
             assert (e["tensor_parallel_size"], e["pipeline_parallel_size"]) == (
                 r["tensor_parallel_size"], r["pipeline_parallel_size"])
             assert data["kv_cache"]["tokens"] >= e["max_model_len"]
+            perf = data["performance"]
+            assert perf["source"] == "capacity/perf.py" and "calibrated" in perf["model"]
+            assert 0 < perf["decode_tokens_per_s_per_gpu"] <= perf["physical_bound_tokens_per_s_per_gpu"]
+            assert data["capacity"]["replicas"] >= 1 and data["cost"]["priced"] is False
 
 
 def test_table_output():
@@ -168,3 +172,89 @@ def test_local_model_dir(tiny_llama):
     assert res.exit_code == 0, res.output
     # 2 (K,V) x 2 layers x 1 KV head x 64 x 4 bytes (the tiny llama is float32)
     assert json.loads(res.stdout)["kv_cache"]["bytes_per_token_per_gpu"] == 2 * 2 * 1 * 64 * 4
+
+
+def test_table_prints_the_performance_estimate_with_its_model_named():
+    res = run("--model", "deepseek-r1-distill-llama-8b", "--gpu", "L20", "--context", "8192")
+    assert res.exit_code == 0, res.output
+    text = " ".join(res.stdout.split())
+    assert "model: capacity/perf.py, calibrated ±25% against 8 published figures" in text
+    for word in ("TTFT", "ITL", "decode tok/s per GPU", "physical bound", "replicas"):
+        assert word in text
+    assert "no price" in text and "--price-per-hour" in text  # no invented price
+
+
+def test_workload_flags_size_the_load_and_price_it():
+    args = ("--model", "deepseek-r1-distill-qwen-7b", "--gpu", "A10", "--input-tokens", "1024",
+            "--output-tokens", "256", "--target-rps", "12", "--itl-slo", "0.06", "--ttft-slo", "1.5", "--json")
+    data = json.loads(run(*args).stdout)
+    cap, perf = data["capacity"], data["performance"]
+    assert cap["workload"] == {"input_tokens": 1024, "output_tokens": 256, "target_rps": 12.0,
+                               "ttft_slo_s": 1.5, "itl_slo_s": 0.06, "concurrency": None}
+    assert perf["input_tokens"] == 1024 and perf["output_tokens"] == 256
+    assert cap["itl_s"] <= 0.06 and cap["ttft_s"] <= 1.5
+    assert cap["replicas"] == -(-12 // cap["requests_per_s_per_replica"]) or \
+        cap["replicas"] * cap["requests_per_s_per_replica"] >= 12 > (cap["replicas"] - 1) * cap["requests_per_s_per_replica"]
+    assert cap["nodes"] == cap["replicas"] * data["replica"]["nodes"]
+    priced = json.loads(run(*args, "--price-per-hour", "7.5", "--currency", "CNY").stdout)["cost"]
+    assert priced["priced"] and priced["pricing_source"] == "--price-per-hour" and priced["currency"] == "CNY"
+    assert priced["per_hour"] == 7.5 * cap["nodes"]
+    fixed = json.loads(run(*args[:-1], "--concurrency", "4", "--json").stdout)
+    assert fixed["performance"]["concurrency"] == 4 == fixed["capacity"]["concurrency_per_replica"]
+
+
+def test_bad_workload_flags_exit_2_naming_the_flag():
+    res = run("--model", "deepseek-r1-distill-qwen-7b", "--gpu", "A10", "--ttft-slo", "-1")
+    assert res.exit_code == 2 and "ttft-slo" in res.output and "Traceback" not in res.output
+    res = run("--model", "deepseek-r1-distill-qwen-7b", "--gpu", "A10", "--input-tokens", "0")
+    assert res.exit_code == 2 and "input-tokens" in res.output
+
+
+def test_compare_lists_feasible_layouts_ranked():
+    res = run("--model", "deepseek-r1", "--gpu", "H20", "--context", "16384", "--target-rps", "20",
+              "--itl-slo", "0.05", "--compare", "--json")
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    rows = data["rows"]
+    assert len(rows) >= 3 and "calibrated" in data["model"]
+    assert len({(r["instance_type"], r["layout"]) for r in rows}) == len(rows)
+    gpus = [r["capacity"]["gpus"] for r in rows]
+    assert gpus == sorted(gpus)  # unpriced: ranked by GPUs needed
+    for r in rows:
+        assert r["capacity"]["feasible"] and r["capacity"]["itl_s"] <= 0.05
+    # expert parallelism across nodes appears only on instance types with RDMA
+    from capacity.instances import INSTANCE_CATALOG
+    for r in rows:
+        if r["capacity"]["nodes"] and "EP" in r["layout"] and "2 node" in r["layout"]:
+            assert r["instance_type"] and INSTANCE_CATALOG[r["instance_type"]].rdma
+    table = runner.invoke(app, ["size", "--model", "deepseek-r1", "--gpu", "H20", "--context", "16384",
+                                "--target-rps", "20", "--itl-slo", "0.05", "--compare"], env={"COLUMNS": "250"})
+    text = " ".join(table.stdout.split())
+    assert "feasible layouts" in text and "cost / M tok" in text and "Ranked by GPUs needed" in text
+
+
+def test_compare_ranks_by_cost_when_priced(tmp_path):
+    import yaml
+    f = tmp_path / "prices.yaml"
+    f.write_text(yaml.safe_dump({"currency": "CNY", "prices": {
+        "ecs.hpcpni3ln.45xlarge": {"per_hour": 300.0, "source": "a quote", "read": "2026-12-01"},
+        "ecs.ebmhpcpni3l.48xlarge": {"per_hour": 320.0, "source": "a quote", "read": "2026-12-01"}}}))
+    res = run("--model", "deepseek-r1", "--gpu", "H20", "--context", "16384", "--target-rps", "20",
+              "--itl-slo", "0.05", "--compare", "--pricing", str(f), "--json")
+    rows = json.loads(res.stdout)["rows"]
+    priced = [r for r in rows if r["cost"]["priced"]]
+    assert priced and all(r["cost"]["pricing_source"] == str(f) for r in priced)
+    costs = [r["cost"]["per_million_tokens"] for r in priced]
+    assert costs == sorted(costs) and rows[:len(priced)] == priced
+
+
+def test_a_malformed_pricing_file_exits_2_naming_the_entry(tmp_path):
+    f = tmp_path / "prices.yaml"
+    f.write_text("currency: CNY\nprices:\n  ecs.gni2.3xlarge: {per_hour: -1, source: x, read: '2026-12-01'}\n")
+    res = run("--model", "deepseek-r1-distill-qwen-1.5b", "--gpu", "ecs.gni2.3xlarge", "--pricing", str(f))
+    assert res.exit_code == 2 and "prices.ecs.gni2.3xlarge.per_hour" in res.output and "Traceback" not in res.output
+
+
+def test_compare_with_an_unreachable_slo_says_so_and_exits_1():
+    res = run("--model", "deepseek-r1-distill-qwen-7b", "--gpu", "A10", "--itl-slo", "0.0001", "--compare")
+    assert res.exit_code == 1 and "no catalogued layout" in " ".join(res.stdout.split())

@@ -28,6 +28,7 @@ from workloads.edge import network_policy
 from workloads.platform import controllers as platform
 from workloads.observability import telemetry
 from workloads.supply_chain import versions
+from stacks.plan import build_plan
 from workloads.engine.context import build_context
 
 DATA = Path(__file__).resolve().parent / "data" / "otel-collector"
@@ -47,7 +48,7 @@ def stack(name: str = "prod", **changes):
 
 
 def ctx_of(s):
-    return build_context(s, image_repository="r.example/ns/repo", weights_bucket=s.bucket_name)
+    return build_context(build_plan(s), image_repository="r.example/ns/repo")
 
 
 def args_of(s) -> list[str]:
@@ -120,7 +121,7 @@ def test_vllm_parser_reads_the_observability_flags_as_meant():
     assert out.returncode == 0, out.stderr[-2000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got == {
-        "otlp": telemetry.otlp_grpc_endpoint(s), "detailed": ["all"], "log_requests": True, "log_outputs": True,
+        "otlp": telemetry.otlp_grpc_endpoint(build_plan(s)), "detailed": ["all"], "log_requests": True, "log_outputs": True,
         "max_log_len": 512, "request_id_headers": True, "quiet": "/health,/metrics", "formatter": "json",
         "level": "DEBUG",
     }
@@ -219,11 +220,11 @@ def _chart_schema_errors(values: dict) -> list[str]:
 
 @pytest.mark.parametrize("name", STACKS)
 def test_collector_values_pass_the_charts_schema(name):
-    assert _chart_schema_errors(telemetry.collector_values(stack(name), "trace-topic")) == []
+    assert _chart_schema_errors(telemetry.collector_values(build_plan(stack(name)), "trace-topic")) == []
 
 
 def test_the_chart_schema_check_can_fail():
-    values = telemetry.collector_values(stack("prod"), "t")
+    values = telemetry.collector_values(build_plan(stack("prod")), "t")
     values["image"]["repo"] = "typo"
     assert _chart_schema_errors(values)
 
@@ -238,7 +239,7 @@ def _built_in() -> dict[str, set[str]]:
 
 @pytest.mark.parametrize("backend", ["tls", "apmplus"])
 def test_every_collector_component_is_built_into_the_image(backend):
-    cfg = telemetry.collector_config(stack("prod", observability__tracing__backend=backend), "t")
+    cfg = telemetry.collector_config(build_plan(stack("prod", observability__tracing__backend=backend)), "t")
     built = _built_in()
     for kind in ("extensions", "receivers", "processors", "exporters"):
         for name in cfg[kind]:
@@ -253,38 +254,38 @@ def test_every_collector_component_is_built_into_the_image(backend):
 
 def test_tls_exporter_writes_the_stacks_trace_topic():
     s = stack("prod")
-    (exp,) = telemetry.collector_config(s, "topic-123")["exporters"].values()
+    (exp,) = telemetry.collector_config(build_plan(s), "topic-123")["exporters"].values()
     assert exp["endpoint"] == "https://tls-cn-beijing.volces.com:4318"
     assert exp["headers"]["x-tls-otel-tracetopic"] == "topic-123"
     assert exp["headers"]["x-tls-otel-region"] == s.region
     assert exp["headers"]["x-tls-otel-ak"] == "${env:TLS_ACCESS_KEY_ID}"
-    env = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in telemetry.collector_values(s, "t")["extraEnvs"]}
+    env = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in telemetry.collector_values(build_plan(s), "t")["extraEnvs"]}
     assert env["TLS_ACCESS_KEY_ID"] == {"name": "otel-exporter-credentials", "key": "access_key_id", "optional": True}
     assert env["TLS_SECRET_ACCESS_KEY"]["key"] == "secret_access_key"
 
 
 def test_apmplus_exporter_and_an_explicit_endpoint():
     s = stack("staging", observability__tracing__backend="apmplus", observability__tracing__credentials_secret="apm")
-    (exp,) = telemetry.collector_config(s)["exporters"].values()
+    (exp,) = telemetry.collector_config(build_plan(s))["exporters"].values()
     region = s.region
     assert exp["endpoint"] == f"https://apmplus-{region}.volces.com:4318"
     assert exp["headers"] == {"X-ByteAPM-AppKey": "${env:APMPLUS_APP_KEY}"}
-    (env,) = telemetry.collector_values(s)["extraEnvs"]
+    (env,) = telemetry.collector_values(build_plan(s))["extraEnvs"]
     assert env["valueFrom"]["secretKeyRef"]["name"] == "apm"
     s = stack("staging", observability__tracing__endpoint="https://otlp.example.com:4318")
-    assert telemetry.collector_config(s, "t")["exporters"]["otlphttp/tls"]["endpoint"] == "https://otlp.example.com:4318"
+    assert telemetry.collector_config(build_plan(s), "t")["exporters"]["otlphttp/tls"]["endpoint"] == "https://otlp.example.com:4318"
 
 
 def test_collector_release_follows_the_settings():
     s = stack("prod", observability__tracing__collector_replicas=3)
-    (rel,) = [r for r in platform.releases(s, "t") if r["name"] == "otel-collector"]
+    (rel,) = [r for r in platform.releases(build_plan(s), "t") if r["name"] == "otel-collector"]
     assert rel["namespace"] == "observability"
     # from the stack's mirror, like every chart (workloads/supply_chain/mirror.py)
-    assert (rel["chart"], rel["version"]) == (mirror.chart_ref(s, versions.OTEL_COLLECTOR), versions.OTEL_COLLECTOR.version)
+    assert (rel["chart"], rel["version"]) == (mirror.chart_ref(build_plan(s), versions.OTEL_COLLECTOR), versions.OTEL_COLLECTOR.version)
     assert rel["repository_url"] is None
     v = rel["values"]
     assert v["replicaCount"] == 3 and v["mode"] == "deployment" and v["fullnameOverride"] == telemetry.COLLECTOR
-    assert v["image"] == {"repository": f"{mirror.mirror_prefix(s)}/otel/opentelemetry-collector-k8s", "tag": "0.158.0"}
+    assert v["image"] == {"repository": f"{mirror.mirror_prefix(build_plan(s))}/otel/opentelemetry-collector-k8s", "tag": "0.158.0"}
     assert all(not v["ports"][p]["enabled"] for p in ("jaeger-compact", "jaeger-thrift", "jaeger-grpc", "zipkin"))
 
 
@@ -298,7 +299,8 @@ def test_dashboard_has_a_request_box_and_the_searches():
     assert var["type"] == "textbox"
     (panel,) = [p for p in model["panels"] if p["title"] == "Follow a request"]
     text = panel["options"]["content"]
-    assert s.log_project_name in text and s.trace_instance_name in text
+    names = build_plan(s).names
+    assert names.log_project in text and names.trace_instance in text
     assert 'request_id:"${request_id}"' in text and 'message:#"${request_id}"' in text
     assert "https://console.volcengine.com/tls/region:tls+cn-beijing/" in text
     assert model["links"][0]["url"] == "https://console.volcengine.com/tls/region:tls+cn-beijing/"

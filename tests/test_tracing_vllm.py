@@ -32,6 +32,7 @@ from stacks import parse, read_raw
 from stacks.logschema import MESSAGE_DELIMITERS, SERVING_LOG_KEYS
 from workloads.engine import engine_args
 from workloads.observability import telemetry
+from stacks.plan import build_plan
 from workloads.engine.context import build_context
 
 pytestmark = pytest.mark.integration
@@ -89,7 +90,7 @@ def stack():
     raw = copy.deepcopy(read_raw("dev"))
     raw.setdefault("observability", {}).setdefault("tracing", {})["detailed"] = "all"
     s = parse(raw, stack="dev")
-    return build_context(s, image_repository="r.example/ns/repo", weights_bucket=s.bucket_name)
+    return build_context(build_plan(s), image_repository="r.example/ns/repo")
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +101,7 @@ def rendered(stack, tiny_deepseek_v2, receiver):
     a = dataclasses.replace(a, max_model_len=cfg["max_position_embeddings"])
     args = engine_args.without_flags(engine_args.render(a), engine_args.GPU_ONLY_FLAGS | {"--host", "--port"})
     i = args.index("--otlp-traces-endpoint")
-    assert args[i + 1] == telemetry.otlp_grpc_endpoint(stack.settings)  # what the cluster gets
+    assert args[i + 1] == telemetry.otlp_grpc_endpoint(build_plan(stack.settings))  # what the cluster gets
     args[i + 1] = f"http://127.0.0.1:{port}"
     return args
 

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from dsvolc import preview
-from stacks import SettingsError, load, parse, read_raw
+from stacks import SettingsError, load, parse, parse_plan, read_raw
 from test_autoscaling import ctx_for
 from workloads.engine import autoscaling
 from workloads.engine import engine_args
@@ -37,7 +37,7 @@ def problems(stack: str, **changes) -> list[str]:
             node = node.setdefault(k, {})
         node[keys[-1]] = value
     with pytest.raises(SettingsError) as info:
-        parse(raw, stack, stack=stack)
+        parse_plan(raw, stack, stack=stack)
     return info.value.problems
 
 
@@ -86,7 +86,7 @@ def test_model_json_holds_exactly_the_engine_arguments_vllm_would_get():
                 continue  # the frontend's, not the engine's
             want = doc[field]
             assert str(want) == flags[i + 1] or f"{want:.2f}" == flags[i + 1], field
-    assert doc["max_model_len"] == ctx.plan.max_model_len == load(STACK).serving.engine.max_model_len
+    assert doc["max_model_len"] == ctx.engine.max_model_len == load(STACK).serving.engine.max_model_len
     assert doc["disable_log_stats"] is False
     # and the pod template says the same in vLLM's words
     md = deployment(ctx)["spec"]["template"]["metadata"]
@@ -189,7 +189,7 @@ def test_rules_reading_what_triton_lacks_are_left_out_and_triton_rules_added():
     ctx = ctx_for(STACK)
     alerts = set(monitoring.alert_names(ctx))
     assert {"TritonRequestErrorRateHigh", "TritonQueueTimeHigh", "VllmTimeToFirstTokenP99High",
-            "VllmEndToEndLatencyP99High", "GpuXidErrors"} <= alerts
+            "VllmEndToEndLatencyP99High", "GpuXidHardware"} <= alerts
     assert not alerts & {"VllmErrorRateHigh", "VllmKVCacheHigh", "VllmQueueGrowingWhileKVCacheFull"}
     assert "VllmErrorRateHigh" in monitoring.alert_names(ctx_for("dev"))
     monitor = next(o for o in monitoring.render(ctx) if o["kind"] == "PodMonitor" and o["metadata"]["name"].endswith("-vllm"))

@@ -25,6 +25,7 @@ import pytest
 from stacks import parse, read_raw
 from workloads.engine import engine_args
 from workloads.engine import manifests
+from stacks.plan import build_plan
 from workloads.engine.context import build_context
 
 # vLLM's own parser: importing the real engine package takes seconds (full run only)
@@ -113,7 +114,7 @@ def ctx_for(stack: str, engine: dict | None = None, **sections):
             doc = doc.setdefault(k, {})
         doc[keys[-1]] = value
     s = parse(raw, stack=stack)
-    return build_context(s, image_repository="cr.example/ns/repo", weights_bucket=s.bucket_name)
+    return build_context(build_plan(s), image_repository="cr.example/ns/repo")
 
 
 VARIANTS = {
@@ -135,7 +136,7 @@ VARIANTS = {
 def test_every_rendered_flag_is_accepted_by_vllm(variant, vllm_parser, stub_dir):
     stack, engine, sections = VARIANTS[variant]
     ctx = ctx_for(stack, engine, **sections)
-    p = ctx.plan
+    p = ctx.engine
     assert p.fits
     for role, container, env in containers(ctx):
         argv = final_argv(container, env, stub_dir)
@@ -166,7 +167,7 @@ def test_every_rendered_flag_is_accepted_by_vllm(variant, vllm_parser, stub_dir)
 
 
 def test_the_layouts_tested_are_the_ones_the_planner_offers():
-    seen = {(ctx.plan.parallelism, ctx.plan.nodes > 1)
+    seen = {(ctx.engine.parallelism, ctx.engine.nodes > 1)
             for ctx in (ctx_for(stack, engine, **sections) for stack, engine, sections in VARIANTS.values())}
     assert seen >= {("dp_ep", True), ("tp_ep", True), ("tp_pp", True), ("dp_ep", False), ("tp_pp", False)}
 

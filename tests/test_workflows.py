@@ -8,10 +8,12 @@ offline verdict that reads no secret so forks get one too."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from importlib.resources import files
 from pathlib import Path
 
@@ -27,9 +29,29 @@ STACKS = sorted(p.name.split(".")[1] for p in (ROOT / "stacks").glob("Pulumi.*.y
 DEPLOYED = [s for s in STACKS if not s.endswith("-example")]
 
 
-def load(name: str) -> dict:
+def load(name: str, root: Path = ROOT) -> dict:
     # YAML 1.2 (ruamel): `on` stays a key; PyYAML's YAML 1.1 would read it as True.
-    return YAML(typ="safe").load((WORKFLOWS / name).read_text())
+    return YAML(typ="safe").load((root / ".github" / "workflows" / name).read_text())
+
+
+def stack_lists(workflow: str, root: Path = ROOT, env: dict | None = None) -> dict:
+    """Run the `stacks` job's listing step of a workflow as the runner would, in `root`,
+    and return what it writes to $GITHUB_OUTPUT (the matrices the other jobs read)."""
+    job = load(workflow, root)["jobs"]["stacks"]
+    (step,) = [s for s in _steps(job) if s.get("id") == "list"]
+    out = Path(tempfile.mkdtemp(prefix="github-output-")) / "output"
+    out.write_text("")
+    step_env = {k: v for k, v in (step.get("env") or {}).items()}  # ${{ inputs.* }} stand-ins below
+    run_env = {**os.environ, "GITHUB_OUTPUT": str(out),
+               "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+               **{k: "" for k in step_env}, **(env or {})}
+    done = subprocess.run(["bash", "-e", "-c", step["run"]], cwd=root, env=run_env, capture_output=True, text=True,
+                          timeout=120)
+    written = out.read_text()
+    shutil.rmtree(out.parent)
+    if done.returncode != 0:
+        return {"error": done.stderr}
+    return {k: json.loads(v) if v.startswith("[") else v for k, v in (line.split("=", 1) for line in written.splitlines())}
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +98,10 @@ def test_pull_requests_get_a_commented_pulumi_preview_with_the_pack():
     wf = load("preview.yml")
     assert "pull_request" in wf["on"]
     job = wf["jobs"]["pulumi-preview"]
-    assert sorted(job["strategy"]["matrix"]["stack"]) == DEPLOYED
+    # the stacks come from stacks/Pulumi.*.yaml at run time, not from a list in the workflow
+    assert job["needs"] == "stacks" and job["strategy"]["matrix"]["stack"] == "${{ fromJSON(needs.stacks.outputs.deployed) }}"
+    assert stack_lists("preview.yml")["deployed"] == DEPLOYED
+    assert wf["jobs"]["stacks"]["if"] == job["if"]
     assert job["permissions"] == {"contents": "read", "pull-requests": "write"}
     # forks get no secrets: this job is skipped for them, offline-preview covers them
     assert "head.repo.full_name == github.repository" in job["if"]
@@ -110,9 +135,20 @@ def test_main_runs_pulumi_up_with_prod_behind_an_approval():
     wf = load("deploy.yml")
     assert wf["on"]["push"]["branches"] == ["main"]
     jobs = wf["jobs"]
-    assert jobs["up-staging"]["needs"] == "up-dev" and jobs["up-prod"]["needs"] == "up-staging"
-    assert {j["with"]["stack"] for n, j in jobs.items() if n != "bootstrap"} == set(DEPLOYED)
+    assert "up-dev" in jobs["up-staging"]["needs"] and "up-staging" in jobs["up-prod"]["needs"]
+    # one tier per environment class, its stacks listed from stacks/Pulumi.*.yaml at run time;
+    # each runs in the GitHub environment of its class (prod: the one with reviewers)
+    lists = stack_lists("deploy.yml")
+    for cls in ("dev", "staging", "prod"):
+        tier = jobs[f"up-{cls}"]
+        assert tier["strategy"]["matrix"]["stack"] == f"${{{{ fromJSON(needs.stacks.outputs.{cls}) }}}}"
+        assert tier["with"] == {"stack": "${{ matrix.stack }}", "environment": cls}
+        assert lists[cls] == [s for s in DEPLOYED if load_stack(s).environment_class == cls]
+    assert sorted(lists["dev"] + lists["staging"] + lists["prod"]) == DEPLOYED
     assert jobs["bootstrap"]["with"]["stack"] == "${{ inputs.bootstrap }}"
+    assert jobs["bootstrap"]["with"]["environment"] == "${{ needs.stacks.outputs.bootstrap-environment }}"
+    assert stack_lists("deploy.yml", env={"BOOTSTRAP": "prod"})["bootstrap-environment"] == "prod"
+    assert "not a deployed stack" in stack_lists("deploy.yml", env={"BOOTSTRAP": "qa"})["error"]
     assert jobs["up-prod"]["with"]["environment"] == "prod"
     called = load(Path(jobs["up-prod"]["uses"]).name)
     assert "workflow_call" in called["on"]
@@ -142,8 +178,11 @@ def test_updates_run_inside_the_stacks_vpc_and_bootstrap_only_a_new_stack():
     deploy = load("deploy.yml")
     assert deploy["jobs"]["bootstrap"]["with"]["bootstrap"] is True
     assert all("bootstrap" not in j.get("with", {}) for n, j in deploy["jobs"].items() if n != "bootstrap")
+    # no workflow names a stack's runner label: the label follows the stack's name, so a new
+    # stack needs none added (actionlint's config lists the literal labels only)
+    text = " ".join(p.read_text() for p in WORKFLOWS.glob("*.yml"))
     labels = YAML(typ="safe").load((ROOT / ".github" / "actionlint.yaml").read_text())["self-hosted-runner"]["labels"]
-    assert {f"deepseek-volc-{s}" for s in DEPLOYED} <= set(labels)
+    assert not [s for s in STACKS if f"deepseek-volc-{s}" in text or f"deepseek-volc-{s}" in labels]
 
 
 def test_offline_verdict_reads_no_secret_and_covers_every_stack():
@@ -153,12 +192,39 @@ def test_offline_verdict_reads_no_secret_and_covers_every_stack():
     assert "pull_request" in wf["on"] and "pull_request_target" not in wf["on"]
     assert wf["permissions"] == {} and job_permissions(wf) == {"contents": "read"}
     job = wf["jobs"]["dsvolc-preview"]
-    assert sorted(job["strategy"]["matrix"]["stack"]) == STACKS
+    assert job["needs"] == "stacks" and job["strategy"]["matrix"]["stack"] == "${{ fromJSON(needs.stacks.outputs.all) }}"
+    assert stack_lists("offline-preview.yml")["all"] == STACKS
     runs = " ".join(s.get("run", "") for s in _steps(job))
     assert 'dsvolc.cli preview "$STACK"' in runs and job["env"]["STACK"] == "${{ matrix.stack }}"
-    # the default preview judges the first apply of every stack too (first_apply in the JSON)
-    assert "--existing" not in runs and "--new-stack" not in runs and 'get("first_apply"' in runs
+    # the verdict's preview judges the first apply of every stack too (first_apply in the JSON);
+    # the --against step compares the stack as deployed only
+    verdict = next(s["run"] for s in _steps(job) if s.get("name") == "Preview and policy verdict")
+    assert "--existing" not in verdict and "--new-stack" not in verdict and 'get("first_apply"' in verdict
     assert "if" not in job  # forks included
+
+
+def load_stack(name: str):
+    from stacks import load as load_settings
+
+    return load_settings(name)
+
+
+def test_a_new_stack_file_joins_every_matrix_without_editing_a_workflow(tmp_path):
+    """`dsvolc new` writes one file; the workflows' stack lists, computed from the files at
+    run time, take it in: offline and real previews, and the deploy tier of its class."""
+    for part in ("stacks", ".github", "dsvolc"):
+        shutil.copytree(ROOT / part, tmp_path / part, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "Pulumi.yaml", tmp_path)
+    name = next(n for n in ("alice", "bob", "carol", "dave") if n not in STACKS)  # a stack that is not there yet
+    made = subprocess.run([sys.executable, "-m", "dsvolc.cli", "new", name, "--from", "dev", "--class", "staging",
+                           "--stacks-dir", str(tmp_path / "stacks")], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert made.returncode == 0, made.stderr
+    assert name in stack_lists("offline-preview.yml", tmp_path)["all"]
+    assert name in stack_lists("preview.yml", tmp_path)["deployed"]
+    tiers = stack_lists("deploy.yml", tmp_path, env={"BOOTSTRAP": name})
+    assert name in tiers["staging"] and name not in tiers["dev"] + tiers["prod"]
+    assert tiers["bootstrap-environment"] == "staging"
 
 
 def test_every_job_has_a_timeout():

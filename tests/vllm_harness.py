@@ -17,6 +17,7 @@ Usage::
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -29,7 +30,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, ContextManager, Iterable, Mapping, Sequence
 
 # Test files that start real vLLM servers. Only one server runs at a time (SERVER_LOCK
 # below), so under `-n 2 --dist loadgroup` these files share one worker (one xdist group)
@@ -317,7 +318,11 @@ def free_port() -> int:
 
 
 class VllmStartupError(RuntimeError):
-    pass
+    """A server that did not come up; ``log_path`` is its whole log, where there is one."""
+
+    def __init__(self, message: str, log_path: Path | None = None) -> None:
+        super().__init__(message)
+        self.log_path = log_path
 
 
 class VllmServer:
@@ -395,7 +400,7 @@ class VllmServer:
             code = self.proc.poll()
             if code is not None:
                 raise VllmStartupError(f"vLLM exited with code {code} during startup; "
-                                       f"log {self.log_path}:\n{self.log_tail()}")
+                                       f"log {self.log_path}:\n{self.log_tail()}", self.log_path)
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
                     if r.status == 200:
@@ -404,7 +409,7 @@ class VllmServer:
                 pass
             time.sleep(1.0)
         raise VllmStartupError(f"vLLM not healthy after {self.startup_timeout:.0f}s; "
-                               f"log {self.log_path}:\n{self.log_tail()}")
+                               f"log {self.log_path}:\n{self.log_tail()}", self.log_path)
 
     def stop(self, timeout: float = 30.0) -> None:
         if self.proc is None or self.proc.poll() is not None:
@@ -481,11 +486,16 @@ class ServerPool:
     """
 
     def __init__(self, log_dir: Path, lock_path: str | os.PathLike[str] | None = None,
-                 lock_timeout: float = 3600.0) -> None:
+                 lock_timeout: float = 3600.0,
+                 on_wait: Callable[[], ContextManager[Any]] | None = None) -> None:
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.lock_path = Path(lock_path or os.environ.get("DSVOLC_VLLM_LOCK", SERVER_LOCK))
         self.lock_timeout = lock_timeout
+        # Entered only while another process holds the lock (the test run passes one that
+        # stops the test's timeout meanwhile: tests/server_scheduling.py).
+        self.on_wait = on_wait or contextlib.nullcontext
+        self.lock_waited_s = 0.0
         self._key: tuple[Any, ...] | None = None
         self._server: VllmServer | None = None
         self._lock_fd: int | None = None
@@ -522,20 +532,32 @@ class ServerPool:
 
         self.lock_path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o666)
-        deadline = time.monotonic() + self.lock_timeout
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            t0 = time.monotonic()
+            try:
+                with self.on_wait():
+                    self._wait_for_lock(fd, t0 + self.lock_timeout)
+            finally:
+                self.lock_waited_s += time.monotonic() - t0
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._lock_fd = fd
+
+    def _wait_for_lock(self, fd: int, deadline: float) -> None:
+        import fcntl
+
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
+                return
             except BlockingIOError:
                 if time.monotonic() > deadline:
                     os.close(fd)
                     raise VllmStartupError(f"another process held {self.lock_path} (a vLLM server) for "
-                                           f"{self.lock_timeout:.0f}s")
-                time.sleep(2.0)
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        self._lock_fd = fd
+                                           f"{self.lock_timeout:.0f}s") from None
+                time.sleep(0.5)
 
     def _release(self) -> None:
         if self._lock_fd is not None:

@@ -1,6 +1,10 @@
 """The serving stack on the cluster: pure renderers (plan in, Kubernetes objects as plain
 dicts out) grouped by concern, and the `Serving` component that registers them.
 
+They read the stack's `StackPlan` (stacks/plan/): derived values (names, the engine plan,
+rollout, SLOs, subnets) from the plan, what the user wrote from `plan.settings`; they
+never derive them again. Renderers get it as `ServingContext.plan` (engine/context.py).
+
     engine/         the context renderers read, vLLM arguments, the Deployment or
                     LeaderWorkerSet, RDMA, Triton, autoscaling, canary rollout, node resilience
     edge/           Envoy Gateway (JWT, rate limits, canary split) and the network policy

@@ -15,6 +15,7 @@ import pulumi_random as random
 import pulumi_volcengine as volc
 
 from stacks.constants import HTTP_PORT, MANAGED_BY, PART_OF
+from stacks.plan import StackPlan
 from workloads.engine import autoscaling
 from workloads.edge import gateway
 from workloads.engine import manifests
@@ -54,7 +55,7 @@ def renderers(ctx: ServingContext) -> list[Renderer]:
     """Every renderer whose objects join the serving objects, in dependency order."""
     out: list[Renderer] = [network_policy.render, gateway.render]
     s = ctx.settings
-    if s.uses_argo_rollouts:
+    if ctx.plan.rollout.argo:
         out.append(rollout.render)
     if s.autoscaling.enabled:
         out.append(autoscaling.render)
@@ -69,8 +70,8 @@ def render_all(ctx: ServingContext, role_trn: pulumi.Input[str] | str) -> list[d
     objs += resilience.render(ctx, role_trn)  # type: ignore[arg-type]
     for render in renderers(ctx):
         objs.extend(render(ctx))
-    pods = objs + platform.manifests(ctx.settings)
-    return [namespaces.label(o, pods, ctx.settings) if o["kind"] == "Namespace" else o for o in objs]
+    pods = objs + platform.manifests(ctx.plan)
+    return [namespaces.label(o, pods, ctx.plan) if o["kind"] == "Namespace" else o for o in objs]
 
 
 class Serving(pulumi.ComponentResource):
@@ -87,13 +88,15 @@ class Serving(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self),
         )
         base = pulumi.ResourceOptions(parent=self, provider=provider)
+        # every Service registered, by (namespace, name): the edge's upstreams depend on theirs
+        self.services: dict[tuple[str, str], pulumi.Resource] = {}
 
         objs = render_all(ctx, args.reader_role_trn)
         # The platform's namespaces first, labelled (workloads/platform/namespaces.py): the charts go
         # into them rather than into namespaces Helm would create without labels.
         platform_ns = {
             obj["metadata"]["name"]: k8s_apply.apply(name, obj, base)
-            for obj in namespaces.platform_namespaces(ctx.settings, objs + platform.manifests(ctx.settings),
+            for obj in namespaces.platform_namespaces(ctx.plan, objs + platform.manifests(ctx.plan),
                                                       ctx.release)
         }
         # Generated credentials next: the charts and manifests below read them.
@@ -101,7 +104,7 @@ class Serving(pulumi.ComponentResource):
 
         releases = []
         remote_write = args.vmp_remote_write if ctx.settings.monitoring.enabled else None
-        for rel in platform.releases(ctx.settings, args.trace_topic_id):
+        for rel in platform.releases(ctx.plan, args.trace_topic_id):
             values = rel.get("values", {})
             if remote_write is not None and rel["name"] == "kube-prometheus-stack":
                 values = vmp.merge(values, vmp.remote_write_values(remote_write[0]))
@@ -129,7 +132,7 @@ class Serving(pulumi.ComponentResource):
         # Plain manifests the controllers need besides their charts (e.g. the rate-limit
         # Redis), in namespaces the charts create.
         after_charts = pulumi.ResourceOptions.merge(base, pulumi.ResourceOptions(depends_on=list(releases)))
-        releases += [k8s_apply.apply(name, obj, after_charts) for obj in platform.manifests(ctx.settings)]
+        releases += [self._apply(name, obj, after_charts) for obj in platform.manifests(ctx.plan)]
 
         own_ns = {}
         for obj in [o for o in objs if o["kind"] == "Namespace"]:
@@ -162,7 +165,7 @@ class Serving(pulumi.ComponentResource):
                 # The autoscaler owns the replica count after creation; re-applying the
                 # configured count on every `pulumi up` would fight it.
                 ignore.append("spec.replicas")
-            k8s_apply.apply(
+            self._apply(
                 name, obj,
                 pulumi.ResourceOptions.merge(base, pulumi.ResourceOptions(depends_on=deps, ignore_changes=ignore)),
             )
@@ -181,6 +184,13 @@ class Serving(pulumi.ComponentResource):
             f"http://{ctx.stable_service}.{ctx.namespace}.svc:{HTTP_PORT}/v1"
         )
         self.register_outputs({"endpoint": self.endpoint})
+
+
+    def _apply(self, name: str, obj: dict, opts: pulumi.ResourceOptions) -> pulumi.Resource:
+        res = k8s_apply.apply(name, obj, opts)
+        if obj["kind"] == "Service":
+            self.services[(obj["metadata"].get("namespace", ""), obj["metadata"]["name"])] = res
+        return res
 
 
 def _labels(name: str, instance: str, component: str) -> dict[str, str]:
@@ -214,11 +224,11 @@ def generated_secrets(name: str, ctx: ServingContext, base: pulumi.ResourceOptio
     return out
 
 
-def build_serving(settings, infra) -> Serving:
+def build_serving(plan: StackPlan, infra) -> Serving:
     """Wire the serving stack to the infra components' outputs."""
-    ctx = build_context(settings, image_repository=settings.image_repository, weights_bucket=settings.bucket_name)
+    ctx = build_context(plan)
     return Serving(
-        settings.resource_prefix,
+        plan.names.prefix,
         ServingArgs(
             context=ctx,
             kubeconfig=infra.cluster.kubeconfig,

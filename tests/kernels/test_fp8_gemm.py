@@ -9,7 +9,10 @@ benchmark checks the compiled kernel against the same reference before timing it
 (kernels/bench/fp8.py, run by kernels/bench/bench_kernels.py --only fp8)."""
 
 import pytest
-import torch
+from engine_extra import require
+
+require("torch", "triton")
+import torch  # noqa: E402
 
 from kernels.fp8_gemm import GROUPED_M_ALIGN, fp8_gemm, fp8_grouped_gemm, pick_config
 from kernels.reference import (

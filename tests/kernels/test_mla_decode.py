@@ -3,7 +3,10 @@ scattered pages, ragged lengths (0, 1, page-straddling), split-KV and head block
 (CPU interpreter here, compiled kernels on a GPU)."""
 
 import pytest
-import torch
+from engine_extra import require
+
+require("torch", "triton")
+import torch  # noqa: E402
 
 from kernels.mla_decode import mla_decode, mla_decode_bytes, mla_decode_flops, pick_splits
 from kernels.reference import mla_decode_reference

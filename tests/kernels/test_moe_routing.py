@@ -1,5 +1,8 @@
 import pytest
-import torch
+from engine_extra import require
+
+require("torch", "triton")
+import torch  # noqa: E402
 
 from kernels.moe_routing import grouped_topk
 from kernels.reference import grouped_topk_reference

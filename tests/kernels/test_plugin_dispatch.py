@@ -5,6 +5,9 @@ import json
 import os
 
 import pytest
+from engine_extra import require
+
+require("torch", "triton")
 
 from kernels import vllm_plugin as vp
 

@@ -2,7 +2,10 @@
 interpreter here, compiled kernels on a GPU)."""
 
 import pytest
-import torch
+from engine_extra import require
+
+require("torch", "triton")
+import torch  # noqa: E402
 import torch.nn.functional as F
 
 from kernels.prefill_attention import attention_flops, prefill_attention, split_head_dim

@@ -8,12 +8,10 @@ import subprocess
 import sys
 
 import pytest
-import torch
+from engine_extra import require
 
-if os.environ.get("CI"):
-    import vllm  # noqa: F401  - CI installs the engine; missing it must fail, not skip
-else:
-    pytest.importorskip("vllm", reason="needs the engine extra: pip install -e '.[engine]'")
+require("torch", "triton", "vllm")
+import torch  # noqa: E402
 
 from kernels.reference import mla_decode_reference, varlen_attention_reference  # noqa: E402
 

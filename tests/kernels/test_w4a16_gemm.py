@@ -1,5 +1,8 @@
 import pytest
-import torch
+from engine_extra import require
+
+require("torch", "triton")
+import torch  # noqa: E402
 
 from kernels.reference import (
     AWQ_ORDER,

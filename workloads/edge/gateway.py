@@ -10,7 +10,7 @@ VPC, so the Gateway listens on plain HTTP port 80.
 
 The APIG provider has no JWT, consumer or rate-limit resources (FACTS.md), which is why
 they live here. With `serving.in_cluster_gateway` false nothing is rendered and the edge
-splits traffic itself (`StackSettings.edge_upstreams`).
+splits traffic itself (`StackPlan.edge.upstreams`).
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def envoy_proxy(ctx: ServingContext) -> dict:
                     # The proxies' image from the stack's mirror (workloads/supply_chain/mirror.py): a
                     # Gateway's EnvoyProxy replaces Envoy Gateway's defaults, so it is set here.
                     "envoyDeployment": {"replicas": ctx.settings.serving.gateway_replicas,
-                                        "container": {"image": mirror.ref(ctx.settings, "envoy-proxy")}},
+                                        "container": {"image": mirror.ref(ctx.plan, "envoy-proxy")}},
                     "envoyService": {"type": "ClusterIP"},
                 },
             },
@@ -155,7 +155,7 @@ def http_route(ctx: ServingContext) -> dict:
     timeouts = {"request": _timeout(ctx)}
     path = {"type": "PathPrefix", "value": API_PREFIX}
     rules = []
-    if not ctx.settings.uses_argo_rollouts:
+    if not ctx.plan.rollout.argo:
         # Requests that opt into the B variant always reach the canary track. (With Argo,
         # Argo adds this rule for the length of a rollout: see AB_RULE.)
         rules.append({
@@ -188,7 +188,7 @@ ARGO_MANAGED_ROUTE_FIELDS = ("spec.rules[*].backendRefs[*].weight",)
 
 def ignored_changes(ctx: ServingContext, obj: dict) -> list[str]:
     """Fields of a rendered object that `pulumi up` must not reset (owned by a controller)."""
-    if (ctx.settings.uses_argo_rollouts and obj["kind"] == "HTTPRoute"
+    if (ctx.plan.rollout.argo and obj["kind"] == "HTTPRoute"
             and obj["metadata"]["name"] == ctx.release):
         return list(ARGO_MANAGED_ROUTE_FIELDS)
     return []

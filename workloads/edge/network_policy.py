@@ -62,7 +62,7 @@ def ingress_http(ctx: ServingContext) -> dict:
     else:
         # The APIG edge reaches the pods from its ENIs in the node subnets (infra/__init__.py
         # gives the gateway network.node_subnet_ids), not from a namespace.
-        sources += [{"ipBlock": {"cidr": str(c)}} for c in s.node_subnets().values()]
+        sources += [{"ipBlock": {"cidr": str(c)}} for c in ctx.plan.network.node_subnets.values()]
     if s.monitoring.enabled:
         # Only the Prometheus servers, not every pod of the monitoring namespace: Grafana
         # (or anything else deployed there) must go through the gateway like any client.
@@ -138,7 +138,7 @@ def group_traffic(ctx: ServingContext) -> dict:
 
 def render(ctx: ServingContext) -> list[dict]:
     objs = [default_deny(ctx), ingress_http(ctx), egress_dns(ctx), egress_https(ctx)]
-    if telemetry.tracing_on(ctx.settings):
+    if telemetry.tracing_on(ctx.plan):
         objs.append(egress_otlp(ctx))
     if ctx.multi_node:
         objs.append(group_traffic(ctx))

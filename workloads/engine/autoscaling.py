@@ -45,7 +45,7 @@ def scale_target(ctx: ServingContext) -> dict:
     Rollout when canaries are on, else the Deployment."""
     if ctx.multi_node:
         return {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet", "name": ctx.release}
-    if ctx.settings.uses_argo_rollouts:
+    if ctx.plan.rollout.argo:
         return {"apiVersion": "argoproj.io/v1alpha1", "kind": "Rollout", "name": ctx.release}
     return {"apiVersion": "apps/v1", "kind": "Deployment", "name": ctx.release}
 

@@ -1,31 +1,54 @@
-"""Everything a workload renderer needs, resolved once from the settings and the plan.
+"""Everything a workload renderer needs: the stack's plan and what infra hands over.
 
 Renderers are pure functions `(ServingContext) -> list[dict]` (Kubernetes objects as
-plain dicts). They never read the settings file, call the planner or touch Pulumi, so
-they are unit-tested directly; `workloads.serving.Serving` wraps their output.
+plain dicts). They read derived values from `ctx.plan` (a `StackPlan`; the engine plan is
+`ctx.engine`) and what the user wrote from `ctx.settings`; they never read the settings
+file, call the planner or touch Pulumi, so they are unit-tested directly;
+`workloads.serving.Serving` wraps their output.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from stacks.constants import GPU_RESOURCE, MANAGED_BY, PART_OF
-from stacks.settings import StackSettings
-from capacity.catalog import GPUSpec, ModelSpec, get_gpu
+from capacity.catalog import GPUSpec, ModelSpec
 from capacity.planner import Plan
-
+from stacks.constants import GPU_RESOURCE, MANAGED_BY, PART_OF
+from stacks.plan import StackPlan
+from stacks.settings import StackSettings
 
 
 @dataclass(frozen=True)
 class ServingContext:
-    settings: StackSettings
-    plan: Plan
-    model: ModelSpec
-    gpu: GPUSpec
-    gpus_per_node: int
+    plan: StackPlan
     image: str
     weights_bucket: str
-    weights_prefix: str
+
+    @property
+    def settings(self) -> StackSettings:
+        """What the user wrote."""
+        return self.plan.settings
+
+    @property
+    def engine(self) -> Plan:
+        """The engine plan (capacity.planner.Plan) the serving engine runs with."""
+        return self.plan.serving.engine
+
+    @property
+    def model(self) -> ModelSpec:
+        return self.plan.serving.model
+
+    @property
+    def gpu(self) -> GPUSpec:
+        return self.plan.serving.gpu
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.plan.serving_pool.gpus_per_node
+
+    @property
+    def weights_prefix(self) -> str:
+        return self.settings.weights.prefix
 
     # -- names ----------------------------------------------------------------------
 
@@ -62,14 +85,14 @@ class ServingContext:
 
     @property
     def multi_node(self) -> bool:
-        return self.plan.nodes > 1
+        return self.plan.serving.multi_node
 
     @property
     def gpus_per_pod(self) -> int:
         """GPUs each serving pod requests: the replica's GPUs spread over its nodes (the TP
         group; one pipeline stage, or the node's share of the data-parallel engines, per
         pod when multi-node)."""
-        return self.plan.total_gpus // self.plan.nodes
+        return self.plan.serving_pool.gpus_per_pod
 
     @property
     def gpu_pool(self) -> str:
@@ -78,7 +101,7 @@ class ServingContext:
     @property
     def mig(self):
         """The MIG profile (capacity.mig.MigProfile) the pool's GPUs are cut into, or None."""
-        return self.settings.pool_mig(self.gpu_pool)
+        return self.plan.serving_pool.mig
 
     @property
     def gpu_resource(self) -> str:
@@ -111,22 +134,12 @@ class ServingContext:
         return md
 
 
-def build_context(
-    settings: StackSettings, *, image_repository: str, weights_bucket: str
-) -> ServingContext:
-    """Resolve the serving context. `image_repository` and `weights_bucket` are plain
-    strings (known at preview) taken from the infra components' inputs."""
-    sv = settings.serving
-    gpu_name, per_node = settings.cluster.gpu_pools[sv.gpu_pool].hardware()
-    repo = sv.image.repository or image_repository
+def build_context(plan: StackPlan, *, image_repository: str | None = None,
+                  weights_bucket: str | None = None) -> ServingContext:
+    """The serving context of a plan. `image_repository` and `weights_bucket` are plain
+    strings (known at preview) taken from the infra components' inputs; the plan's own
+    names when not given."""
+    sv = plan.settings.serving
+    repo = sv.image.repository or image_repository or plan.names.image_repository
     image = f"{repo}@{sv.image.digest}" if sv.image.digest else f"{repo}:{sv.image.tag}"
-    return ServingContext(
-        settings=settings,
-        plan=settings.serving_plan,
-        model=settings.serving_model,
-        gpu=get_gpu(gpu_name),
-        gpus_per_node=per_node,
-        image=image,
-        weights_bucket=weights_bucket,
-        weights_prefix=settings.weights.prefix,
-    )
+    return ServingContext(plan=plan, image=image, weights_bucket=weights_bucket or plan.names.bucket)

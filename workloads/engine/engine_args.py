@@ -190,7 +190,7 @@ def from_context(ctx: ServingContext, model_path: str) -> EngineArgs:
     settings fixed), switches from the engine settings."""
     s = ctx.settings
     e = s.serving.engine
-    p = ctx.plan
+    p = ctx.engine
     t = s.observability.tracing
     rl = s.observability.logs.request_log
     stream = s.serving.weights_mode == "stream"
@@ -212,13 +212,13 @@ def from_context(ctx: ServingContext, model_path: str) -> EngineArgs:
         # runai_streamer reads safetensors straight from TOS's S3 endpoint into GPU memory
         load_format="runai_streamer" if stream else "safetensors",
         # Drain on SIGTERM for as long as the edge lets a request run; the pod's termination
-        # grace covers it (StackSettings.termination_grace_seconds).
+        # grace covers it (the plan's serving.termination_grace_seconds).
         shutdown_timeout=ctx.settings.gateway.request_timeout_seconds,
         data_parallel_size=p.data_parallel_size,
         expert_parallel=p.expert_parallel,
         speculative_config=speculative_config(p.speculative_tokens) if p.speculative_tokens else None,
         nnodes=p.nodes,
-        otlp_traces_endpoint=telemetry.otlp_grpc_endpoint(s) if t.enabled else None,
+        otlp_traces_endpoint=telemetry.otlp_grpc_endpoint(ctx.plan) if t.enabled else None,
         collect_detailed_traces=t.detailed if t.enabled else None,
         log_requests=rl.enabled,
         log_prompts=rl.enabled and rl.prompts,

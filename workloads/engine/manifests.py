@@ -407,7 +407,7 @@ def pod_spec(ctx: ServingContext, containers: list[dict], init: list[dict], comp
         # vLLM never talks to the Kubernetes API; the IRSA token is projected explicitly.
         "automountServiceAccountToken": False,
         # preStop + vLLM's drain of the longest request the edge allows (+ a margin).
-        "terminationGracePeriodSeconds": ctx.settings.termination_grace_seconds,
+        "terminationGracePeriodSeconds": ctx.plan.serving.termination_grace_seconds,
         "securityContext": {"runAsNonRoot": True, "runAsUser": SERVING_UID, "fsGroup": SERVING_UID,
                             "seccompProfile": {"type": "RuntimeDefault"}},
         "initContainers": init,
@@ -468,7 +468,7 @@ def rolling_update(ctx: ServingContext) -> dict:
 
 def deployment(ctx: ServingContext, role_trn_env: dict) -> dict:
     args = engine_args.render(engine_args.from_context(ctx, model_path(ctx)))
-    rollout = ctx.settings.uses_argo_rollouts
+    rollout = ctx.plan.rollout.argo
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -520,7 +520,7 @@ def leader_worker_set(ctx: ServingContext, role_trn_env: dict) -> dict:
             "rolloutStrategy": {"type": "RollingUpdate", "rollingUpdateConfiguration": {
                 **rolling_update(ctx), "partition": ctx.settings.rollout.partition}},
             "leaderWorkerTemplate": {
-                "size": ctx.plan.nodes,
+                "size": ctx.engine.nodes,
                 "restartPolicy": "RecreateGroupOnPodRestart",
                 "leaderTemplate": with_rdma(ctx, {
                     "metadata": {"labels": leader_labels},

@@ -49,7 +49,7 @@ def hca_list(nics: int) -> str:
 def extras(ctx: ServingContext) -> RdmaExtras | None:
     """The RDMA additions for this stack's serving pods, or None when they use no RDMA
     (single-node serving, or a pool without RDMA NICs)."""
-    nics = ctx.settings.serving_rdma_per_pod
+    nics = ctx.plan.serving.rdma_per_pod
     if not nics:
         return None
     return RdmaExtras(

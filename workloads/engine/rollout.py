@@ -115,7 +115,7 @@ def analysis_template(ctx: ServingContext) -> dict:
             "args": [{"name": HASH_ARG}],
             "metrics": [
                 metric("error-rate", error_rate_query(ctx), r.max_error_rate),
-                metric("p99-latency", p99_latency_query(ctx), ctx.settings.slo.canary_p99_seconds),
+                metric("p99-latency", p99_latency_query(ctx), ctx.plan.slo.canary_p99_seconds),
             ],
         },
     }
@@ -191,6 +191,6 @@ def rollout(ctx: ServingContext) -> dict:
 
 
 def render(ctx: ServingContext) -> list[dict]:
-    if not ctx.settings.uses_argo_rollouts:
+    if not ctx.plan.rollout.argo:
         return []
     return [rollout(ctx), analysis_template(ctx)]

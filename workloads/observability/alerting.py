@@ -59,6 +59,11 @@ DEPENDENTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "VllmTokenRateLow": (("VllmEndToEndLatencyP99High",), ("namespace", "model_name")),
     # An OOM kill is a restart with its reason.
     "VllmPodOOMKilled": (("VllmPodRestarting",), ("namespace", "pod", "container")),
+    # vLLM's own 5xx, and the fail-closed rate limit's 500s, are what the gateway's error
+    # ratio then counts: page for the cause. (The gateway's series carry no namespace; one
+    # stack per cluster, so no label needs to match.)
+    "VllmErrorRateHigh": (("GatewayErrorRateHigh",), ()),
+    "RateLimitStoreDown": (("GatewayErrorRateHigh",), ()),
 }
 
 
@@ -103,7 +108,12 @@ def inhibit_rules() -> list[dict]:
 def config(settings: StackSettings) -> dict:
     a = settings.alerting
     repeat = {"critical": a.critical_repeat_minutes, "warning": a.warning_repeat_minutes}
-    routes: list[dict] = [{"matchers": ['alertname=~"Watchdog|InfoInhibitor"'], "receiver": NULL}]
+    routes: list[dict] = []
+    if a.watchdog is not None:
+        # Sent at once and again every few minutes, alone: a heartbeat, not a notification.
+        routes.append({"matchers": ['alertname="Watchdog"'], "receiver": a.watchdog, "group_by": ["alertname"],
+                       "group_wait": "0s", "group_interval": "1m", "repeat_interval": f"{a.watchdog_repeat_minutes}m"})
+    routes.append({"matchers": ['alertname=~"Watchdog|InfoInhibitor"'], "receiver": NULL})
     for sev in SEVERITIES:
         for name in getattr(a, sev):
             routes.append({"matchers": [f'severity="{sev}"'], "receiver": name, "continue": True,

@@ -39,9 +39,11 @@ from typing import Any
 
 import yaml
 
+from runtime import gpu_health
 from stacks.constants import ENTRY_NAMESPACE, GPU_MODEL_LABEL, GPU_RESOURCE, HTTP_PORT, MANAGED_BY, PART_OF
 from workloads.supply_chain import mirror
 from workloads.observability import telemetry
+from workloads.edge import gateway
 from workloads.engine import triton
 from workloads.supply_chain import versions
 from workloads.engine.context import ServingContext
@@ -64,6 +66,11 @@ DCGM_PORT = 9400
 # Node labels and taint of the GPU pools (infra/cluster.py).
 GPU_TAINT_KEY = GPU_RESOURCE
 SCRAPE_INTERVAL = "15s"
+# Envoy Gateway's proxies serve their stats in Prometheus format here (EnvoyProxy
+# telemetry.metrics.prometheus, on by default; gateway.envoyproxy.io docs, "Proxy Metrics").
+ENVOY_METRICS_PORT = 19001
+ENVOY_METRICS_PATH = "/stats/prometheus"
+ENVOY_JOB = "envoy-gateway"
 
 RULE_FILES = ("recording", "alerts")
 DASHBOARD_FILE = "vllm.json"
@@ -86,11 +93,11 @@ def template_values(ctx: ServingContext) -> dict[str, str]:
         "gpu": gpu_selector(ctx),
         "dcgm": dcgm_selector(),
         "hpa": hpa_name(ctx),
-        "model_class": ctx.settings.slo.model_class,
-        "ttft_p99_seconds": _num(ctx.settings.slo.ttft_p99_seconds),
-        "e2e_p99_seconds": _num(ctx.settings.slo.e2e_p99_seconds),
-        "min_tokens_per_second": _num(ctx.settings.slo.min_tokens_per_second),
-        "max_inter_token_seconds": _num(round(ctx.settings.slo.max_inter_token_seconds, 6)),
+        "model_class": ctx.plan.slo.model_class,
+        "ttft_p99_seconds": _num(ctx.plan.slo.ttft_p99_seconds),
+        "e2e_p99_seconds": _num(ctx.plan.slo.e2e_p99_seconds),
+        "min_tokens_per_second": _num(ctx.plan.slo.min_tokens_per_second),
+        "max_inter_token_seconds": _num(round(ctx.plan.slo.max_inter_token_seconds, 6)),
         "p99_regression_ratio": _num(m.p99_regression_ratio),
         "error_rate": _num(m.error_rate),
         "kv_cache_usage": _num(m.kv_cache_usage),
@@ -98,7 +105,18 @@ def template_values(ctx: ServingContext) -> dict[str, str]:
         "triton_queue_seconds": _num(m.triton_queue_seconds),
         "entry_ns": ENTRY_NAMESPACE,
         "redis": REDIS_NAME,
+        "envoy": envoy_selector(),
+        # the API listener's HTTP connection manager (Envoy Gateway names it http-<port>)
+        "envoy_listener": f"http-{gateway.PROXY_CONTAINER_PORT}",
+        # the XID classes of the controller's table, as label_replace regexes
+        "xid_hardware": "|".join(map(str, gpu_health.xids_of(gpu_health.HARDWARE))),
+        "xid_application": "|".join(map(str, gpu_health.xids_of(gpu_health.APPLICATION))),
     }
+
+
+def envoy_selector() -> str:
+    """Label matchers of the Envoy proxies' series (the PodMonitor below sets the job)."""
+    return f'job="{ENVOY_JOB}",namespace="{ENTRY_NAMESPACE}"'
 
 
 def _num(x: float) -> str:
@@ -134,6 +152,12 @@ def _package_text(*parts: str) -> str:
     return resources.files("workloads.observability").joinpath(*parts).read_text()
 
 
+def _rules_file(name: str) -> dict:
+    """A rules file as parsed, by libyaml's parser where PyYAML has it (the same document,
+    several times faster: every preview reads them once per deploy phase)."""
+    return yaml.load(_package_text("rules", f"{name}.yaml"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+
+
 def rule_groups(ctx: ServingContext) -> dict[str, list[dict]]:
     """The rule groups of each file in workloads/observability/rules/, filled from the settings.
 
@@ -142,11 +166,13 @@ def rule_groups(ctx: ServingContext) -> dict[str, list[dict]]:
     values = template_values(ctx)
     out = {}
     for name in RULE_FILES:
-        groups = fill(yaml.safe_load(_package_text("rules", f"{name}.yaml"))["groups"], values)
+        groups = fill(_rules_file(name)["groups"], values)
         if not ctx.settings.autoscaling.enabled:
             groups = [g for g in groups if g["name"] != "serving.autoscaling"]
         if not global_rate_limit(ctx.settings):  # no Redis without the global rate limit
             groups = [g for g in groups if g["name"] != "gateway.ratelimit"]
+        if not ctx.settings.serving.in_cluster_gateway:  # no Envoy proxies to read
+            groups = [g for g in groups if g["name"] not in ("gateway.recording", "gateway.slo")]
         out[name] = groups
     if triton.enabled(ctx):
         out = _for_triton(out, values)
@@ -179,7 +205,7 @@ def _for_triton(files: dict[str, list[dict]], values: dict[str, str]) -> dict[st
             if rules:
                 kept.append({**g, "rules": rules})
         out[name] = kept
-    extra = fill(yaml.safe_load(_package_text("rules", "triton.yaml"))["groups"], values)
+    extra = fill(_rules_file("triton")["groups"], values)
     out["recording"] += [g for g in extra if not any("alert" in r for r in g["rules"])]
     out["alerts"] += [g for g in extra if any("alert" in r for r in g["rules"])]
     return out
@@ -204,7 +230,7 @@ def dashboard(ctx: ServingContext) -> dict:
     for var in model["templating"]["list"]:
         if var["name"] == "namespace":
             var["current"] = {"selected": True, "text": ctx.namespace, "value": ctx.namespace}
-    return telemetry.add_request_links(model, ctx.settings)
+    return telemetry.add_request_links(model, ctx.plan)
 
 
 def dashboard_queries(model: dict) -> list[tuple[str, str]]:
@@ -371,11 +397,15 @@ def dcgm_exporter(ctx: ServingContext) -> list[dict]:
                             }
                         }
                     },
-                    "tolerations": [{"key": GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}],
+                    # The GPU taint, and the gpu-health quarantine: the exporter must keep
+                    # reporting a quarantined node (a restarted exporter pod must land there
+                    # again), or the node's signals would vanish instead of clearing.
+                    "tolerations": [{"key": GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"},
+                                    {"key": gpu_health.TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}],
                     "containers": [
                         {
                             "name": DCGM_NAME,
-                            "image": mirror.ref(ctx.settings, "dcgm-exporter"),
+                            "image": mirror.ref(ctx.plan, "dcgm-exporter"),
                             "env": [
                                 {"name": "DCGM_EXPORTER_LISTEN", "value": f":{DCGM_PORT}"},
                                 # Label each GPU's series with the pod holding it.
@@ -431,6 +461,27 @@ def dcgm_exporter(ctx: ServingContext) -> list[dict]:
     return [sa, ds, monitor]
 
 
+def envoy_pod_monitor(ctx: ServingContext) -> list[dict]:
+    """Envoy Gateway's proxies of our Gateway (in its namespace), on their stats port: what
+    clients see, including the answers the gateway gives itself (401, 429, 500, 503, 504)."""
+    if not ctx.settings.serving.in_cluster_gateway:
+        return []
+    return [{
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PodMonitor",
+        "metadata": {"name": f"{ctx.release}-envoy", "namespace": ctx.settings.monitoring.namespace,
+                     "labels": _monitor_labels(ctx, "monitoring")},
+        "spec": {
+            "selector": {"matchLabels": gateway.proxy_selector(ctx)},
+            "namespaceSelector": {"matchNames": [ENTRY_NAMESPACE]},
+            "podMetricsEndpoints": [{
+                "portNumber": ENVOY_METRICS_PORT, "path": ENVOY_METRICS_PATH, "interval": SCRAPE_INTERVAL,
+                "relabelings": [{"targetLabel": "job", "replacement": ENVOY_JOB, "action": "replace"}],
+            }],
+        },
+    }]
+
+
 def prometheus_rules(ctx: ServingContext) -> list[dict]:
     ns = ctx.settings.monitoring.namespace
     return [
@@ -463,6 +514,7 @@ def render(ctx: ServingContext) -> list[dict]:
         return []
     return [
         vllm_pod_monitor(ctx),
+        *envoy_pod_monitor(ctx),
         *dcgm_exporter(ctx),
         *prometheus_rules(ctx),
         dashboard_configmap(ctx),

@@ -31,7 +31,7 @@ from typing import Any
 from stacks.constants import CONSUMER_HEADER
 from stacks.logschema import ACCESS_LOG_KEYS
 from stacks.regions import tls_console
-from stacks.settings import StackSettings
+from stacks.plan import StackPlan
 from workloads.supply_chain import versions
 from workloads.supply_chain.mirror import mirrored_release
 from workloads.engine.context import ServingContext
@@ -72,17 +72,19 @@ ACCESS_LOG_OPERATORS: dict[str, str] = {
 # --------------------------------------------------------------------------- endpoints
 
 
-def collector_host(settings: StackSettings) -> str:
+def collector_host(plan: StackPlan) -> str:
+    settings = plan.settings
     return f"{COLLECTOR}.{settings.observability.tracing.collector_namespace}.svc.cluster.local"
 
 
-def otlp_grpc_endpoint(settings: StackSettings) -> str:
+def otlp_grpc_endpoint(plan: StackPlan) -> str:
     """Where vLLM sends spans (its exporter speaks OTLP gRPC by default, plain text inside
     the cluster: vllm/tracing/otel.py get_span_exporter)."""
-    return f"http://{collector_host(settings)}:{OTLP_GRPC_PORT}"
+    return f"http://{collector_host(plan)}:{OTLP_GRPC_PORT}"
 
 
-def tracing_on(settings: StackSettings) -> bool:
+def tracing_on(plan: StackPlan) -> bool:
+    settings = plan.settings
     return settings.observability.tracing.enabled
 
 
@@ -111,7 +113,7 @@ def envoy_telemetry(ctx: ServingContext) -> dict[str, Any]:
             "format": {"type": "JSON", "json": access_log_format(ctx)},
             "sinks": [{"type": "File", "file": {"path": "/dev/stdout"}}],
         }]}
-    if tracing_on(s):
+    if tracing_on(ctx.plan):
         t = s.observability.tracing
         out["tracing"] = {
             "samplingFraction": sampling_fraction(t.sampling_percent),
@@ -139,7 +141,7 @@ def engine_env(ctx: ServingContext) -> list[dict]:
     sampler (read from OTEL_TRACES_SAMPLER by the SDK's TracerProvider, which vLLM creates
     without one) follows the caller's decision and samples requests that arrive without
     one at the gateway's rate, so vLLM alone (no in-cluster gateway) does not trace all."""
-    if not tracing_on(ctx.settings):
+    if not tracing_on(ctx.plan):
         return []
     ratio = ctx.settings.observability.tracing.sampling_percent / 100
     return [
@@ -157,8 +159,9 @@ def engine_env(ctx: ServingContext) -> list[dict]:
 # --------------------------------------------------------------------------- collector
 
 
-def _exporter(settings: StackSettings, trace_topic_id: Any) -> tuple[str, dict, list[dict]]:
+def _exporter(plan: StackPlan, trace_topic_id: Any) -> tuple[str, dict, list[dict]]:
     """(exporter name, exporter config, env from the credentials Secret)."""
+    settings = plan.settings
     t = settings.observability.tracing
     secret = t.credentials_secret
 
@@ -180,13 +183,14 @@ def _exporter(settings: StackSettings, trace_topic_id: Any) -> tuple[str, dict, 
         headers = {"X-ByteAPM-AppKey": "${env:APMPLUS_APP_KEY}"}
         envs = [env("APMPLUS_APP_KEY", "app_key")]
         name = "otlphttp/apmplus"
-    return name, {"endpoint": settings.trace_export_endpoint, "headers": headers, "compression": "gzip"}, envs
+    return name, {"endpoint": plan.trace_endpoint, "headers": headers, "compression": "gzip"}, envs
 
 
-def collector_config(settings: StackSettings, trace_topic_id: Any = None) -> dict:
+def collector_config(plan: StackPlan, trace_topic_id: Any = None) -> dict:
     """The collector's whole configuration (the chart's alternateConfig: nothing of the
     chart's default pipelines, receivers or debug exporter is merged in)."""
-    name, exporter, _ = _exporter(settings, trace_topic_id)
+    settings = plan.settings
+    name, exporter, _ = _exporter(plan, trace_topic_id)
     return {
         "extensions": {"health_check": {"endpoint": f"${{env:MY_POD_IP}}:{HEALTH_PORT}"}},
         "receivers": {"otlp": {"protocols": {
@@ -197,7 +201,7 @@ def collector_config(settings: StackSettings, trace_topic_id: Any = None) -> dic
             "memory_limiter": {"check_interval": "5s", "limit_percentage": 80, "spike_limit_percentage": 25},
             "resource": {"attributes": [
                 {"key": "deployment.environment.name", "value": settings.stack, "action": "upsert"},
-                {"key": "k8s.cluster.name", "value": settings.cluster_name, "action": "upsert"},
+                {"key": "k8s.cluster.name", "value": plan.names.cluster, "action": "upsert"},
             ]},
             "batch": {},
         },
@@ -210,17 +214,18 @@ def collector_config(settings: StackSettings, trace_topic_id: Any = None) -> dic
     }
 
 
-def collector_values(settings: StackSettings, trace_topic_id: Any = None) -> dict:
+def collector_values(plan: StackPlan, trace_topic_id: Any = None) -> dict:
     """Values of the official opentelemetry-collector chart (versions.OTEL_COLLECTOR)."""
+    settings = plan.settings
     t = settings.observability.tracing
-    _, _, envs = _exporter(settings, trace_topic_id)
+    _, _, envs = _exporter(plan, trace_topic_id)
     off = {"enabled": False}
     return {
         "mode": "deployment",
         "fullnameOverride": COLLECTOR,
         "replicaCount": t.collector_replicas,
         "image": {"repository": versions.OTEL_COLLECTOR_IMAGE, "tag": versions.OTEL_COLLECTOR.app_version},
-        "alternateConfig": collector_config(settings, trace_topic_id),
+        "alternateConfig": collector_config(plan, trace_topic_id),
         # Only OTLP: the chart opens Jaeger and Zipkin ports by default.
         "ports": {"jaeger-compact": off, "jaeger-thrift": off, "jaeger-grpc": off, "zipkin": off},
         "extraEnvs": envs,
@@ -234,10 +239,11 @@ def collector_values(settings: StackSettings, trace_topic_id: Any = None) -> dic
     }
 
 
-def collector_release(settings: StackSettings, trace_topic_id: Any = None) -> dict:
+def collector_release(plan: StackPlan, trace_topic_id: Any = None) -> dict:
     """The collector's release, from the stack's mirror like every chart (workloads/supply_chain/mirror.py)."""
+    settings = plan.settings
     return mirrored_release(COLLECTOR, settings.observability.tracing.collector_namespace, versions.OTEL_COLLECTOR,
-                            collector_values(settings, trace_topic_id), settings)
+                            collector_values(plan, trace_topic_id), plan)
 
 
 # --------------------------------------------------------------------------- dashboard
@@ -246,12 +252,13 @@ def collector_release(settings: StackSettings, trace_topic_id: Any = None) -> di
 REQUEST_ID_VARIABLE = "request_id"
 
 
-def request_panel_markdown(settings: StackSettings) -> str:
+def request_panel_markdown(plan: StackPlan) -> str:
     """How to follow the request id typed into the dashboard: the searches to run in the
     log service. TLS has no documented console URL that carries a query, so the panel
     links to the region's console and gives each query to paste."""
+    settings = plan.settings
     rid = f"${{{REQUEST_ID_VARIABLE}}}"
-    lines = [f"**Request `{rid}`** in log project `{settings.log_project_name}` "
+    lines = [f"**Request `{rid}`** in log project `{plan.names.log_project}` "
              f"([TLS console]({tls_console(settings.region)})):", ""]
     if settings.observability.logs.enabled:
         lines += [
@@ -261,15 +268,16 @@ def request_panel_markdown(settings: StackSettings) -> str:
         ]
     t = settings.observability.tracing
     if t.enabled:
-        where = (f"trace instance `{settings.trace_instance_name}`" if t.backend == "tls" else "APMPlus")
+        where = (f"trace instance `{plan.names.trace_instance}`" if t.backend == "tls" else "APMPlus")
         lines += [f"* trace: {where}, the `trace_id` of the gateway line, or span attribute "
                   f"`gen_ai.request.id` = `{rid}` (span `llm_request`)"]
     return "\n".join(lines)
 
 
-def add_request_links(model: dict, settings: StackSettings) -> dict:
+def add_request_links(model: dict, plan: StackPlan) -> dict:
     """Add the request-id box, a dashboard link to the log service and the panel with the
     searches to a Grafana dashboard model (in place; returned for chaining)."""
+    settings = plan.settings
     logs, tracing = settings.observability.logs.enabled, settings.observability.tracing.enabled
     if not (logs or tracing):
         return model
@@ -286,6 +294,6 @@ def add_request_links(model: dict, settings: StackSettings) -> dict:
     model["panels"].append({
         "id": next_id, "type": "text", "title": "Follow a request",
         "gridPos": {"x": 0, "y": bottom, "w": 24, "h": 6}, "targets": [],
-        "options": {"mode": "markdown", "content": request_panel_markdown(settings)},
+        "options": {"mode": "markdown", "content": request_panel_markdown(plan)},
     })
     return model

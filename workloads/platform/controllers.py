@@ -1,11 +1,11 @@
 """Cluster controllers the serving stack relies on, as Helm releases (+ a small Redis).
 
-`releases(settings)` describes each release as a plain dict
+`releases(plan)` describes each release as a plain dict
 {name, namespace, chart, version, repository_url, values}; `workloads.serving` wraps them
 in `pulumi_kubernetes.helm.v3.Release` (the chart is fetched at `pulumi up`). A chart
 given as `oci://...` has `repository_url` None. Versions live in `workloads.supply_chain.versions`.
 
-`manifests(settings)` renders the Redis that Envoy Gateway's global rate limit counts in,
+`manifests(plan)` renders the Redis that Envoy Gateway's global rate limit counts in,
 with a password from a generated Secret (`workloads/platform/secrets.py`) and a NetworkPolicy that
 admits only Envoy Gateway's rate-limit pods.
 
@@ -24,7 +24,7 @@ our tests validate against (tests/data/crds, sources in tests/data/SOURCES.md).
 
 from __future__ import annotations
 
-from stacks.settings import StackSettings
+from stacks.plan import StackPlan
 from workloads.supply_chain import mirror
 from workloads.observability import telemetry
 from workloads.supply_chain import versions
@@ -66,11 +66,11 @@ def redis_url() -> str:
 
 
 def _release(name: str, namespace: str, chart: versions.Chart, values: dict,
-             settings: StackSettings | None = None) -> dict:
-    if settings is None:  # as published upstream
+             plan: StackPlan | None = None) -> dict:
+    if plan is None:  # as published upstream
         return {"name": name, "namespace": namespace, "chart": chart.chart, "version": chart.version,
                 "repository_url": chart.repository_url, "values": values}
-    return mirrored_release(name, namespace, chart, values, settings)
+    return mirrored_release(name, namespace, chart, values, plan)
 
 
 def rate_limit_config() -> dict:
@@ -85,21 +85,22 @@ def rate_limit_config() -> dict:
     }
 
 
-def envoy_gateway(settings: StackSettings) -> dict:
+def envoy_gateway(plan: StackPlan) -> dict:
+    settings = plan.settings
     values: dict = {}
     if global_rate_limit(settings):
         # Helm merges maps, so this adds to the chart's default EnvoyGateway config
         # (controllerName, ...) instead of replacing it. Envoy Gateway then runs its
         # rate-limit service (envoy-ratelimit) against this Redis.
         values["config"] = {"envoyGateway": rate_limit_config()}
-    return _release("envoy-gateway", ENTRY_NAMESPACE, versions.ENVOY_GATEWAY, values, settings)
+    return _release("envoy-gateway", ENTRY_NAMESPACE, versions.ENVOY_GATEWAY, values, plan)
 
 
-def keda(settings: StackSettings) -> dict:
-    return _release("keda", KEDA_NAMESPACE, versions.KEDA, {}, settings)
+def keda(plan: StackPlan) -> dict:
+    return _release("keda", KEDA_NAMESPACE, versions.KEDA, {}, plan)
 
 
-def argo_rollouts(settings: StackSettings) -> dict:
+def argo_rollouts(plan: StackPlan) -> dict:
     values = {
         # The Gateway API traffic-router plugin comes from the mirror (workloads/supply_chain/mirror.py
         # argo_plugin_values), not from GitHub at start.
@@ -114,14 +115,15 @@ def argo_rollouts(settings: StackSettings) -> dict:
             },
         },
     }
-    return _release("argo-rollouts", ROLLOUTS_NAMESPACE, versions.ARGO_ROLLOUTS, values, settings)
+    return _release("argo-rollouts", ROLLOUTS_NAMESPACE, versions.ARGO_ROLLOUTS, values, plan)
 
 
-def leader_worker_set(settings: StackSettings) -> dict:
-    return _release("lws", LWS_NAMESPACE, versions.LWS, {}, settings)
+def leader_worker_set(plan: StackPlan) -> dict:
+    return _release("lws", LWS_NAMESPACE, versions.LWS, {}, plan)
 
 
-def kube_prometheus_stack(settings: StackSettings) -> dict:
+def kube_prometheus_stack(plan: StackPlan) -> dict:
+    settings = plan.settings
     values = {
         # Select every ServiceMonitor/PodMonitor/PrometheusRule in the cluster, not only
         # those labelled with this release (the chart's default), so the serving stack's
@@ -141,12 +143,21 @@ def kube_prometheus_stack(settings: StackSettings) -> dict:
             }
         },
         "kubeStateMetrics": {"enabled": True},
+        # VKE runs the control plane for us: no controller-manager or scheduler target can
+        # be scraped, so their ServiceMonitors find nothing and the chart's absent() rules
+        # (KubeControllerManagerDown, KubeSchedulerDown, critical) would fire for ever. Off:
+        # the targets (`<component>.enabled`, which also gates the rule files) and the rule
+        # groups (`defaultRules.rules.*`), as kube-prometheus-stack's values.yaml names them.
+        "kubeControllerManager": {"enabled": False},
+        "kubeScheduler": {"enabled": False},
+        "defaultRules": {"rules": {"kubeControllerManager": False, "kubeSchedulerAlerting": False,
+                                   "kubeSchedulerRecording": False}},
     }
-    for extra in (prometheus_storage_values(settings), grafana_admin_values(settings),
-                  alertmanager_values(settings)):
+    for extra in (prometheus_storage_values(plan), grafana_admin_values(plan),
+                  alertmanager_values(plan)):
         values = merge_values(values, extra)
     return _release("kube-prometheus-stack", settings.monitoring.namespace, versions.KUBE_PROMETHEUS_STACK, values,
-                    settings)
+                    plan)
 
 
 # --------------------------------------------------------------------------- Prometheus, Grafana
@@ -162,17 +173,19 @@ RETENTION_SIZE_FRACTION = 0.85
 MIN_VOLUME_GIB = 10
 
 
-def prometheus_volume_gib(settings: StackSettings) -> int:
+def prometheus_volume_gib(plan: StackPlan) -> int:
     """The Prometheus volume, sized from retention and ingestion rate."""
+    settings = plan.settings
     m = settings.monitoring
     need = m.retention_days * 86400 * m.samples_per_second * BYTES_PER_SAMPLE * STORAGE_HEADROOM
     return max(MIN_VOLUME_GIB, -(-int(need) // 2**30))
 
 
-def prometheus_storage_values(settings: StackSettings) -> dict:
+def prometheus_storage_values(plan: StackPlan) -> dict:
     """A persistent volume (the regression alert's day-old baseline survives restarts),
     retention by time and, before the volume fills, by size ("GB" is GiB to Prometheus)."""
-    m, gib = settings.monitoring, prometheus_volume_gib(settings)
+    settings = plan.settings
+    m, gib = settings.monitoring, prometheus_volume_gib(plan)
     claim: dict = {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": f"{gib}Gi"}}}
     if m.storage_class:
         claim["storageClassName"] = m.storage_class
@@ -183,24 +196,26 @@ def prometheus_storage_values(settings: StackSettings) -> dict:
     }}}
 
 
-def grafana_admin_values(settings: StackSettings) -> dict:
+def grafana_admin_values(plan: StackPlan) -> dict:
     """Grafana's admin login from the generated Secret, not the chart's default password."""
     return {"grafana": {"admin": {"existingSecret": GRAFANA_ADMIN_SECRET, "userKey": GRAFANA_USER_KEY,
                                   "passwordKey": GRAFANA_PASSWORD_KEY}}}
 
 
-def alertmanager_values(settings: StackSettings) -> dict:
+def alertmanager_values(plan: StackPlan) -> dict:
     """Alertmanager's receivers, routes and inhibitions from settings.alerting."""
+    settings = plan.settings
     from workloads.observability import alerting
 
     return alerting.chart_values(settings)
 
 
-def uses_mig(settings: StackSettings) -> bool:
+def uses_mig(plan: StackPlan) -> bool:
+    settings = plan.settings
     return any(p.mig is not None for p in settings.cluster.gpu_pools.values())
 
 
-def device_plugin(settings: StackSettings) -> dict:
+def device_plugin(plan: StackPlan) -> dict:
     """NVIDIA's device plugin on every GPU node: whole GPUs by default, and the "mixed" MIG
     strategy on nodes labelled nvidia.com/device-plugin.config=mig-mixed (the MIG pools), so
     each slice is advertised as nvidia.com/mig-<profile>."""
@@ -218,28 +233,29 @@ def device_plugin(settings: StackSettings) -> dict:
             {"matchExpressions": [{"key": GPU_MODEL_LABEL, "operator": "Exists"}]}]}}},
         "tolerations": [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],
     }
-    return _release("nvidia-device-plugin", "nvidia-device-plugin", versions.NVIDIA_DEVICE_PLUGIN, values, settings)
+    return _release("nvidia-device-plugin", "nvidia-device-plugin", versions.NVIDIA_DEVICE_PLUGIN, values, plan)
 
 
-def releases(settings: StackSettings, trace_topic_id=None) -> list[dict]:
+def releases(plan: StackPlan, trace_topic_id=None) -> list[dict]:
     """The Helm releases, in install order (controllers before the objects that use them).
     `trace_topic_id` is the TLS trace topic the collector writes to (infra/logging.py; a
     Pulumi output in the program, a literal in tests)."""
+    settings = plan.settings
     out = []
-    if uses_mig(settings):  # VKE's device plugin add-on is left out then (infra/cluster.py)
-        out.append(device_plugin(settings))
+    if uses_mig(plan):  # VKE's device plugin add-on is left out then (infra/cluster.py)
+        out.append(device_plugin(plan))
     if settings.serving.in_cluster_gateway:
-        out.append(envoy_gateway(settings))
+        out.append(envoy_gateway(plan))
     if settings.autoscaling.enabled:
-        out.append(keda(settings))
-    if settings.uses_argo_rollouts:  # not for multi-node stacks: Argo cannot manage a LeaderWorkerSet
-        out.append(argo_rollouts(settings))
-    if settings.serving_plan.nodes > 1:  # LeaderWorkerSet only runs multi-node replicas
-        out.append(leader_worker_set(settings))
+        out.append(keda(plan))
+    if plan.rollout.argo:  # not for multi-node stacks: Argo cannot manage a LeaderWorkerSet
+        out.append(argo_rollouts(plan))
+    if plan.serving.multi_node:  # LeaderWorkerSet only runs multi-node replicas
+        out.append(leader_worker_set(plan))
     if settings.monitoring.enabled:
-        out.append(kube_prometheus_stack(settings))
-    if telemetry.tracing_on(settings):
-        out.append(telemetry.collector_release(settings, trace_topic_id))
+        out.append(kube_prometheus_stack(plan))
+    if telemetry.tracing_on(plan):
+        out.append(telemetry.collector_release(plan, trace_topic_id))
     return out
 
 
@@ -256,7 +272,7 @@ def _labels() -> dict[str, str]:
     }
 
 
-def redis(settings: StackSettings) -> list[dict]:
+def redis(plan: StackPlan) -> list[dict]:
     """One Redis, no persistence: it holds rate-limit counters whose windows are at most an
     hour, so losing them on a restart only resets the windows. It requires the password of
     the generated Secret (`--requirepass`, expanded by the kubelet from the env)."""
@@ -265,7 +281,7 @@ def redis(settings: StackSettings) -> list[dict]:
     md = {"name": REDIS_NAME, "namespace": ENTRY_NAMESPACE, "labels": labels}
     container = {
         "name": "redis",
-        "image": _mirror_ref(settings, "redis"),
+        "image": _mirror_ref(plan, "redis"),
         "args": ["--save", "", "--appendonly", "no", "--requirepass", "$(REDIS_PASSWORD)"],
         "env": [{"name": "REDIS_PASSWORD",
                  "valueFrom": {"secretKeyRef": {"name": REDIS_AUTH_SECRET, "key": REDIS_AUTH_KEY}}}],
@@ -316,11 +332,11 @@ def redis(settings: StackSettings) -> list[dict]:
     ]
 
 
-def _mirror_ref(settings: StackSettings, key: str) -> str:
-    return mirror.ref(settings, key)
+def _mirror_ref(plan: StackPlan, key: str) -> str:
+    return mirror.ref(plan, key)
 
 
-def redis_network_policy(settings: StackSettings) -> dict:
+def redis_network_policy(plan: StackPlan) -> dict:
     """Only Envoy Gateway's rate-limit pods reach Redis, on its port; Redis reaches nothing."""
     labels = _labels()
     return {
@@ -337,10 +353,11 @@ def redis_network_policy(settings: StackSettings) -> dict:
     }
 
 
-def manifests(settings: StackSettings) -> list[dict]:
+def manifests(plan: StackPlan) -> list[dict]:
     """Plain objects the controllers need besides their charts: the rate-limit Redis and
     the alert relay (workloads/observability/alerting.py)."""
+    settings = plan.settings
     from workloads.observability import alerting
 
-    out = [*redis(settings), redis_network_policy(settings)] if global_rate_limit(settings) else []
-    return out + alerting.relay(settings, _mirror_ref(settings, "alert-relay"))
+    out = [*redis(plan), redis_network_policy(plan)] if global_rate_limit(settings) else []
+    return out + alerting.relay(settings, _mirror_ref(plan, "alert-relay"))

@@ -24,15 +24,16 @@ from typing import Any
 
 from stacks import pod_security
 from stacks.constants import MANAGED_BY, PART_OF
-from stacks.settings import StackSettings
+from stacks.plan import StackPlan
 
 PSA = "pod-security.kubernetes.io"
 AUDIT_WARN_LEVEL = pod_security.RESTRICTED
 POD_KINDS = ("Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job", "Rollout")
 
 
-def psa_version(settings: StackSettings) -> str:
+def psa_version(plan: StackPlan) -> str:
     """The Pod Security policy version the labels pin: the cluster's minor version."""
+    settings = plan.settings
     return f"v{settings.cluster.kubernetes_version}"
 
 
@@ -79,18 +80,18 @@ def enforce_level(templates: list[tuple[str, dict]], version: str) -> str:
         ((t.get("spec") or {}, t.get("metadata") or {}) for _, t in templates), version)
 
 
-def chart_namespaces(settings: StackSettings) -> set[str]:
+def chart_namespaces(plan: StackPlan) -> set[str]:
     """Namespaces that hold a Helm release (pods this program does not render)."""
     from workloads.platform import controllers as platform
-    return {rel["namespace"] for rel in platform.releases(settings)}
+    return {rel["namespace"] for rel in platform.releases(plan)}
 
 
-def label(namespace_obj: dict[str, Any], objs: Iterable[dict[str, Any]], settings: StackSettings) -> dict:
+def label(namespace_obj: dict[str, Any], objs: Iterable[dict[str, Any]], plan: StackPlan) -> dict:
     """`namespace_obj` with its Pod Security labels for the pods of `objs` in it."""
     name = namespace_obj["metadata"]["name"]
-    version = psa_version(settings)
+    version = psa_version(plan)
     enforce = None
-    if name not in chart_namespaces(settings):
+    if name not in chart_namespaces(plan):
         enforce = enforce_level(pods_by_namespace(objs).get(name, []), version)
     md = dict(namespace_obj["metadata"])
     md["labels"] = {k: v for k, v in (md.get("labels") or {}).items() if not k.startswith(f"{PSA}/")}
@@ -98,14 +99,15 @@ def label(namespace_obj: dict[str, Any], objs: Iterable[dict[str, Any]], setting
     return {**namespace_obj, "metadata": md}
 
 
-def platform_namespaces(settings: StackSettings, objs: Iterable[dict[str, Any]], instance: str) -> list[dict]:
+def platform_namespaces(plan: StackPlan, objs: Iterable[dict[str, Any]], instance: str) -> list[dict]:
     """The namespaces of the platform, labelled: one per Helm release's namespace and per
     namespace holding generated Secrets, but those `objs` already create (the serving one)."""
+    settings = plan.settings
     from workloads.platform import controllers as platform
     from workloads.platform import secrets
     objs = list(objs)
     own = {o["metadata"]["name"] for o in objs if o.get("kind") == "Namespace"}
-    names = [rel["namespace"] for rel in platform.releases(settings)] + [g.namespace for g in secrets.generated(settings)]
+    names = [rel["namespace"] for rel in platform.releases(plan)] + [g.namespace for g in secrets.generated(settings)]
     out = []
     for name in dict.fromkeys(names):
         if name in own:
@@ -114,5 +116,5 @@ def platform_namespaces(settings: StackSettings, objs: Iterable[dict[str, Any]],
                   "app.kubernetes.io/component": "platform", "app.kubernetes.io/part-of": PART_OF,
                   "app.kubernetes.io/managed-by": MANAGED_BY}
         out.append(label({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}},
-                         objs, settings))
+                         objs, plan))
     return out

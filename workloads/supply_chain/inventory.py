@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from stacks.settings import StackSettings
+from stacks.plan import StackPlan
 from workloads.observability import alerting
 from workloads.platform import controllers as platform
 from workloads.platform.features import global_rate_limit
@@ -38,34 +38,35 @@ class Entry:
     lock_key: str
 
 
-def deployed_releases(settings: StackSettings) -> set[str]:
-    return {r["name"] for r in platform.releases(settings)}
+def deployed_releases(plan: StackPlan) -> set[str]:
+    return {r["name"] for r in platform.releases(plan)}
 
 
-def entries(settings: StackSettings) -> list[Entry]:
+def entries(plan: StackPlan) -> list[Entry]:
     """What this stack needs in its mirror, in the order to copy it."""
-    rels = deployed_releases(settings)
-    lock = read_lock(settings)
+    rels = deployed_releases(plan)
+    lock = read_lock(plan)
     out = []
     for c in CHARTS:
         if c.release in rels:
-            out.append(Entry("chart", c.name, c.source, f"{chart_ref(settings, c.chart)}:{c.chart.version}",
+            out.append(Entry("chart", c.name, c.source, f"{chart_ref(plan, c.chart)}:{c.chart.version}",
                              lock.charts.get(c.source), f"Helm chart of {c.release}", "charts", c.source))
-    used = _used_images(settings, rels)
+    used = _used_images(plan, rels)
     for image in IMAGES:
         if image.key in used:
-            out.append(Entry("image", image.key, image.source, target(settings, image), lock.images.get(image.source),
+            out.append(Entry("image", image.key, image.source, target(plan, image), lock.images.get(image.source),
                              image.purpose, "images", image.source))
     if ARGO in rels:
         f = GATEWAYAPI_PLUGIN
-        out.append(Entry("file", f.key, f.source, target(settings, f), lock.files.get(file_key(f)),
+        out.append(Entry("file", f.key, f.source, target(plan, f), lock.files.get(file_key(f)),
                          f"{f.purpose} (sha256 of the binary)", "files", file_key(f)))
-        out.append(Entry("image", f"{f.key}-image", "built by runtime/build.sh plugin", target(settings, f),
+        out.append(Entry("image", f"{f.key}-image", "built by runtime/build.sh plugin", target(plan, f),
                          lock.images.get(target_key(f)), "image carrying the plugin", "images", target_key(f)))
     return out
 
 
-def _used_images(settings: StackSettings, rels: set[str]) -> set[str]:
+def _used_images(plan: StackPlan, rels: set[str]) -> set[str]:
+    settings = plan.settings
     used = {i.key for i in IMAGES if i.release in rels}
     if settings.monitoring.enabled:
         used.add("dcgm-exporter")

@@ -25,8 +25,7 @@ from pathlib import Path
 
 import yaml
 
-from stacks.regions import cr_registry_host
-from stacks.settings import StackSettings
+from stacks.plan import StackPlan
 from workloads.supply_chain import versions
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -175,7 +174,8 @@ class Lock:
     path: Path
 
 
-def lock_path(settings: StackSettings) -> Path:
+def lock_path(plan: StackPlan) -> Path:
+    settings = plan.settings
     p = Path(settings.registry.mirror_lock)
     return p if p.is_absolute() else ROOT / p
 
@@ -188,8 +188,8 @@ def _read_lock(path: str, mtime: float) -> Lock:
                 {k: v for k, v in (doc.get("files") or {}).items()}, Path(path))
 
 
-def read_lock(settings: StackSettings) -> Lock:
-    p = lock_path(settings)
+def read_lock(plan: StackPlan) -> Lock:
+    p = lock_path(plan)
     if not p.is_file():
         return Lock({}, {}, {}, p)
     return _read_lock(str(p), p.stat().st_mtime)
@@ -208,37 +208,38 @@ def write_lock(path: Path, lock: Lock) -> None:
 # --------------------------------------------------------------------------- references
 
 
-def registry_host(settings: StackSettings) -> str:
-    return cr_registry_host(settings.registry_name, settings.region)
+def registry_host(plan: StackPlan) -> str:
+    return plan.names.registry_host
 
 
-def mirror_prefix(settings: StackSettings) -> str:
-    return f"{registry_host(settings)}/{settings.registry.mirror_namespace}"
+def mirror_prefix(plan: StackPlan) -> str:
+    settings = plan.settings
+    return f"{registry_host(plan)}/{settings.registry.mirror_namespace}"
 
 
-def target(settings: StackSettings, image: Image | File) -> str:
-    return f"{mirror_prefix(settings)}/{image.path}:{image.tag}"
+def target(plan: StackPlan, image: Image | File) -> str:
+    return f"{mirror_prefix(plan)}/{image.path}:{image.tag}"
 
 
-def digest(settings: StackSettings, image: Image) -> str | None:
-    return read_lock(settings).images.get(image.source)
+def digest(plan: StackPlan, image: Image) -> str | None:
+    return read_lock(plan).images.get(image.source)
 
 
-def ref(settings: StackSettings, key: str) -> str:
+def ref(plan: StackPlan, key: str) -> str:
     """The reference a pod pulls: the mirror's copy, by digest once recorded."""
     image = BY_KEY[key]
-    d = digest(settings, image)
-    return f"{target(settings, image)}@{d}" if d else target(settings, image)
+    d = digest(plan, image)
+    return f"{target(plan, image)}@{d}" if d else target(plan, image)
 
 
-def chart_ref(settings: StackSettings, chart: versions.Chart) -> str:
+def chart_ref(plan: StackPlan, chart: versions.Chart) -> str:
     name = chart.chart.rstrip("/").rsplit("/", 1)[-1]
-    return f"oci://{mirror_prefix(settings)}/charts/{name}"
+    return f"oci://{mirror_prefix(plan)}/charts/{name}"
 
 
-def plugin_image(settings: StackSettings) -> str:
-    d = read_lock(settings).images.get(target_key(GATEWAYAPI_PLUGIN))
-    t = target(settings, GATEWAYAPI_PLUGIN)
+def plugin_image(plan: StackPlan) -> str:
+    d = read_lock(plan).images.get(target_key(GATEWAYAPI_PLUGIN))
+    t = target(plan, GATEWAYAPI_PLUGIN)
     return f"{t}@{d}" if d else t
 
 
@@ -251,21 +252,22 @@ def file_key(f: File) -> str:
     return f"{f.key}:{f.tag}"
 
 
-def plugin_sha256(settings: StackSettings) -> str | None:
-    return read_lock(settings).files.get(file_key(GATEWAYAPI_PLUGIN))
+def plugin_sha256(plan: StackPlan) -> str | None:
+    return read_lock(plan).files.get(file_key(GATEWAYAPI_PLUGIN))
 
 
 # --------------------------------------------------------------------------- chart values
 
 
-def _image_values(settings: StackSettings, image: Image) -> dict:
-    host = registry_host(settings)
+def _image_values(plan: StackPlan, image: Image) -> dict:
+    settings = plan.settings
+    host = registry_host(plan)
     repo = f"{settings.registry.mirror_namespace}/{image.path}"
-    d = digest(settings, image)
+    d = digest(plan, image)
     hexd = d[len(DIGEST_PREFIX):] if d else None
     style = image.style
     if style == "full":
-        return ref(settings, image.key)  # type: ignore[return-value]
+        return ref(plan, image.key)  # type: ignore[return-value]
     if style == "registry+tag":  # the chart prints registry/repository:tag
         return {"registry": host, "repository": repo, "tag": f"{image.tag}@{d}" if d else image.tag}
     if style == "repository+tag":  # repository is the whole path
@@ -286,15 +288,15 @@ def _put(values: dict, path: tuple[str, ...], leaf) -> None:
     node[path[-1]] = leaf
 
 
-def release_values(settings: StackSettings, release: str) -> dict:
+def release_values(plan: StackPlan, release: str) -> dict:
     """The values that point a release's images at the mirror."""
     out: dict = {}
     for image in IMAGES:
         if image.release == release:
             for path in image.paths:
-                _put(out, path, _image_values(settings, image))
+                _put(out, path, _image_values(plan, image))
     if release == ARGO:
-        out.update(argo_plugin_values(settings))
+        out.update(argo_plugin_values(plan))
     return out
 
 
@@ -302,17 +304,17 @@ PLUGIN_DIR = "/plugin-bin"
 PLUGIN_FILE = "gatewayapi-plugin"
 
 
-def argo_plugin_values(settings: StackSettings) -> dict:
+def argo_plugin_values(plan: StackPlan) -> dict:
     """The Gateway API plugin from the mirror: an init container copies it out of the
     plugin image (content-addressed by its digest) into a shared volume, and the controller
     loads it from there, checking the sha256 recorded for the upstream binary."""
     plugin = {"name": "argoproj-labs/gatewayAPI", "location": f"file://{PLUGIN_DIR}/{PLUGIN_FILE}"}
-    sha = plugin_sha256(settings)
+    sha = plugin_sha256(plan)
     if sha:
         plugin["sha256"] = sha
     volume = {"name": "gatewayapi-plugin", "emptyDir": {}}
     mount = {"name": "gatewayapi-plugin", "mountPath": PLUGIN_DIR}
-    init = {"name": "gatewayapi-plugin", "image": plugin_image(settings),
+    init = {"name": "gatewayapi-plugin", "image": plugin_image(plan),
             "command": ["cp", f"/plugin/{PLUGIN_FILE}", f"{PLUGIN_DIR}/{PLUGIN_FILE}"],
             "volumeMounts": [mount],
             "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"cpu": "100m", "memory": "64Mi"}},
@@ -331,9 +333,9 @@ def merge_values(base: dict, extra: dict) -> dict:
 
 
 def mirrored_release(name: str, namespace: str, chart: versions.Chart, values: dict,
-                     settings: StackSettings) -> dict:
+                     plan: StackPlan) -> dict:
     """The release from the stack's own registry: the chart's mirror copy (OCI), and its
     images pointed at the mirror (workloads/supply_chain/mirror.py)."""
-    return {"name": name, "namespace": namespace, "chart": chart_ref(settings, chart),
+    return {"name": name, "namespace": namespace, "chart": chart_ref(plan, chart),
             "version": chart.version, "repository_url": None,
-            "values": merge_values(values, release_values(settings, name))}
+            "values": merge_values(values, release_values(plan, name))}

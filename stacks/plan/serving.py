@@ -1,0 +1,218 @@
+"""The serving plan: the engine layout from the capacity planner, and what follows from it
+(replicas a pool holds, rollout surge, termination grace); refused where it cannot run."""
+
+from __future__ import annotations
+
+from capacity import planner
+from capacity.catalog import GPUS, ModelSpec, get_gpu, get_model
+from capacity.instances import INSTANCE_TYPES
+from capacity.mig import slice_gpu
+from capacity.planner import Plan, PlanError
+from stacks.errors import Refusal
+from stacks.nodepools import instance_type_rdma
+from stacks.plan.pools import pool_hw, pool_mig
+from stacks.plan.types import RolloutPlan
+from stacks.settings import StackSettings
+
+# Kept on top of preStop + drain in a serving pod's termination grace: the kubelet's own
+# stop work and vLLM's teardown after the last request.
+GRACE_MARGIN_SECONDS = 30
+
+
+def replica_bounds(s: StackSettings) -> tuple[int, int]:
+    """(fewest, most) serving replicas: the autoscaler's bounds, else serving.replicas."""
+    a, sv = s.autoscaling, s.serving
+    if not a.enabled:
+        return sv.replicas, sv.replicas
+    return a.min_replicas or sv.replicas, a.max_replicas
+
+
+def model_of(s: StackSettings) -> ModelSpec:
+    try:
+        return get_model(s.serving.model)
+    except KeyError as exc:
+        raise Refusal(f"serving.model: {exc.args[0]}") from None
+    except (OSError, ValueError) as exc:
+        raise Refusal(f"serving.model: {exc}") from None
+
+
+def plan_engine(s: StackSettings, model: ModelSpec) -> Plan:
+    """Fill unset engine sizes from the planner; refuse settings that cannot fit."""
+    sv, e = s.serving, s.serving.engine
+    pool = s.cluster.gpu_pools[sv.gpu_pool]
+    hw, mig = pool_hw(pool), pool_mig(pool)
+    gpu_name, per_node = hw.gpu, hw.gpus_per_node
+    gpu, tp, pp = get_gpu(gpu_name), e.tensor_parallel_size, e.pipeline_parallel_size
+    if mig is not None:
+        # A CUDA process sees one MIG device: a replica is one slice, unsplit.
+        for name, value in (("tensor_parallel_size", tp), ("pipeline_parallel_size", pp)):
+            if value not in (None, 1):
+                raise Refusal(f"serving.engine.{name}: pool {sv.gpu_pool} serves from MIG {mig.name} slices "
+                              f"and a replica runs on one slice; expected 1 or unset, got {value}")
+        gpu, tp, pp = slice_gpu(gpu, mig), 1, 1
+    try:
+        p = planner.plan(
+            model,
+            gpu,
+            gpus_per_node=1 if mig is not None else per_node,
+            context=e.max_model_len,
+            quantization=e.quantization,
+            kv_cache_dtype=e.kv_cache_dtype,
+            tensor_parallel_size=tp,
+            pipeline_parallel_size=pp,
+            max_num_seqs=e.max_num_seqs,
+            gpu_memory_utilization=e.gpu_memory_utilization,
+            max_num_batched_tokens=e.max_num_batched_tokens,
+            parallelism=e.parallelism,
+            data_parallel_size=e.data_parallel_size,
+            speculative_tokens=e.speculative_tokens,
+            rdma=instance_type_rdma(pool.instance_type),
+        )
+    except PlanError as exc:
+        raise Refusal(f"serving.engine: {exc}") from None
+    if not p.fits:
+        where = (f"a MIG {mig.name} slice of {gpu_name} ({mig.memory_mib / 1024:.1f} GiB)" if mig is not None
+                 else f"{gpu_name} x {per_node} per node")
+        raise Refusal(
+            f"serving.engine: {model.name} does not fit on {where} (pool {sv.gpu_pool}): " + "; ".join(p.reasons)
+        )
+    if p.nodes > 1 and not sv.multi_node:
+        raise Refusal(_multi_node_refusal(s, model, gpu_name, per_node, p))
+    low, _ = replica_bounds(s)
+    if mig is not None:
+        slices = per_node * mig.per_gpu
+        needed = -(-low // slices)
+        if needed > pool.max_nodes:
+            raise Refusal(
+                f"cluster.gpu_pools.{sv.gpu_pool}.max_nodes: {low} replica(s) on {slices} {mig.name} slices per "
+                f"node need {needed} nodes, the pool allows {pool.max_nodes}"
+            )
+    else:
+        # each warm placeholder holds one serving pod's GPUs (a pipeline stage's when multi-node)
+        warm = s.resilience.warm_capacity.replicas
+        warm_nodes = -(-warm * (p.total_gpus // p.nodes) // per_node)
+        needed = low * p.nodes + warm_nodes
+        if needed > pool.max_nodes and warm and low * p.nodes <= pool.max_nodes:
+            raise Refusal(
+                f"resilience.warm_capacity.replicas: {low} replica(s) x {p.nodes} node(s) plus {warm} "
+                f"placeholder(s) on {warm_nodes} node(s) need {needed} nodes, pool {sv.gpu_pool} allows "
+                f"{pool.max_nodes}"
+            )
+        if needed > pool.max_nodes:
+            raise Refusal(
+                f"cluster.gpu_pools.{sv.gpu_pool}.max_nodes: {low} replica(s) x {p.nodes} node(s) each need "
+                f"{needed} nodes, the pool allows {pool.max_nodes}"
+            )
+    if sv.server == "triton":
+        _check_triton(s, p)
+    return p
+
+
+def _check_triton(s: StackSettings, p: Plan) -> None:
+    sv = s.serving
+    if p.nodes > 1:
+        raise Refusal(f"serving.server: triton serves one node per replica here; {sv.model} needs "
+                      f"{p.nodes} nodes per replica: expected vllm (a LeaderWorkerSet) for it")
+    if sv.engine.extra_args:
+        raise Refusal("serving.engine.extra_args: Triton's model.json takes engine fields, not command-line "
+                      "flags; expected none with server: triton")
+    if sv.triton.default_max_tokens > p.max_model_len:
+        raise Refusal(f"serving.triton.default_max_tokens: {sv.triton.default_max_tokens} exceeds the "
+                      f"engine's max_model_len {p.max_model_len}; expected at most that")
+
+
+def _multi_node_refusal(s: StackSettings, model: ModelSpec, gpu_name: str, per_node: int, p: Plan) -> str:
+    """One replica would span several nodes: say so, and name the smallest node shape on
+    which it would fit alone."""
+    e = s.serving.engine
+    options = planner.single_node_options(
+        model, GPUS, INSTANCE_TYPES, context=e.max_model_len, quantization=e.quantization,
+        kv_cache_dtype=e.kv_cache_dtype, tensor_parallel_size=e.tensor_parallel_size,
+        max_num_seqs=e.max_num_seqs, gpu_memory_utilization=e.gpu_memory_utilization,
+        max_num_batched_tokens=e.max_num_batched_tokens)
+    if options:
+        smallest = options[0]
+        where = (f"the smallest pool on which it fits on one node is {smallest.describe()}"
+                 + (f" (instance type not in the catalog: state gpu: {smallest.gpu} and "
+                    f"gpus_per_node: {smallest.gpus_per_node})" if smallest.instance_type is None else ""))
+    else:
+        where = "no catalogued node shape holds it on one node"
+    return (f"serving.multi_node: one replica of {model.name} needs {p.nodes} nodes of {gpu_name} x "
+            f"{per_node} (pool {s.serving.gpu_pool}: TP{p.tensor_parallel_size} x "
+            f"PP{p.pipeline_parallel_size}" + (f", {p.describe_layout()}" if p.parallelism != "tp_pp" else "")
+            + "); set serving.multi_node: true to run each replica across "
+            f"nodes (a LeaderWorkerSet, pipeline parallel over the network), or serve it from a larger "
+            f"pool: {where}")
+
+
+def termination_grace(s: StackSettings) -> int:
+    """Time a stopping serving pod gets: the preStop delay, then vLLM drains in-flight
+    requests for as long as the edge lets one run (`--shutdown-timeout`); refused when set
+    shorter than that."""
+    sv, edge = s.serving, s.gateway.request_timeout_seconds
+    need = sv.drain_seconds + edge
+    if sv.termination_grace_seconds is None:
+        return need + GRACE_MARGIN_SECONDS
+    if sv.termination_grace_seconds < need:
+        raise Refusal(
+            f"serving.termination_grace_seconds: {sv.termination_grace_seconds} s is shorter than "
+            f"serving.drain_seconds ({sv.drain_seconds}) + gateway.request_timeout_seconds ({edge}) = {need} s: "
+            "the longest request the edge allows would be cut off on every scale-down and rollout; "
+            f"expected at least {need}, or leave it unset"
+        )
+    return sv.termination_grace_seconds
+
+
+def plan_rollout(s: StackSettings, engine: Plan) -> RolloutPlan:
+    """Argo Rollouts runs the canary when enabled, one node per replica (it cannot manage a
+    LeaderWorkerSet) and the in-cluster HTTPRoute it moves traffic on. A rollout adds one
+    replica at its peak under Argo (dynamicStableScale scales the stable down as the canary
+    scales up), else rollout.max_surge."""
+    argo = s.rollout.enabled and s.serving.in_cluster_gateway and engine.nodes == 1
+    if argo and s.gateway.canary_weight:
+        raise Refusal(
+            f"gateway.canary_weight: {s.gateway.canary_weight} while Argo Rollouts owns the canary split "
+            "(rollout.enabled, in-cluster gateway): Argo sets the weights during a rollout and back to 0 "
+            "after it; expected 0 (traffic steps are rollout.steps)"
+        )
+    if s.rollout.partition and engine.nodes == 1:
+        raise Refusal(
+            "rollout.partition: applies to multi-node replicas (a LeaderWorkerSet) only; single-node "
+            "replicas roll out as an Argo canary or a Deployment update. Expected 0"
+        )
+    return RolloutPlan(argo=argo, surge=max(1, s.rollout.max_surge) if argo else s.rollout.max_surge)
+
+
+def replicas_per_pool(s: StackSettings, engine: Plan) -> int:
+    """Serving replicas the pool holds at max_nodes: whole nodes per replica when a replica
+    spans nodes, else replicas side by side on each node's GPUs."""
+    pool = s.cluster.gpu_pools[s.serving.gpu_pool]
+    if engine.nodes > 1:
+        return pool.max_nodes // engine.nodes
+    per_node = pool_hw(pool).gpus_per_node
+    mig = pool_mig(pool)
+    if mig is not None:  # one replica per MIG slice (capacity/mig.py)
+        return pool.max_nodes * per_node * mig.per_gpu
+    return pool.max_nodes * (per_node // engine.total_gpus)
+
+
+def check_pool_capacity(s: StackSettings, engine: Plan, rollout: RolloutPlan, room: int) -> None:
+    """The most replicas, plus a rollout's surge, fit the pool: else a rollout while scaled
+    out would stall."""
+    a, sv = s.autoscaling, s.serving
+    upper, field = (a.max_replicas, "autoscaling.max_replicas") if a.enabled else (sv.replicas, "serving.replicas")
+    surge = rollout.surge
+    if upper + surge <= room:
+        return
+    pool = s.cluster.gpu_pools[sv.gpu_pool]
+    mig = pool_mig(pool)
+    unit = (f"{engine.nodes} nodes each" if engine.nodes > 1 else
+            f"one {mig.name} MIG slice each" if mig is not None else f"{engine.total_gpus} GPU(s) each")
+    fixes = [f"lower {field} to {max(room - surge, 0)}", f"raise cluster.gpu_pools.{sv.gpu_pool}.max_nodes"]
+    if surge and not rollout.argo:
+        fixes.append("set rollout.max_surge: 0 (replace one replica at a time)")
+    raise Refusal(
+        f"{field}: {upper} replica(s) ({unit}) + a rollout surge of {surge} need room for {upper + surge} "
+        f"replicas, but pool {sv.gpu_pool} holds {room} at max_nodes {pool.max_nodes}: a rollout while "
+        f"scaled out would stall; {', or '.join(fixes)}"
+    )

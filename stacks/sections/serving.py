@@ -1,0 +1,200 @@
+"""`serving`: the vLLM workload: model, pool, image, engine arguments, auth and rate limits."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from stacks.constants import HTTP_PORT
+from stacks.sections.common import Model, Name
+
+
+class EngineSettings(Model):
+    """vLLM engine arguments. Unset sizes are filled by the capacity planner."""
+
+    tensor_parallel_size: int | None = Field(None, ge=1, le=64, description="GPUs per pipeline stage; planner picks when unset")
+    pipeline_parallel_size: int | None = Field(None, ge=1, le=16, description="pipeline stages (one per node when multi-node)")
+    max_model_len: int | None = Field(None, ge=128, description="context length; largest that fits (capped at the model's) when unset")
+    max_num_seqs: int | None = Field(None, ge=1, le=4096, description="concurrent sequences; planner picks when unset")
+    max_num_batched_tokens: int | None = Field(None, ge=128, description="token budget of one engine step")
+    gpu_memory_utilization: float | None = Field(None, ge=0.3, le=0.98, description="fraction of GPU memory vLLM may use")
+    enable_prefix_caching: bool = Field(True, description="reuse KV cache across requests sharing a prefix")
+    enable_chunked_prefill: bool = Field(True, description="split long prefills so decodes keep flowing")
+    dtype: Literal["auto", "bfloat16", "float16"] = Field("auto", description="activation dtype")
+    quantization: Literal["awq", "fp8"] | None = Field(None, description="weight quantization of the checkpoint")
+    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = Field("auto", description="KV cache dtype")
+    parallelism: Literal["auto", "tp_pp", "tp_ep", "dp_ep"] = Field(
+        "auto",
+        description="layout of a replica: tp_pp (tensor parallel in a node, pipeline stages across nodes), tp_ep "
+        "(attention tensor parallel, experts split across all GPUs), dp_ep (attention data parallel, one engine "
+        "per GPU, experts split across all GPUs); auto: the fewest GPUs, preferring dp_ep > tp_ep > tp_pp (EP "
+        "across nodes only on RDMA pools); see docs/planner.md",
+    )
+    data_parallel_size: int | None = Field(
+        None, ge=1, le=256, description="engines (attention replicas) per replica with tp_ep/dp_ep; all GPUs of the "
+        "replica's nodes divided by the TP size when unset",
+    )
+    speculative_tokens: int = Field(
+        0, ge=0, le=4,
+        description="MTP speculative decoding: draft tokens per step from the model's own MTP module (DeepSeek-V3/R1; "
+        "its weights and KV cache are planned in); 0 turns it off",
+    )
+    extra_args: list[str] = Field(default_factory=list, description="extra vLLM arguments passed through verbatim")
+    kernels: bool = Field(True, description="install the deepseek-volc Triton kernels plugin in vLLM")
+    awq_kernel: Literal["vllm", "dsvolc"] = Field(
+        "vllm",
+        description="linear layers of an AWQ checkpoint: vLLM's own kernels, or the plugin's Triton W4A16 "
+        "(--quantization dsvolc_awq; needs quantization awq and kernels on)",
+    )
+
+    @model_validator(mode="after")
+    def _awq_kernel(self):
+        if self.awq_kernel == "dsvolc":
+            if self.quantization != "awq":
+                raise ValueError(
+                    f"awq_kernel: 'dsvolc' runs AWQ checkpoints; expected quantization: awq, got {self.quantization!r}"
+                )
+            if not self.kernels:
+                raise ValueError("awq_kernel: 'dsvolc' needs kernels: true (the plugin registers dsvolc_awq)")
+        return self
+
+
+class ImageSettings(Model):
+    repository: str | None = Field(None, description="image repository; the stack's CR repository when unset")
+    tag: str | None = Field(None, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$", description="image tag (never latest)")
+    digest: str | None = Field(None, pattern=r"^sha256:[0-9a-f]{64}$", description="image digest; wins over the tag")
+
+    @model_validator(mode="after")
+    def _pinned(self):
+        if self.tag is None and self.digest is None:
+            raise ValueError("tag: expected an image tag or digest; an unpinned image is refused")
+        if self.tag == "latest":
+            raise ValueError("tag: 'latest' is refused; expected a version tag or a digest")
+        return self
+
+
+class AuthSettings(Model):
+    """The identity provider whose tokens the gateway accepts. No defaults: every stack names
+    its own issuer, audiences and key set (a placeholder in an RFC 2606 example domain is
+    refused for staging and prod by the `identity-provider-not-placeholder` policy)."""
+
+    enabled: bool = Field(True, description="require a JWT on every request")
+    issuer: str | None = Field(
+        None, min_length=1, description="expected `iss` claim, exactly as the identity provider writes it"
+    )
+    audiences: list[Annotated[str, Field(min_length=1)]] | None = Field(
+        None, description="accepted `aud` values (at least one)"
+    )
+    jwks_uri: str | None = Field(
+        None, pattern=r"^https://[^/\s]+", description="JWKS endpoint (https) the proxies fetch the signing keys from"
+    )
+    jwks_configmap: Name | None = Field(
+        None,
+        description="instead of jwks_uri: a ConfigMap in the serving namespace whose key `jwks` holds the key set "
+        "(for providers the proxies cannot reach; Envoy Gateway's localJWKS reads a ConfigMap)",
+    )
+    consumer_claim: str = Field("sub", min_length=1, description="claim that names the consumer (rate-limit key)")
+
+    @model_validator(mode="after")
+    def _provider(self):
+        if not self.enabled:
+            return self
+        if self.issuer is None:
+            raise ValueError("issuer: required when auth is enabled; expected the identity provider's `iss` "
+                             "value, e.g. https://login.your-company.cn/")
+        if not self.audiences:
+            raise ValueError("audiences: required when auth is enabled; expected at least one `aud` value "
+                             "your tokens carry")
+        if (self.jwks_uri is None) == (self.jwks_configmap is None):
+            raise ValueError("jwks_uri: expected exactly one of jwks_uri (an https URL) or jwks_configmap "
+                             "(a ConfigMap holding the key set)")
+        return self
+
+
+class ConsumerLimit(Model):
+    consumer: str = Field(min_length=1, description="value of the consumer claim")
+    requests: int = Field(ge=1, description="requests allowed per unit")
+    unit: Literal["Second", "Minute", "Hour"] = Field("Minute", description="rate-limit window")
+
+
+class RateLimitSettings(Model):
+    enabled: bool = Field(True, description="rate-limit requests per consumer")
+    requests: int = Field(60, ge=1, description="default requests per consumer per unit")
+    unit: Literal["Second", "Minute", "Hour"] = Field("Minute", description="rate-limit window")
+    consumers: list[ConsumerLimit] = Field(default_factory=list, description="per-consumer overrides")
+
+
+class TritonSettings(Model):
+    """NVIDIA Triton Inference Server in front of the same vLLM engine (serving.server: triton)."""
+
+    default_max_tokens: int = Field(
+        4096, ge=16, le=131072,
+        description="max_tokens of a request that sets none (Triton's OpenAI frontend defaults to 16, vLLM's "
+        "own server to the rest of the context); at most the engine's max_model_len",
+    )
+    kserve_http_port: int = Field(8080, ge=1024, le=65535, description="Triton's KServe v2 HTTP port (health probes)")
+    kserve_grpc_port: int = Field(8001, ge=1024, le=65535, description="Triton's KServe v2 gRPC port")
+
+    @model_validator(mode="after")
+    def _ports(self):
+        used = {HTTP_PORT: "the OpenAI port"}
+        for name in ("kserve_http_port", "kserve_grpc_port"):
+            port = getattr(self, name)
+            if port in used:
+                raise ValueError(f"{name}: {port} is already {used[port]}; expected a free port")
+            used[port] = name
+        return self
+
+
+class ServingSettings(Model):
+    namespace: Name = Field("deepseek-serving", description="namespace of the serving workload")
+    name: Name = Field("deepseek", description="release name (prefix of every serving object)")
+    service_account: Name = Field("deepseek-serving", description="ServiceAccount bound to the weight reader role")
+    model: str = Field(description="catalog model name (see `dsvolc size`) or path to a config.json")
+    served_model_name: str | None = Field(None, description="name clients send in `model`; the model name when unset")
+    weights_mode: Literal["stream", "sync"] = Field(
+        "sync", description="stream: runai_streamer from TOS's S3 endpoint; sync: init container copies to the node cache"
+    )
+    gpu_pool: str = Field(description="GPU pool the replicas run on")
+    multi_node: bool = Field(
+        False,
+        description="allow one replica to span several nodes (LeaderWorkerSet, pipeline parallel across "
+        "nodes); off: a model that does not fit one node of the pool is refused",
+    )
+    replicas: int = Field(1, ge=1, le=100, description="serving replicas (instances of the model)")
+    image: ImageSettings = Field(description="serving image")
+    engine: EngineSettings = Field(default_factory=EngineSettings, description="vLLM engine arguments")
+    startup_timeout_seconds: int = Field(
+        1800, ge=1200, le=7200, description="how long the model may take to load before the pod is restarted"
+    )
+    drain_seconds: int = Field(
+        20, ge=5, le=300,
+        description="preStop delay: the pod has left the Services' endpoints and the gateway stops routing to it "
+        "before vLLM is told to stop",
+    )
+    termination_grace_seconds: int | None = Field(
+        None, ge=30, le=7200,
+        description="time a stopping pod gets: preStop delay + vLLM's drain of in-flight requests; at least "
+        "drain_seconds + gateway.request_timeout_seconds; that sum plus 30 s when unset",
+    )
+    weights_sync_connections: int = Field(
+        8, ge=1, le=64, description="parallel downloads (and HTTP connections) of the weights sync init container"
+    )
+    weights_sync_mib_per_s: int = Field(
+        150, ge=10, le=20000,
+        description="TOS -> node cache throughput the startup budget assumes for a sync (bounded by the data "
+        "disk: size it from benchmarks/results/weights_sync.json and the disk class)",
+    )
+    server: Literal["vllm", "triton"] = Field(
+        "vllm",
+        description="what answers the OpenAI API: vLLM's own server, or NVIDIA Triton Inference Server with its "
+        "vLLM backend (same engine settings, model repository generated; docs/serving.md says when)",
+    )
+    triton: TritonSettings = Field(default_factory=TritonSettings, description="Triton front (server: triton)")
+    in_cluster_gateway: bool = Field(True, description="Envoy Gateway in the cluster with JWT and rate limits")
+    gateway_replicas: int = Field(2, ge=1, le=20, description="Envoy proxy replicas of the in-cluster gateway")
+    auth: AuthSettings = Field(
+        description="JWT authentication: the identity provider (issuer, audiences, JWKS) this stack trusts"
+    )
+    rate_limits: RateLimitSettings = Field(default_factory=RateLimitSettings, description="per-consumer rate limits")

@@ -1,0 +1,114 @@
+"""The README's fast tier in the README's quick-start environment.
+
+The quick start installs ``.[dev]`` only; the engine extra (vLLM, torch, transformers,
+Triton and what they bring) is not there. A child pytest collects the README's fast-tier
+selection with every module that only the engine extra installs made unimportable, as it
+is in that environment: nothing may fail to import. Tests that need the extra at run time
+(its fixtures, tests/conftest.py) carry the ``engine`` marker, which the command leaves out.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
+PROJECT = "deepseek-volc"
+
+
+def readme_fast_tier_args() -> list[str]:
+    """The pytest arguments of the README's fast-tier command."""
+    text = (ROOT / "README.md").read_text()
+    lines = [ln for ln in text.splitlines() if ln.startswith("python -m pytest") and " -m " in ln]
+    assert len(lines) == 1, f"README: expected one fast-tier command (python -m pytest ... -m ...), got {lines}"
+    return shlex.split(lines[0])[3:]
+
+
+def _closure(requirements: list[str], extras: set[str]) -> set[str]:
+    """Installed distributions these requirements bring, transitively (canonical names)."""
+    seen: set[str] = set()
+    todo = [(r, extras) for r in requirements]
+    while todo:
+        spec, active = todo.pop()
+        req = Requirement(spec)
+        if req.marker and not any(req.marker.evaluate({"extra": e}) for e in (active or {""})):
+            continue
+        name = canonicalize_name(req.name)
+        if name in seen:
+            continue
+        try:
+            dist = md.distribution(req.name)
+        except md.PackageNotFoundError:
+            continue
+        seen.add(name)
+        todo += [(r, set(req.extras)) for r in dist.requires or []]
+    return seen
+
+
+def engine_only() -> tuple[set[str], set[str]]:
+    """Top-level modules, and pytest plugins, that only the engine extra installs here."""
+    own = md.requires(PROJECT) or []
+    quick_start = _closure(own, {"dev"})
+    engine = _closure(own, {"engine"}) - quick_start
+    owners = md.packages_distributions()
+    modules = {mod for mod, dists in owners.items()
+               if dists and all(canonicalize_name(d) in engine for d in dists)}
+    plugins = {ep.name for ep in md.entry_points(group="pytest11")
+               if ep.dist is not None and canonicalize_name(ep.dist.name) in engine}
+    return modules, plugins
+
+
+BLOCKER = """
+import json, os, sys
+
+# What is not installed: `import x` raises ModuleNotFoundError, importlib.util.find_spec
+# answers None.
+for name in json.loads(os.environ["ENGINE_ONLY_MODULES"]):
+    sys.modules[name] = None
+
+
+def pytest_collection_finish(session):
+    with open(os.environ["FAST_TIER_ITEMS"], "w") as f:
+        json.dump([i.nodeid for i in session.items], f)
+"""
+
+
+@pytest.mark.slow  # a child pytest session collecting the whole suite
+def test_the_fast_tier_collects_without_the_engine_extra_and_needs_none_of_it(tmp_path):
+    blocked, plugins = engine_only()
+    try:
+        md.distribution("torch")
+        assert {"torch", "vllm", "transformers", "triton"} <= blocked, sorted(blocked)
+    except md.PackageNotFoundError:
+        pass  # the quick-start environment itself: nothing to hide
+    (tmp_path / "engine_blocker.py").write_text(BLOCKER)
+    items_file = tmp_path / "items.json"
+    env = {k: v for k, v in os.environ.items() if k not in ("CI",) and not k.startswith("PYTEST_")}
+    env.update(ENGINE_ONLY_MODULES=json.dumps(sorted(blocked)), FAST_TIER_ITEMS=str(items_file),
+               PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]))
+    args = [a for a in readme_fast_tier_args() if a not in ("-n", "2", "--dist", "loadgroup")]
+    out = subprocess.run([sys.executable, "-m", "pytest", *args, "--collect-only", "-p", "no:cacheprovider",
+                          "-p", "no:xdist", *(f"-pno:{p}" for p in sorted(plugins)), "-p", "engine_blocker"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0 and "error" not in out.stdout.splitlines()[-1], out.stdout[-5000:] + out.stderr[-2000:]
+    items = json.loads(items_file.read_text())
+    assert len(items) > 500, len(items)  # the fast tier, not an empty selection
+
+
+def test_the_readme_fast_tier_leaves_out_what_the_quick_start_lacks():
+    args = readme_fast_tier_args()
+    expr = args[args.index("-m") + 1]
+    assert re.search(r"\bnot engine\b", expr) and re.search(r"\bnot integration\b", expr), expr
+    quick_start = next(ln for ln in (ROOT / "README.md").read_text().splitlines() if "python3 -m venv" in ln)
+    assert "pip install -e '.[dev]'" in quick_start, quick_start
