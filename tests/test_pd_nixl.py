@@ -118,8 +118,11 @@ def _server(model, role: str, log_dir, *, port: int | None = None, core: str, n:
 
 
 @pytest.fixture(scope="module")
-def pd(tmp_path_factory):
+def pd(tmp_path_factory, vllm_server):
     _require_tools()
+    # the session's one-server pool (tests/conftest.py) may still run a server, holding the
+    # machine-wide lock from this very process: stop it, or the lock below waits on itself
+    vllm_server.__self__.stop_all()
     d = tmp_path_factory.mktemp("pd")
     # initializer_range 0.3: the random model's greedy tokens depend on the prompt, so equal
     # outputs mean the same KV (at 0.02 every prompt gives the same token)

@@ -21,7 +21,7 @@ if str(ROOT) not in sys.path:
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
 
 
-def test_cache_aware_routing_hits_the_prefix_cache_more_than_round_robin(tmp_path):
+def test_cache_aware_routing_hits_the_prefix_cache_more_than_round_robin(tmp_path, vllm_server):
     missing = [n for n, ok in (("vllm", importlib.util.find_spec("vllm") is not None),
                                ("vllm-router", router_binary() is not None)) if not ok]
     if missing:
@@ -29,6 +29,10 @@ def test_cache_aware_routing_hits_the_prefix_cache_more_than_round_robin(tmp_pat
             pytest.fail(f"{', '.join(missing)} not installed (pip install -e '.[engine]')")
         pytest.skip(f"{', '.join(missing)} not installed (pip install -e '.[engine]')")
     from benchmarks import bench_routing
+
+    # the session's one-server pool (tests/conftest.py) may hold the machine-wide lock from
+    # this very process: stop its server, or the benchmark's lock waits on itself
+    vllm_server.__self__.stop_all()
 
     result = bench_routing.compare(conversations=3, turns=4, work_dir=str(tmp_path))
     ca, rr = result["runs"]["cache_aware"], result["runs"]["round_robin"]
