@@ -84,7 +84,8 @@ _V2_LITE_COMMON: dict[str, Any] = dict(
 
 
 def _qwen2(name: str, hf_id: str, layers: int, hidden: int, heads: int, kv: int,
-           inter: int, vocab: int, params: int, source: str) -> ModelSpec:
+           inter: int, vocab: int, params: int, source: str,
+           reasoning_parser: str | None = None) -> ModelSpec:
     return ModelSpec(
         name=name, hf_id=hf_id, architecture="qwen2", num_layers=layers,
         hidden_size=hidden, num_attention_heads=heads, num_kv_heads=kv,
@@ -93,12 +94,13 @@ def _qwen2(name: str, hf_id: str, layers: int, hidden: int, heads: int, kv: int,
         n_routed_experts=0, n_shared_experts=0, num_experts_per_tok=0,
         moe_intermediate_size=None, intermediate_size=inter, first_k_dense_replace=0,
         param_count=params, native_dtype="bfloat16", max_context=131072,
-        source=source, attention_bias=True,
+        source=source, attention_bias=True, reasoning_parser=reasoning_parser,
     )
 
 
 def _llama(name: str, hf_id: str, layers: int, hidden: int, heads: int, kv: int,
-           inter: int, params: int, source: str) -> ModelSpec:
+           inter: int, params: int, source: str,
+           reasoning_parser: str | None = None) -> ModelSpec:
     return ModelSpec(
         name=name, hf_id=hf_id, architecture="llama", num_layers=layers,
         hidden_size=hidden, num_attention_heads=heads, num_kv_heads=kv,
@@ -107,9 +109,14 @@ def _llama(name: str, hf_id: str, layers: int, hidden: int, heads: int, kv: int,
         n_routed_experts=0, n_shared_experts=0, num_experts_per_tok=0,
         moe_intermediate_size=None, intermediate_size=inter, first_k_dense_replace=0,
         param_count=params, native_dtype="bfloat16", max_context=131072,
-        source=source,
+        source=source, reasoning_parser=reasoning_parser,
     )
 
+
+# R1 and its distills think between <think> and </think> before answering; vLLM's parser
+# of that name puts the thinking in the message's `reasoning` field and the answer in
+# `content` (tests/test_reasoning_parser.py runs it).
+R1_REASONING_PARSER = "deepseek_r1"
 
 MODELS: dict[str, ModelSpec] = {
     # deepseek-ai/DeepSeek-V3's own config.json was not reachable from the reference
@@ -136,6 +143,7 @@ MODELS: dict[str, ModelSpec] = {
         source="https://huggingface.co/deepseek-ai/DeepSeek-R1/blob/main/config.json "
                "(read via copies: huggingface.co/JPAdams12th/dormant-model-2, "
                "huggingface.co/Yi30/DeepSeek-R1-NVFP4-OFFLINE)",
+        reasoning_parser=R1_REASONING_PARSER,
         **_V3_COMMON,
     ),
     # DeepSeek-R1-0528 (the May 2025 update of R1): same V3 architecture. config.json read
@@ -152,6 +160,7 @@ MODELS: dict[str, ModelSpec] = {
                "(read 2026-12-01 via copies: huggingface.co/amd/DeepSeek-R1-0528-MXFP4 commit 41aaaead "
                "config.json, huggingface.co/mlx-community/DeepSeek-R1-0528-8bit config.json; the native "
                "FP8 128x128 checkpoint format is the V3 family's, the copies re-quantize it)",
+        reasoning_parser=R1_REASONING_PARSER,
         **_V3_COMMON,
     ),
     # DeepSeek-V3.1: layers, hidden, heads, q_lora, kv_lora, rope/nope/v dims and
@@ -242,6 +251,7 @@ MODELS: dict[str, ModelSpec] = {
         28, 1536, 12, 2, 8960, 151936, 1_780_000_000,
         "https://huggingface.co/deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B/blob/main/config.json "
         "(read via huggingface.co/onnx-community/DeepSeek-R1-Distill-Qwen-1.5B-ONNX config.json)",
+        reasoning_parser=R1_REASONING_PARSER,
     ),
     # https://huggingface.co/ABrain/HPGPT-DeepSeek-R1-Distill-Qwen-7B-R/blob/main/config.json and
     # https://huggingface.co/mlfoundations-dev/DeepSeek-R1-Distill-Qwen-7B_OpenThoughts3/blob/main/config.json
@@ -252,6 +262,7 @@ MODELS: dict[str, ModelSpec] = {
         28, 3584, 28, 4, 18944, 152064, 7_620_000_000,
         "https://huggingface.co/deepseek-ai/DeepSeek-R1-Distill-Qwen-7B/blob/main/config.json "
         "(read via huggingface.co/ABrain/HPGPT-DeepSeek-R1-Distill-Qwen-7B-R config.json)",
+        reasoning_parser=R1_REASONING_PARSER,
     ),
     # https://huggingface.co/unsloth/DeepSeek-R1-Distill-Qwen-14B-bnb-4bit config.json and
     # https://huggingface.co/neody/r1-14b-awq/blame/main/config.json (_name_or_path is the
@@ -262,6 +273,7 @@ MODELS: dict[str, ModelSpec] = {
         48, 5120, 40, 8, 13824, 152064, 14_800_000_000,
         "https://huggingface.co/deepseek-ai/DeepSeek-R1-Distill-Qwen-14B/blob/main/config.json "
         "(read via huggingface.co/unsloth/DeepSeek-R1-Distill-Qwen-14B-bnb-4bit config.json)",
+        reasoning_parser=R1_REASONING_PARSER,
     ),
     # https://huggingface.co/AIFunOver/DeepSeek-R1-Distill-Qwen-32B-openvino-8bit/blob/main/config.json
     # (_name_or_path deepseek-ai/DeepSeek-R1-Distill-Qwen-32B): 64 layers, hidden 5120,
@@ -271,6 +283,7 @@ MODELS: dict[str, ModelSpec] = {
         64, 5120, 40, 8, 27648, 152064, 32_800_000_000,
         "https://huggingface.co/deepseek-ai/DeepSeek-R1-Distill-Qwen-32B/blob/main/config.json "
         "(read via huggingface.co/AIFunOver/DeepSeek-R1-Distill-Qwen-32B-openvino-8bit config.json)",
+        reasoning_parser=R1_REASONING_PARSER,
     ),
     # https://huggingface.co/casperhansen/deepseek-r1-distill-llama-8b-awq (_name_or_path is
     # the deepseek-ai/DeepSeek-R1-Distill-Llama-8B snapshot): 32 layers, hidden 4096,
@@ -280,6 +293,7 @@ MODELS: dict[str, ModelSpec] = {
         32, 4096, 32, 8, 14336, 8_030_000_000,
         "https://huggingface.co/deepseek-ai/DeepSeek-R1-Distill-Llama-8B/blob/main/config.json "
         "(read via huggingface.co/casperhansen/deepseek-r1-distill-llama-8b-awq config.json)",
+        reasoning_parser=R1_REASONING_PARSER,
     ),
     # https://huggingface.co/unsloth/DeepSeek-R1-Distill-Llama-70B-bnb-4bit and
     # https://huggingface.co/perplexity-ai/r1-1776-distill-llama-70b/blame/main/config.json
@@ -290,6 +304,7 @@ MODELS: dict[str, ModelSpec] = {
         80, 8192, 64, 8, 28672, 70_600_000_000,
         "https://huggingface.co/deepseek-ai/DeepSeek-R1-Distill-Llama-70B/blob/main/config.json "
         "(read via huggingface.co/unsloth/DeepSeek-R1-Distill-Llama-70B-bnb-4bit config.json)",
+        reasoning_parser=R1_REASONING_PARSER,
     ),
 }
 

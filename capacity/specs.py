@@ -50,6 +50,10 @@ class ModelSpec:
     index_n_heads: int | None = None
     index_head_dim: int | None = None
     index_topk: int | None = None
+    # vLLM's reasoning parser for a model that writes its thinking between <think> and
+    # </think> before the answer (DeepSeek-R1 and the R1 distills: `deepseek_r1`, in
+    # vllm/reasoning/__init__.py); None for models that answer directly.
+    reasoning_parser: str | None = None
 
     @property
     def is_mla(self) -> bool:

@@ -6,6 +6,7 @@
   dsvolc policy-config STACK            the policy pack config the stack is judged by
   dsvolc images STACK                   what to mirror into the stack's registry, and its digests
   dsvolc manifests STACK DIR            every Kubernetes object of the stack as YAML (kubectl diff, scanners)
+  dsvolc smoke URL_OR_STACK --token T   check a live endpoint: auth, a completion, a stream, reasoning, metrics
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from rich.console import Console
 
 from dsvolc.images import images
 from dsvolc.size import EPILOG, size
+from dsvolc.smoke import smoke
 from stacks.loader import SettingsError
 from stacks.regions import PlacementWarning
 
@@ -43,6 +45,7 @@ warnings.showwarning = _one_line_warning
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 app.command("size", epilog=EPILOG)(size)
 app.command("images")(images)
+app.command("smoke")(smoke)
 
 
 def _version(value: bool) -> None:

@@ -199,6 +199,12 @@ def k8s_kind(resource_type: str) -> str | None:
     return resource_type.rsplit(":", 1)[-1]
 
 
+def workload_kind(args) -> str | None:
+    """The Kubernetes kind of the resource a policy judges when it runs pods, else None."""
+    kind = k8s_kind(args.resource_type)
+    return kind if kind in WORKLOAD_KINDS else None
+
+
 def k8s_group(resource_type: str) -> str:
     """`kubernetes:gateway.envoyproxy.io/v1alpha1:SecurityPolicy` -> `gateway.envoyproxy.io`."""
     middle = resource_type.split(":")[1] if resource_type.count(":") >= 2 else ""

@@ -15,6 +15,7 @@ from . import (
     metrics,
     network,
     operations,
+    pods,
     pulls,
     storage,
     supply_chain,
@@ -23,7 +24,7 @@ from . import (
 
 PACK_DIR = Path(__file__).resolve().parent
 PACK_NAME = "deepseek-volc"
-MODULES = (storage, identity, network, cluster, workload, pulls, gateway, edge, operations, metrics, capacity,
+MODULES = (storage, identity, network, cluster, pods, workload, pulls, gateway, edge, operations, metrics, capacity,
            supply_chain)
 POLICIES = [p for m in MODULES for p in m.POLICIES]
 

@@ -324,8 +324,9 @@ def test_every_resource_has_a_name_a_person_reads(dev_preview):
     assert not [x for x in labels.values() if "urn:" in x or "::" in x]
     by_name = {r.name: labels[r.urn] for r in dev_preview.recording.resources}
     s = load("dev")
-    assert by_name[f"{s.resource_prefix}-vke"] == f"vke.Cluster {s.resource_prefix}-vke"
-    assert by_name[f"{s.resource_prefix}-bucket"] == f"tos.Bucket {s.resource_prefix}-bucket"
-    assert by_name[f"{s.resource_prefix}-namespace-{s.serving.namespace}"] == f"Namespace {s.serving.namespace}"
-    assert by_name[f"{s.resource_prefix}-helm-keda"] == "HelmRelease keda/keda"
+    prefix = build_plan(s).names.prefix
+    assert by_name[f"{prefix}-vke"] == f"vke.Cluster {prefix}-vke"
+    assert by_name[f"{prefix}-bucket"] == f"tos.Bucket {prefix}-bucket"
+    assert by_name[f"{prefix}-namespace-{s.serving.namespace}"] == f"Namespace {s.serving.namespace}"
+    assert by_name[f"{prefix}-helm-keda"] == "HelmRelease keda/keda"
     assert resource_ref(None, None, None)["label"] == "(the stack)"

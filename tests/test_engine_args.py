@@ -117,3 +117,19 @@ def test_without_flags_drops_pairs_and_bare_flags():
     args = ["--a", "1", "--b", "--c", "3", "--d"]
     assert engine_args.without_flags(args, {"--a", "--b"}) == ["--c", "3", "--d"]
     assert engine_args.without_flags(args, {"--d"}) == ["--a", "1", "--b", "--c", "3"]
+
+
+@pytest.mark.parametrize("stack, model, parser", [
+    ("dev", None, "deepseek_r1"),  # DeepSeek-R1-Distill-Qwen-7B
+    ("prod", None, "deepseek_r1"),  # DeepSeek-R1
+    ("staging", "deepseek-v2-lite", None),  # answers directly: no thinking to split off
+])
+def test_reasoning_models_get_the_r1_reasoning_parser(stack, model, parser):
+    raw = copy.deepcopy(read_raw(stack))
+    if model:
+        raw["serving"]["model"] = model
+    ctx = ctx_for(stack, raw)
+    args = engine_args.render(engine_args.from_context(ctx, "/models"))
+    assert ctx.model.reasoning_parser == parser
+    assert flag(args, "--reasoning-parser") == parser
+    assert args.count("--reasoning-parser") == (1 if parser else 0)

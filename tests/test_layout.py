@@ -19,9 +19,9 @@ from pydantic import BaseModel
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# "No module longer than about 700 lines" (the project's layout rule): about, so a file
-# may run a little past 700 while it still holds one idea; past this it must split.
-MAX_LINES = 800
+# "No module longer than about 700 lines" (the project's layout rule). Every product module
+# now keeps to it, so the limit is the rule itself: a module that grows past it splits.
+MAX_LINES = 700
 
 
 def product_modules() -> list[str]:

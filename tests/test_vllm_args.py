@@ -148,6 +148,7 @@ def test_every_rendered_flag_is_accepted_by_vllm(variant, vllm_parser, stub_dir)
         assert ea.max_model_len == p.max_model_len and ea.max_num_seqs == p.max_num_seqs
         assert ea.shutdown_timeout == ctx.settings.serving.inflight_drain_seconds
         assert args.headless is (role == "worker")
+        assert (args.reasoning_parser or None) == ctx.model.reasoning_parser, role
         spec = ea.speculative_config
         if p.speculative_tokens:
             spec = spec if isinstance(spec, dict) else json.loads(spec)

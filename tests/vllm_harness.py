@@ -41,6 +41,8 @@ VLLM_SERVER_FILES = frozenset({
     "test_drain_vllm.py", "test_metrics_contract.py", "test_readonly_root_vllm.py",
     "test_serving_vllm.py", "test_tracing_vllm.py", "test_vllm_kv_capacity.py",
     "test_vllm_mla.py", "test_vllm_plugin.py",
+    # several servers at once, under the same machine-wide lock (tests/router_harness.py)
+    "test_pd_nixl.py", "test_routing_vllm.py",
 })
 
 # Default engine arguments for a 2-core CPU box: short context, no graph capture.
@@ -73,6 +75,14 @@ _SPECIAL = ["<unk>", "<s>", "</s>", "<pad>"]
 _CHAT_TEMPLATE = (
     "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}assistant:{% endif %}"
+)
+# DeepSeek-R1's thinking markers (added tokens in its tokenizer) and, like the R1 and
+# R1-distill chat templates, a generation prompt that opens the thinking: the model's
+# output is its reasoning, then </think>, then the answer.
+THINK_TOKENS = ("<think>", "</think>")
+_REASONING_CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:<think>\n{% endif %}"
 )
 
 
@@ -222,7 +232,7 @@ def _weight_shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def _write_tokenizer(out: Path, vocab_size: int, max_len: int) -> None:
+def _write_tokenizer(out: Path, vocab_size: int, max_len: int, *, reasoning: bool = False) -> None:
     """Byte-level BPE trained on a few sentences, padded with added tokens to vocab_size.
 
     Byte-level BPE because transformers 5 picks the tokenizer class from the model type
@@ -241,7 +251,10 @@ def _write_tokenizer(out: Path, vocab_size: int, max_len: int) -> None:
     if have > vocab_size:
         raise ValueError(f"vocab_size: expected at least {have} for the byte-level "
                          f"tokenizer, got {vocab_size}")
-    tok.add_tokens([f"<extra_{i}>" for i in range(vocab_size - have)])
+    think = list(THINK_TOKENS) if reasoning else []
+    if think:
+        tok.add_special_tokens(think)
+    tok.add_tokens([f"<extra_{i}>" for i in range(vocab_size - have - len(think))])
     if tok.get_vocab_size() != vocab_size:
         raise AssertionError(f"tokenizer has {tok.get_vocab_size()} tokens, config {vocab_size}")
     tok.save(str(out / "tokenizer.json"))
@@ -249,7 +262,8 @@ def _write_tokenizer(out: Path, vocab_size: int, max_len: int) -> None:
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>",
         "model_max_length": max_len, "add_bos_token": False, "add_eos_token": False,
-        "clean_up_tokenization_spaces": False, "chat_template": _CHAT_TEMPLATE,
+        "clean_up_tokenization_spaces": False,
+        "chat_template": _REASONING_CHAT_TEMPLATE if reasoning else _CHAT_TEMPLATE,
     }, indent=2))
     (out / "special_tokens_map.json").write_text(json.dumps({
         "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>",
@@ -257,16 +271,20 @@ def _write_tokenizer(out: Path, vocab_size: int, max_len: int) -> None:
 
 
 def make_tiny_model(tmp_dir: str | os.PathLike[str], arch: str = "deepseek_v2", *,
-                    seed: int = 0, **overrides: Any) -> Path:
+                    seed: int = 0, reasoning: bool = False, name: str | None = None,
+                    **overrides: Any) -> Path:
     """Write a tiny random-weight model of ``arch`` under ``tmp_dir`` and return its path.
 
     ``overrides`` replace config.json fields (e.g. ``num_hidden_layers=3``).
+    ``reasoning``: the tokenizer has R1's ``<think>``/``</think>`` tokens and the chat
+    template opens the thinking, as R1's does. ``name``: the directory's name (default
+    ``tiny-<arch>``).
     """
     import torch
     from safetensors.torch import save_file
 
     cfg = tiny_config(arch, **overrides)
-    out = Path(tmp_dir) / f"tiny-{arch}"
+    out = Path(tmp_dir) / (name or f"tiny-{arch}")
     out.mkdir(parents=True, exist_ok=True)
     dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16,
              "float32": torch.float32}[cfg.get("torch_dtype", "bfloat16")]
@@ -285,7 +303,7 @@ def make_tiny_model(tmp_dir: str | os.PathLike[str], arch: str = "deepseek_v2", 
     (out / "generation_config.json").write_text(json.dumps({
         "bos_token_id": cfg["bos_token_id"], "eos_token_id": cfg["eos_token_id"],
         "pad_token_id": cfg["pad_token_id"]}, indent=2))
-    _write_tokenizer(out, cfg["vocab_size"], cfg["max_position_embeddings"])
+    _write_tokenizer(out, cfg["vocab_size"], cfg["max_position_embeddings"], reasoning=reasoning)
     return out
 
 

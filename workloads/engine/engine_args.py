@@ -78,6 +78,9 @@ class EngineArgs:
     max_log_len: int | None = None
     json_logs: bool = False
     data_parallel_start_rank: str | None = None  # a literal or a shell expression
+    # vLLM's reasoning parser (capacity.catalog: `deepseek_r1` for R1 and its distills):
+    # the thinking goes to the message's `reasoning` field instead of `content`
+    reasoning_parser: str | None = None
     extra_args: tuple[str, ...] = field(default_factory=tuple)
 
     @property
@@ -121,6 +124,8 @@ def render(a: EngineArgs) -> list[str]:
         args.append("--enable-expert-parallel")
     if a.speculative_config:
         args += ["--speculative-config", a.speculative_config]
+    if a.reasoning_parser:
+        args += ["--reasoning-parser", a.reasoning_parser]
     if a.nnodes > 1 and a.data_parallel_size > 1:
         args += ["--data-parallel-size-local", str(a.data_parallel_size_local),
                  "--data-parallel-rpc-port", str(DP_RPC_PORT)]
@@ -240,6 +245,7 @@ def from_context(ctx: ServingContext, model_path: str) -> EngineArgs:
         log_prompts=rl.enabled and rl.prompts,
         max_log_len=rl.max_log_len,
         json_logs=s.observability.logs.enabled,
+        reasoning_parser=ctx.model.reasoning_parser,
         extra_args=tuple(e.extra_args),
     )
 

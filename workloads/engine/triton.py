@@ -106,6 +106,8 @@ def model_json(a: engine_args.EngineArgs) -> dict:
         out["kv_cache_dtype"] = a.kv_cache_dtype
     if a.shutdown_timeout is not None:
         out["shutdown_timeout"] = a.shutdown_timeout
+    if a.reasoning_parser:  # AsyncEngineArgs.reasoning_parser (structured outputs skip the thinking)
+        out["reasoning_parser"] = a.reasoning_parser
     # the engine's own spans (its observability config), under the incoming traceparent
     if a.otlp_traces_endpoint:
         out["otlp_traces_endpoint"] = a.otlp_traces_endpoint
