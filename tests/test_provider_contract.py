@@ -111,6 +111,9 @@ RUNS = {
     "staging:named-hpc": ("staging", variant("staging", cluster__gpu_pools__a100__hpc_cluster_id="hpcCluster-x1"),
                           "new"),
     "staging:no-in-cluster-gateway": ("staging", variant("staging", serving__in_cluster_gateway=False), "new"),
+    # the edge splits itself: its routes carry a total timeout, and a per-try timer when one is set
+    "staging:edge-only-routes": ("staging", variant("staging", serving__in_cluster_gateway=False,
+                                                    gateway__retry__per_try_timeout_seconds=30), "existing"),
     "prod:remedy-policy": ("prod", variant("prod", cluster__gpu_pools__h20__auto_repair__remedy_policy_id="rp-x1"),
                            "new"),
     # a weights prefix has no length limit of its own: no derived string may grow with it

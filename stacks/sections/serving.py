@@ -131,12 +131,6 @@ class RateLimitSettings(Model):
         "when unset",
     )
 
-    @property
-    def backstop(self) -> int:
-        if self.backstop_requests is not None:
-            return self.backstop_requests
-        return 10 * max([self.requests] + [c.requests for c in self.consumers if c.unit == self.unit])
-
 
 class TritonSettings(Model):
     """NVIDIA Triton Inference Server in front of the same vLLM engine (serving.server: triton)."""

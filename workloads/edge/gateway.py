@@ -52,6 +52,14 @@ AB_RULE = "ab-canary"
 SPLIT_RULE = "weighted"
 
 
+
+def backstop_requests(rl) -> int:
+    """Each proxy's local limit while the global one fails open: serving.rate_limits.
+    backstop_requests, or 10 x the largest per-consumer limit of the same unit."""
+    if rl.backstop_requests is not None:
+        return rl.backstop_requests
+    return 10 * max([rl.requests] + [c.requests for c in rl.consumers if c.unit == rl.unit])
+
 def gateway_name(ctx: ServingContext) -> str:
     return ctx.release
 
@@ -302,7 +310,7 @@ def backend_traffic_policy(ctx: ServingContext) -> dict:
         rl = sv.rate_limits
         # The global limit fails open (workloads/platform/controllers.py); each proxy's own
         # count, over all consumers, is the ceiling while it cannot be checked.
-        backstop = {"rules": [{"limit": {"requests": rl.backstop, "unit": rl.unit}}]}
+        backstop = {"rules": [{"limit": {"requests": backstop_requests(rl), "unit": rl.unit}}]}
         spec["rateLimit"] = {"global": {"rules": rate_limit_rules(ctx)}, "local": backstop}
     return {
         "apiVersion": ENVOY_GATEWAY_API,

@@ -15,7 +15,7 @@ nodes behind a PodDisruptionBudget, so a drain or node-pool upgrade keeps one an
 Its Redis stays one pod (counters of windows of at most an hour, nothing worth
 replicating), and the limiter fails *open* (`failClosed: false`): while Redis or every
 envoy-ratelimit pod is gone, requests pass the global per-consumer limit unchecked and
-each proxy's own local limit (`serving.rate_limits.backstop`, workloads/edge/gateway.py)
+each proxy's own local limit (`serving.rate_limits.backstop_requests`, workloads/edge/gateway.py)
 caps what it admits in all. Failure mode: for that time one consumer can take more than
 its share, up to the backstop; `RateLimitStoreDown` and `RateLimitServiceDown` page.
 
