@@ -78,6 +78,11 @@ class StackSettings(Model):
         default_factory=ResilienceSettings, description="GPU node health, pre-warm and warm capacity"
     )
     alerting: AlertingSettings = Field(default_factory=AlertingSettings, description="alert receivers and routing")
+    accept_replacements: list[str] = Field(
+        default_factory=list,
+        description="names of stateful resources this change may replace or delete (cluster, bucket, registry, "
+        "APIG gateway, HPC cluster, role, VMP workspace); `dsvolc preview STACK --against REF` refuses any other",
+    )
 
     @field_validator("region")
     @classmethod
