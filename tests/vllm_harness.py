@@ -340,7 +340,7 @@ class VllmServer:
         defaults = list(default_args)
         if "--dtype" not in defaults:
             defaults += ["--dtype", self._config_dtype(self.model)]
-        self.args = self._merge_args(defaults, list(args))
+        self.args = self._without_reasoning_parser(self._merge_args(defaults, list(args)), self.model)
         self.env = {**os.environ, **DEFAULT_SERVER_ENV, **(env or {})}
         self.startup_timeout = startup_timeout
         if log_path is None:
@@ -358,6 +358,24 @@ class VllmServer:
             return str(json.loads(cfg.read_text()).get("torch_dtype") or "auto")
         except (OSError, ValueError):
             return "auto"
+
+    @staticmethod
+    def _without_reasoning_parser(args: list[str], model: str) -> list[str]:
+        """vLLM's deepseek_r1 parser refuses to start on a tokenizer without R1's <think> and
+        </think> tokens. A tiny model made without them (make_tiny_model(reasoning=False))
+        serves rendered arguments minus the parser; the parser itself is proven on a tokenizer
+        that has them (tests/test_reasoning_parser.py)."""
+        if "--reasoning-parser" not in args:
+            return args
+        tok = Path(model) / "tokenizer.json"
+        try:
+            has_think = all(t in tok.read_text() for t in THINK_TOKENS)
+        except OSError:
+            return args  # not a local tiny model: leave what the caller asked for
+        if has_think:
+            return args
+        i = args.index("--reasoning-parser")
+        return args[:i] + args[i + 2:]
 
     @staticmethod
     def _merge_args(defaults: list[str], extra: list[str]) -> list[str]:
