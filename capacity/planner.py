@@ -181,6 +181,9 @@ class Plan:
     speculative_tokens: int = 0  # MTP draft tokens per step (0: off)
     mtp_bytes_per_gpu: int = 0  # weights of the MTP modules on the GPUs that hold them
     replica_kv_cache_tokens: int = 0  # tokens of KV cache across the replica's engines
+    # EPLB replicas on top of the routed experts, counted in the weights (capacity.wide_ep);
+    # None: not decided (the planner itself never adds them)
+    redundant_experts: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -70,6 +70,12 @@ def kubelet_expand(value: str, env: dict[str, str]) -> str:
 
 def final_argv(container: dict, env: dict[str, str], stub_dir: Path) -> list[str]:
     """The program's argument vector after the kubelet and, if any, the shell."""
+    return final_program(container, env, stub_dir)[1]
+
+
+def final_program(container: dict, env: dict[str, str], stub_dir: Path) -> tuple[str, list[str]]:
+    """(the Python module the container runs, its argument vector after the kubelet and, if
+    any, the shell)."""
     cmd = [kubelet_expand(c, env) for c in container["command"]]
     args = [kubelet_expand(a, env) for a in container.get("args", [])]
     if cmd[:2] == ["/bin/sh", "-c"]:
@@ -86,7 +92,7 @@ def final_argv(container: dict, env: dict[str, str], stub_dir: Path) -> list[str
         rest = rest[1:]
     else:
         assert module == engine_args.API_SERVER_MODULE
-    return rest
+    return module, rest
 
 
 def containers(ctx) -> list[tuple[str, dict, dict[str, str]]]:
@@ -139,8 +145,9 @@ def test_every_rendered_flag_is_accepted_by_vllm(variant, vllm_parser, stub_dir)
     p = ctx.engine
     assert p.fits
     for role, container, env in containers(ctx):
-        argv = final_argv(container, env, stub_dir)
+        module, argv = final_program(container, env, stub_dir)
         args, ea = vllm_parser(argv)
+        check_wide_ep(ctx, role, module, args, ea)
         assert ea.tensor_parallel_size == p.tensor_parallel_size, role
         assert ea.pipeline_parallel_size == p.pipeline_parallel_size, role
         assert ea.data_parallel_size == p.data_parallel_size, role
@@ -164,6 +171,30 @@ def test_every_rendered_flag_is_accepted_by_vllm(variant, vllm_parser, stub_dir)
         elif p.nodes > 1:
             assert (ea.nnodes, ea.node_rank) == (p.nodes, 1 if role == "worker" else 0)
             assert ea.master_addr == LWS_ENV["LWS_LEADER_ADDRESS"]
+
+
+def check_wide_ep(ctx, role: str, module: str, args, ea) -> None:
+    """The wide-EP values vLLM parsed are the plan's (expert-parallel layouts), vLLM's
+    defaults elsewhere; several API servers only where `vllm serve` runs them."""
+    p = ctx.engine
+    multi_node_ep = p.expert_parallel and p.nodes > 1 and p.rdma
+    if not p.expert_parallel:
+        assert ea.all2all_backend == "allgather_reducescatter" and not ea.enable_eplb and not ea.enable_dbo
+        assert ea.async_scheduling is None and args.api_server_count is None
+        return
+    assert ea.all2all_backend == ("deepep_low_latency" if multi_node_ep else "allgather_reducescatter"), role
+    assert ea.enable_eplb
+    r = ea.eplb_config.num_redundant_experts
+    assert r == p.redundant_experts and (ctx.model.n_routed_experts + r) % p.expert_parallel_size == 0
+    assert ea.enable_dbo is multi_node_ep
+    if ea.enable_dbo:
+        assert (ea.dbo_decode_token_threshold, ea.dbo_prefill_token_threshold) == (32, 512)
+    assert ea.async_scheduling is True
+    if role == "worker":
+        assert args.api_server_count is None
+    else:
+        assert args.api_server_count == p.data_parallel_size
+        assert module == "vllm.entrypoints.cli.main"  # the OpenAI server module runs a single server
 
 
 def test_the_layouts_tested_are_the_ones_the_planner_offers():

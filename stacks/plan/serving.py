@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from capacity import planner
+from capacity import planner, wide_ep
 from capacity.catalog import GPUS, ModelSpec, get_gpu, get_model
 from capacity.instances import INSTANCE_TYPES
 from capacity.mig import slice_gpu
@@ -78,6 +78,8 @@ def plan_engine(s: StackSettings, model: ModelSpec) -> Plan:
         )
     if p.nodes > 1 and not sv.multi_node:
         raise Refusal(_multi_node_refusal(s, model, gpu_name, per_node, p))
+    # EPLB's redundant experts (expert-parallel layouts) leave the KV cache: the plan says so
+    p = wide_ep.with_redundant_experts(model, p)
     low, _ = replica_bounds(s)
     if mig is not None:
         slices = per_node * mig.per_gpu

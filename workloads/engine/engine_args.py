@@ -1,4 +1,4 @@
-"""Engine settings -> `vllm.entrypoints.openai.api_server` arguments.
+"""Engine settings -> `vllm serve` / `vllm.entrypoints.openai.api_server` arguments.
 
 A pure function of a small, explicit input (`EngineArgs`), so that the test that starts a
 real vLLM can render arguments for a tiny local model with exactly this code.
@@ -10,12 +10,15 @@ import json
 
 from dataclasses import dataclass, field, replace
 
+from capacity import wide_ep
 from capacity.planner import speculative_config
 from stacks.constants import HTTP_PORT
 from workloads.observability import telemetry
 from workloads.engine.context import ServingContext
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+# `vllm serve` (the CLI entry point as a module): headless workers and several API servers
+SERVE_PROGRAM = ("python3", "-m", "vllm.entrypoints.cli.main", "serve")
 # The data-parallel engines of a multi-node replica coordinate over this port on the leader
 # (vLLM: "all nodes must use the same port"); the group NetworkPolicy admits every port.
 DP_RPC_PORT = 13345
@@ -81,6 +84,14 @@ class EngineArgs:
     # vLLM's reasoning parser (capacity.catalog: `deepseek_r1` for R1 and its distills):
     # the thinking goes to the message's `reasoning` field instead of `content`
     reasoning_parser: str | None = None
+    # wide expert parallelism (capacity.wide_ep, expert-parallel layouts only): the MoE
+    # all-to-all kernels, EPLB, dual-batch overlap, async scheduling, and the API processes
+    # in front of the engines (`vllm serve --api-server-count`; None: one, vLLM's module)
+    all2all_backend: str | None = None
+    eplb_config: str | None = None  # set: --enable-eplb with this --eplb-config
+    dbo_token_thresholds: tuple[int, int] | None = None  # set: --enable-dbo (decode, prefill)
+    async_scheduling: bool = False
+    api_server_count: int | None = None
     extra_args: tuple[str, ...] = field(default_factory=tuple)
 
     @property
@@ -139,9 +150,44 @@ def render(a: EngineArgs) -> list[str]:
             args += ["--node-rank", a.node_rank]
         if a.master_addr is not None:
             args += ["--master-addr", a.master_addr]
+    args += wide_ep_args(a)
     args += observability_args(a)
     args += list(a.extra_args)
     return args
+
+
+def wide_ep_args(a: EngineArgs) -> list[str]:
+    """The wide expert-parallel flags (capacity.wide_ep decides them; vLLM 0.32 spells them
+    as in vllm/engine/arg_utils.py; tests/test_vllm_args.py parses them with its parser)."""
+    args: list[str] = []
+    if a.all2all_backend:
+        args += ["--all2all-backend", a.all2all_backend]
+    if a.eplb_config:
+        args += ["--enable-eplb", "--eplb-config", a.eplb_config]
+    if a.dbo_token_thresholds:
+        decode, prefill = a.dbo_token_thresholds
+        args += ["--enable-dbo", "--dbo-decode-token-threshold", str(decode),
+                 "--dbo-prefill-token-threshold", str(prefill)]
+    if a.async_scheduling:
+        args.append("--async-scheduling")
+    if a.api_server_count is not None:
+        args += ["--api-server-count", str(a.api_server_count)]
+    return args
+
+
+def wide_ep_fields(ctx: ServingContext, phase: str = "aggregated") -> dict:
+    """EngineArgs fields of the stack's wide-EP decision for engines serving `phase`
+    (capacity.wide_ep.PHASES); none for a layout without expert parallelism."""
+    w = wide_ep.decide(ctx.model, ctx.engine, phase)
+    if w is None:
+        return {}
+    return {
+        "all2all_backend": w.all2all_backend,
+        "eplb_config": w.eplb_config() if w.eplb else None,
+        "dbo_token_thresholds": (w.dbo_decode_token_threshold, w.dbo_prefill_token_threshold) if w.dbo else None,
+        "async_scheduling": w.async_scheduling,
+        "api_server_count": w.api_server_count,
+    }
 
 
 # Paths polled every few seconds (probes, Prometheus): kept out of the access log.
@@ -205,9 +251,10 @@ def max_output_tokens(ctx: ServingContext) -> int:
     return min(want, ctx.engine.max_model_len)
 
 
-def from_context(ctx: ServingContext, model_path: str) -> EngineArgs:
+def from_context(ctx: ServingContext, model_path: str, phase: str = "aggregated") -> EngineArgs:
     """Engine arguments for the stack: sizes from the capacity plan (which honours what the
-    settings fixed), switches from the engine settings."""
+    settings fixed), switches from the engine settings; `phase` picks the wide-EP settings
+    of engines that serve prefill, decode or both (capacity.wide_ep)."""
     s = ctx.settings
     e = s.serving.engine
     p = ctx.engine
@@ -246,6 +293,7 @@ def from_context(ctx: ServingContext, model_path: str) -> EngineArgs:
         max_log_len=rl.max_log_len,
         json_logs=s.observability.logs.enabled,
         reasoning_parser=ctx.model.reasoning_parser,
+        **wide_ep_fields(ctx, phase),
         extra_args=tuple(e.extra_args),
     )
 
@@ -258,4 +306,7 @@ def for_rank(a: EngineArgs, *, node_rank: str, master_addr: str, worker_index: s
     if a.data_parallel_size > 1 and worker_index is not None:
         # `$$` is the kubelet's escape for `$`: the shell, not the kubelet, evaluates it.
         start = f"$$(({worker_index} * {a.data_parallel_size_local}))"
-    return replace(a, node_rank=node_rank, master_addr=master_addr, data_parallel_start_rank=start)
+    # a worker runs headless: vLLM refuses --api-server-count there (vllm/entrypoints/cli/serve.py)
+    servers = a.api_server_count if worker_index is None else None
+    return replace(a, node_rank=node_rank, master_addr=master_addr, data_parallel_start_rank=start,
+                   api_server_count=servers)

@@ -320,8 +320,12 @@ def engine_command(ctx: ServingContext, args: list[str], *, headless: bool = Fal
     (Triton's frontend)."""
     if program is None and headless:
         # Workers of a multi-node group run no API server (vLLM's `serve --headless`).
-        program = ["python3", "-m", "vllm.entrypoints.cli.main", "serve"]
+        program = list(engine_args.SERVE_PROGRAM)
         args = args + ["--headless"]
+    elif program is None and "--api-server-count" in args:
+        # Several API processes in front of the engines: only `vllm serve` starts them (the
+        # OpenAI server module runs one, whatever --api-server-count says).
+        program = list(engine_args.SERVE_PROGRAM)
     elif program is None:
         program = ["python3", "-m", engine_args.API_SERVER_MODULE]
     stream = ctx.settings.serving.weights_mode == "stream"
