@@ -216,6 +216,52 @@ def _shm(args, report):
                    "/dev/shm.")
 
 
+# --------------------------------------------------------------------------- RDMA privileges
+
+# The device plugin's resource for RDMA NICs on VKE (workloads/engine/rdma.py)
+RDMA_RESOURCE = "vke.volcengine.com/rdma"
+# The one capability an engine may add, and only with RDMA NICs: registering memory with a
+# NIC pins it (ibv_reg_mr), which RLIMIT_MEMLOCK stops without IPC_LOCK. llm-d's wide-EP
+# pods also add SYS_RAWIO and run as root; llm-d#2442 ran RoCE pods without SYS_RAWIO, and
+# this project's engines run as uid 1000 (workloads/engine/deepep.py).
+RDMA_CAPABILITY = "IPC_LOCK"
+
+
+def _rdma_nics(c) -> float:
+    req = mapping(dig(c, "resources", "requests", default={}))
+    lim = mapping(dig(c, "resources", "limits", default={}))
+    return max(number(req.get(RDMA_RESOURCE), 0.0) or 0.0, number(lim.get(RDMA_RESOURCE), 0.0) or 0.0)
+
+
+def _rdma_privileges(args, report):
+    kind = workload_kind(args)
+    if kind is None:
+        return
+    for _, t, c in iter_workload_containers(kind, args.props, init=False):
+        if not is_vllm(c):
+            continue
+        where = f"{kind} {name_of(args.props)} container {dig(c, 'name')!r}"
+        added = {str(x) for x in items(dig(c, "securityContext", "capabilities", "add"))}
+        nics = _rdma_nics(c)
+        extra = sorted(added - {RDMA_CAPABILITY})
+        if extra:
+            report(f"{where} adds {extra}: a model server adds no capability but {RDMA_CAPABILITY}, and that only "
+                   "with RDMA NICs (DeepEP's NVSHMEM and NCCL over RoCE need nothing else). Fix: remove them from "
+                   "securityContext.capabilities.add.")
+        if RDMA_CAPABILITY in added and not nics:
+            report(f"{where} adds {RDMA_CAPABILITY} without RDMA NICs ({RDMA_RESOURCE}): nothing in it pins memory "
+                   "for a NIC. Fix: add IPC_LOCK only to engines of multi-node replicas on RDMA pools "
+                   "(workloads/engine/rdma.py).")
+        backend = engine_flag(container_argv(c), "--all2all-backend") or ""
+        if backend.startswith("deepep") and not (nics and RDMA_CAPABILITY in added):
+            report(f"{where} runs --all2all-backend {backend} without RDMA NICs and {RDMA_CAPABILITY}: DeepEP's "
+                   "NVSHMEM transport registers GPU memory with the NICs and fails at start. Fix: run DeepEP only "
+                   "on multi-node replicas of an RDMA pool (capacity/wide_ep.py decides it from the plan).")
+        if dig(c, "securityContext", "privileged") is True or number(dig(c, "securityContext", "runAsUser"), None) == 0:
+            report(f"{where} runs privileged or as root; DeepEP and RDMA need neither. Fix: keep the engine's "
+                   "restricted securityContext (workloads/engine/manifests.py container_security).")
+
+
 # --------------------------------------------------------------------------- availability
 
 
@@ -393,6 +439,14 @@ POLICIES = [
         _shm,
         fix="Mount an emptyDir (medium: Memory) at /dev/shm.",
         tags=["workloads"],
+    ),
+    resource_policy(
+        "serving-rdma-privileges",
+        "A model server adds no capability but IPC_LOCK, and that only with RDMA NICs; DeepEP's all-to-all runs only "
+        "with both; never privileged or as root.",
+        _rdma_privileges,
+        fix="Add IPC_LOCK only to engines that request vke.volcengine.com/rdma; run DeepEP only there.",
+        tags=["workloads", "security"],
     ),
     stack_policy(
         "serving-pdb",

@@ -271,6 +271,9 @@ MATRIX: list[Case] = [
     Case("serving-shm", "prod", "tensor parallel 8 without /dev/shm",
          transform=serving(vllm_containers(lambda c: c.update(volumeMounts=[
              m for m in c["volumeMounts"] if m["mountPath"] != "/dev/shm"])))),
+    Case("serving-rdma-privileges", "prod", "vLLM keeps IPC_LOCK and DeepEP without its RDMA NICs",
+         transform=serving(vllm_containers(lambda c: [c["resources"][b].pop("vke.volcengine.com/rdma", None)
+                                                      for b in ("requests", "limits")]))),
     Case("serving-pdb", "prod", "PodDisruptionBudget selects no serving pod",
          transform=on("PodDisruptionBudget", lambda p: p["spec"].update(
              selector={"matchLabels": {"app.kubernetes.io/name": "nothing"}}))),

@@ -15,6 +15,7 @@ from dataclasses import replace
 from capacity.planner import checkpoint_bytes
 from stacks.regions import tos_internal_s3_host
 from workloads.engine import engine_args
+from workloads.engine import deepep
 from workloads.engine import rdma
 from workloads.observability import telemetry
 from workloads.engine import triton
@@ -543,7 +544,8 @@ def leader_worker_set(ctx: ServingContext, role_trn_env: dict) -> dict:
 
 def with_rdma(ctx: ServingContext, template: dict) -> dict:
     """A multi-node pod template with the RDMA NICs, NCCL settings and IPC_LOCK the engine
-    container needs on an RDMA pool (workloads/engine/rdma.py); unchanged without RDMA."""
+    container needs on an RDMA pool (workloads/engine/rdma.py), and NVSHMEM's settings when
+    it runs DeepEP; unchanged without RDMA."""
     extra = rdma.extras(ctx)
     if extra is None:
         return template
@@ -551,7 +553,10 @@ def with_rdma(ctx: ServingContext, template: dict) -> dict:
     engine = template["spec"]["containers"][0]
     for bound in ("requests", "limits"):
         engine["resources"][bound].update(extra.resources)
-    engine["env"] = engine["env"] + extra.env
+    args = engine.get("args", [])
+    backend = args[args.index("--all2all-backend") + 1] if "--all2all-backend" in args else None
+    # DeepEP's NVSHMEM transport over the same NICs (workloads/engine/deepep.py)
+    engine["env"] = engine["env"] + extra.env + deepep.env(ctx, extra.nics, backend)
     engine["securityContext"]["capabilities"]["add"] = extra.capabilities
     return template
 
