@@ -69,7 +69,11 @@ def test_shm_grows_with_tensor_parallelism(stack):
     tmpl = pod_templates(workload(objects(stack)))[0]["spec"]
     shm = next(v for v in tmpl["volumes"] if v["name"] == "dshm")
     assert shm["emptyDir"]["medium"] == "Memory"
-    assert shm["emptyDir"]["sizeLimit"] == f"{2 + 2 * ctx.gpus_per_pod}Gi"
+    # plus the KV offload buffers vLLM keeps in /dev/shm (prod offloads: capacity/kv_offload.py)
+    offload = ctx.plan.serving.kv_offload
+    assert (offload is not None) is (stack == "prod")
+    extra = offload.gib_per_engine * offload.engines_per_pod if offload else 0
+    assert shm["emptyDir"]["sizeLimit"] == f"{2 + 2 * ctx.gpus_per_pod + extra}Gi"
     mounts = {m["mountPath"]: m["name"] for m in tmpl["containers"][0]["volumeMounts"]}
     assert mounts["/dev/shm"] == "dshm"
 

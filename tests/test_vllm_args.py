@@ -177,6 +177,9 @@ def check_wide_ep(ctx, role: str, module: str, args, ea) -> None:
     """The wide-EP values vLLM parsed are the plan's (expert-parallel layouts), vLLM's
     defaults elsewhere; several API servers only where `vllm serve` runs them."""
     p = ctx.engine
+    offload = ctx.plan.serving.kv_offload  # KV cache offload to CPU memory (capacity/kv_offload.py)
+    assert ea.kv_offloading_size == (offload.gib_per_engine if offload else None), role
+    assert ea.kv_offloading_backend == "native"
     multi_node_ep = p.expert_parallel and p.nodes > 1 and p.rdma
     if not p.expert_parallel:
         assert ea.all2all_backend == "allgather_reducescatter" and not ea.enable_eplb and not ea.enable_dbo

@@ -16,9 +16,11 @@ from stacks.nodepools import rdma_per_pod
 from stacks.plan.network import plan_network
 from stacks.plan.pools import check_pool_zones, plan_pools
 from stacks.plan.serving import (
+    api_servers,
     check_pool_capacity,
     model_of,
     plan_engine,
+    plan_kv_offload,
     plan_rollout,
     replica_bounds,
     replicas_per_pool,
@@ -76,6 +78,7 @@ def _derive(s: StackSettings) -> StackPlan:
         engine=engine, model=model, gpu=get_gpu(pool.gpu), pool=pool.name, min_replicas=low, max_replicas=high,
         replicas_per_pool=room, termination_grace_seconds=grace,
         rdma_per_pod=rdma_per_pod(pool.gpus_per_pod, pool.hardware) if pool.multi_node else 0,
+        kv_offload=plan_kv_offload(s, model, engine, pool), api_servers=api_servers(model, engine),
     )
     names = _names(s)
     return StackPlan(

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from capacity import planner, wide_ep
+from capacity import kv_offload, planner, wide_ep
 from capacity.catalog import GPUS, ModelSpec, get_gpu, get_model
 from capacity.instances import INSTANCE_TYPES
 from capacity.mig import slice_gpu
@@ -11,7 +11,7 @@ from capacity.planner import Plan, PlanError
 from stacks.errors import Refusal
 from stacks.nodepools import instance_type_rdma
 from stacks.plan.pools import pool_hw, pool_mig
-from stacks.plan.types import RolloutPlan
+from stacks.plan.types import PoolPlan, RolloutPlan
 from stacks.settings import StackSettings
 
 # Kept on top of preStop + drain in a serving pod's termination grace: the kubelet's own
@@ -218,3 +218,31 @@ def check_pool_capacity(s: StackSettings, engine: Plan, rollout: RolloutPlan, ro
         f"replicas, but pool {sv.gpu_pool} holds {room} at max_nodes {pool.max_nodes}: a rollout while "
         f"scaled out would stall; {', or '.join(fixes)}"
     )
+
+
+def api_servers(model: ModelSpec, engine: Plan) -> int:
+    """API server processes in front of a replica's engines (capacity.wide_ep), else one."""
+    w = wide_ep.decide(model, engine)
+    return w.api_server_count if w is not None else 1
+
+
+def plan_kv_offload(s: StackSettings, model: ModelSpec, engine: Plan, pool: PoolPlan) -> kv_offload.KvOffload | None:
+    """Each serving pod's KV offload buffers, sized from the node's RAM (capacity.kv_offload);
+    refused when a set size does not fit the node."""
+    e = s.serving.engine
+    hw = pool.hardware
+    if pool.mig is not None:
+        pods_per_node = hw.gpus_per_node * pool.mig.per_gpu
+    else:
+        pods_per_node = 1 if engine.nodes > 1 else max(hw.gpus_per_node // pool.gpus_per_pod, 1)
+    try:
+        return kv_offload.plan(
+            enabled=e.kv_offload, gib=e.kv_offload_gib,
+            node_ram_gib=hw.record.memory_gib if hw.record is not None else None,
+            instance_type=hw.instance_type, pods_per_node=pods_per_node,
+            pod_host_bytes=kv_offload.host_bytes(pool.gpus_per_pod, pool.mig is not None,
+                                                 api_servers(model, engine)),
+            engines=kv_offload.engines_per_pod(engine.tensor_parallel_size, engine.pipeline_parallel_size,
+                                               pool.gpus_per_pod))
+    except PlanError as exc:
+        raise Refusal(str(exc)) from None

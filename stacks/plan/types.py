@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from capacity.catalog import GPUSpec, ModelSpec
+from capacity.kv_offload import KvOffload
 from capacity.mig import MigProfile
 from capacity.planner import Plan
 from stacks.addons import Addon
@@ -95,6 +96,8 @@ class ServingPlan:
     replicas_per_pool: int  # replicas the pool holds at max_nodes
     termination_grace_seconds: int  # preStop delay + vLLM's drain + margin
     rdma_per_pod: int  # RDMA NICs each serving pod attaches (multi-node on RDMA pools), else 0
+    kv_offload: KvOffload | None = None  # CPU offload buffers of each serving pod (capacity.kv_offload)
+    api_servers: int = 1  # API server processes of a serving pod (capacity.wide_ep)
 
     @property
     def nodes(self) -> int:

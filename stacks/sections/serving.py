@@ -40,6 +40,17 @@ class EngineSettings(Model):
         description="MTP speculative decoding: draft tokens per step from the model's own MTP module (DeepSeek-V3/R1; "
         "its weights and KV cache are planned in); 0 turns it off",
     )
+    kv_offload: bool = Field(
+        False,
+        description="offload KV cache blocks to the node's CPU memory (vLLM's native CPU offloading, "
+        "--kv-offloading-size/--kv-offloading-backend); sized from the node's RAM unless kv_offload_gib is set; "
+        "the pod's /dev/shm and memory grow by it (docs/serving.md)",
+    )
+    kv_offload_gib: int | None = Field(
+        None, ge=1, le=16384,
+        description="CPU memory per engine for offloaded KV cache, GiB (vLLM --kv-offloading-size; an engine's "
+        "TP ranks share it); refused when the pod would not fit the node; needs kv_offload",
+    )
     extra_args: list[str] = Field(default_factory=list, description="extra vLLM arguments passed through verbatim")
     kernels: bool = Field(True, description="install the deepseek-volc Triton kernels plugin in vLLM")
     awq_kernel: Literal["vllm", "dsvolc"] = Field(
@@ -47,6 +58,13 @@ class EngineSettings(Model):
         description="linear layers of an AWQ checkpoint: vLLM's own kernels, or the plugin's Triton W4A16 "
         "(--quantization dsvolc_awq; needs quantization awq and kernels on)",
     )
+
+    @model_validator(mode="after")
+    def _kv_offload(self):
+        if self.kv_offload_gib is not None and not self.kv_offload:
+            raise ValueError(f"kv_offload_gib: {self.kv_offload_gib} GiB with kv_offload off; expected kv_offload: "
+                             "true, or no kv_offload_gib")
+        return self
 
     @model_validator(mode="after")
     def _awq_kernel(self):

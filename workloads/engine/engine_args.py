@@ -92,6 +92,9 @@ class EngineArgs:
     dbo_token_thresholds: tuple[int, int] | None = None  # set: --enable-dbo (decode, prefill)
     async_scheduling: bool = False
     api_server_count: int | None = None
+    # KV cache offload to CPU memory (capacity.kv_offload): GiB per engine, vLLM's backend
+    kv_offloading_size: int | None = None
+    kv_offloading_backend: str = "native"
     extra_args: tuple[str, ...] = field(default_factory=tuple)
 
     @property
@@ -151,6 +154,8 @@ def render(a: EngineArgs) -> list[str]:
         if a.master_addr is not None:
             args += ["--master-addr", a.master_addr]
     args += wide_ep_args(a)
+    if a.kv_offloading_size is not None:
+        args += ["--kv-offloading-size", str(a.kv_offloading_size), "--kv-offloading-backend", a.kv_offloading_backend]
     args += observability_args(a)
     args += list(a.extra_args)
     return args
@@ -251,6 +256,13 @@ def max_output_tokens(ctx: ServingContext) -> int:
     return min(want, ctx.engine.max_model_len)
 
 
+def kv_offload_fields(ctx: ServingContext) -> dict:
+    """--kv-offloading-size (GiB per engine, its TP ranks together: vllm/config/cache.py) and
+    --kv-offloading-backend of the plan's offload buffers; none when off."""
+    o = ctx.plan.serving.kv_offload
+    return {} if o is None else {"kv_offloading_size": o.gib_per_engine, "kv_offloading_backend": o.backend}
+
+
 def from_context(ctx: ServingContext, model_path: str, phase: str = "aggregated") -> EngineArgs:
     """Engine arguments for the stack: sizes from the capacity plan (which honours what the
     settings fixed), switches from the engine settings; `phase` picks the wide-EP settings
@@ -294,6 +306,7 @@ def from_context(ctx: ServingContext, model_path: str, phase: str = "aggregated"
         json_logs=s.observability.logs.enabled,
         reasoning_parser=ctx.model.reasoning_parser,
         **wide_ep_fields(ctx, phase),
+        **kv_offload_fields(ctx),
         extra_args=tuple(e.extra_args),
     )
 

@@ -12,6 +12,7 @@ import json
 import shlex
 from dataclasses import replace
 
+from capacity import kv_offload
 from capacity.planner import checkpoint_bytes
 from stacks.regions import tos_internal_s3_host
 from workloads.engine import engine_args
@@ -42,30 +43,29 @@ LEADER_LABEL = ROLE_LABEL
 
 
 def shm_bytes(ctx: ServingContext) -> int:
-    """/dev/shm for NCCL and the engine's worker IPC: the 64 MiB container default breaks
-    tensor parallelism (vllm#1710). 2 GiB base + 2 GiB per GPU in the pod; 1 GiB on a MIG
-    slice (one process, no NCCL)."""
-    if ctx.mig is not None:
-        return GIB
-    return (2 + 2 * ctx.gpus_per_pod) * GIB
+    """/dev/shm: NCCL and the engine's worker IPC (capacity.kv_offload.shm_base_bytes), plus
+    the KV offload buffers, which vLLM keeps there (one region per engine)."""
+    offload = ctx.plan.serving.kv_offload
+    return kv_offload.shm_base_bytes(ctx.gpus_per_pod, ctx.mig is not None) + (offload.pod_bytes if offload else 0)
 
 
 def memory_request_bytes(ctx: ServingContext) -> int:
-    """Host memory: the engine process, tokenizer workers and pinned staging buffers
-    (~16 GiB) plus ~16 GiB per GPU for the per-rank workers, plus the shm that counts
-    against the container's memory. A MIG slice holds a small model and a node holds up to
-    7 slices per GPU, so a slice's pod gets 8 GiB plus its shm."""
-    if ctx.mig is not None:
-        return 8 * GIB + shm_bytes(ctx)
-    return 16 * GIB + 16 * GIB * ctx.gpus_per_pod + shm_bytes(ctx)
+    """Host memory: the engine processes, workers, extra API servers and the shm that counts
+    against the container's memory (capacity.kv_offload.host_bytes), plus the KV offload
+    buffers in that shm."""
+    offload = ctx.plan.serving.kv_offload
+    base = kv_offload.host_bytes(ctx.gpus_per_pod, ctx.mig is not None, ctx.plan.serving.api_servers)
+    return base + (offload.pod_bytes if offload else 0)
 
 
 def cpu_request(ctx: ServingContext) -> int:
-    """Cores: one per GPU worker plus scheduler, API server and tokenizer threads; 2 on a
-    MIG slice (seven of them share a GPU's host share of cores)."""
+    """Cores: one per GPU worker plus scheduler, API server and tokenizer threads, and one
+    per further API server; 2 on a MIG slice (seven of them share a GPU's host share of
+    cores)."""
     if ctx.mig is not None:
         return 2
-    return 4 + 2 * ctx.gpus_per_pod
+    # one more per extra API server process (capacity.wide_ep: one per engine)
+    return 4 + 2 * ctx.gpus_per_pod + ctx.plan.serving.api_servers - 1
 
 
 def _gi(n: int) -> str:
