@@ -61,13 +61,13 @@ MLA_SWEEP = {  # name -> config (merged over the default); "t" = transposed (swa
         "t_h64_n64_w8_s2": dict(SWAP=True, BLOCK_H=64, BLOCK_N=64, num_warps=8, num_stages=2),
     },
 }
-# split rules on the default tile (third H200 run): one wave of `resident` programs per SM
-# against the default `waves` rule; the fill_r2 entry is timed twice
+# split rules on the default tile: the default is rule "tokens" (the benchmark passes the
+# batch's total tokens, as a caller with host-side lengths does); "waves" was the default
+# until race IV, "fill" its alternative
 MLA_SPLIT_SWEEP = {
-    16: {"fill_r2": dict(rule="fill", resident=2), "fill_r1": dict(rule="fill", resident=1),
-         "fill_r3": dict(rule="fill", resident=3), "fill_r2_again": dict(rule="fill", resident=2),
-         "waves2_again": dict(rule="waves", waves=2)},
-    128: {"fill_r1": dict(rule="fill", resident=1), "waves2_again": dict(rule="waves", waves=2)},
+    16: {"waves": dict(rule="waves", waves=2), "fill_r2": dict(rule="fill", resident=2)},
+    128: {"waves": dict(rule="waves", waves=2), "fill_r1": dict(rule="fill", resident=1),
+          "tokens_s3": dict(num_stages=3)},
 }
 PAGE = 64
 
@@ -206,7 +206,7 @@ def run_mla(copy_gbs, mm_tflops, log, rows, on_case, cases, sweep, smoke=False):
                 try:
                     cfg = dict(cfg or {})
                     force = cfg.pop("force_splits", None)
-                    kw = dict(kv_scale=kvs, max_seq_len=mx, config=cfg or None)
+                    kw = dict(kv_scale=kvs, max_seq_len=mx, total_tokens=sum(lens), config=cfg or None)
                     if force:
                         kw["num_splits"] = force
                     out = torch.full((len(lens), h, 512), float("nan"), device=H.DEV, dtype=q.dtype)  # poison
