@@ -257,9 +257,11 @@ def _rdma_privileges(args, report):
             report(f"{where} runs --all2all-backend {backend} without RDMA NICs and {RDMA_CAPABILITY}: DeepEP's "
                    "NVSHMEM transport registers GPU memory with the NICs and fails at start. Fix: run DeepEP only "
                    "on multi-node replicas of an RDMA pool (capacity/wide_ep.py decides it from the plan).")
-        if dig(c, "securityContext", "privileged") is True or number(dig(c, "securityContext", "runAsUser"), None) == 0:
-            report(f"{where} runs privileged or as root; DeepEP and RDMA need neither. Fix: keep the engine's "
-                   "restricted securityContext (workloads/engine/manifests.py container_security).")
+        # (a privileged container is no-privileged-pods' finding)
+        if number(dig(c, "securityContext", "runAsUser"), None) == 0 or \
+                dig(c, "securityContext", "runAsNonRoot") is False:
+            report(f"{where} runs as root (llm-d's wide-EP pods do); DeepEP and RDMA need no root. Fix: keep the "
+                   "engine's non-root securityContext (workloads/engine/manifests.py container_security).")
 
 
 # --------------------------------------------------------------------------- availability
@@ -443,7 +445,7 @@ POLICIES = [
     resource_policy(
         "serving-rdma-privileges",
         "A model server adds no capability but IPC_LOCK, and that only with RDMA NICs; DeepEP's all-to-all runs only "
-        "with both; never privileged or as root.",
+        "with both; never as root.",
         _rdma_privileges,
         fix="Add IPC_LOCK only to engines that request vke.volcengine.com/rdma; run DeepEP only there.",
         tags=["workloads", "security"],

@@ -93,7 +93,10 @@ def test_deepep_without_ipc_lock_is_refused(prod):
 
 def test_root_engine_is_refused(prod):
     rec = edited(prod, lambda c: c["securityContext"].update(runAsUser=0, runAsNonRoot=False))
-    assert any("as root" in v["message"] for v in fired(rec))
+    assert any("runs as root" in v["message"] for v in fired(rec))
+    # a privileged engine is no-privileged-pods' finding alone
+    priv = verdicts(edited(prod, lambda c: c["securityContext"].update(privileged=True)))
+    assert not [v for v in priv if v["policy"] == POLICY] and any(v["policy"] == "no-privileged-pods" for v in priv)
 
 
 def test_nvshmem_environment_of_the_deepep_pods():
