@@ -97,6 +97,12 @@ def plan_engine(s: StackSettings, model: ModelSpec, slo: Slo) -> Plan:
         raise Refusal(f"serving.engine: {exc}") from None
     if mig is not None:
         p.why["layout"] = f"TP1 on one MIG {mig.name} slice: a CUDA process sees one MIG device"
+    if not p.fits and p.nodes > 1 and all("needs RDMA" in r for r in p.reasons):
+        raise Refusal(
+            f"cluster.gpu_pools.{sv.gpu_pool}.instance_type: one replica of {model.name} needs {p.nodes} nodes of "
+            f"{gpu_name} x {per_node} ({p.describe_layout()}), and a replica across nodes needs RDMA between them, "
+            f"which {pool.instance_type} does not have; serve it from an RDMA instance type (ecs.hpc*/ecs.ebmhpc*) "
+            f"or from a larger pool: {_single_node_hint(s, model)}")
     if not p.fits:
         where = (f"a MIG {mig.name} slice of {gpu_name} ({mig.memory_mib / 1024:.1f} GiB)" if mig is not None
                  else f"{gpu_name} x {per_node} per node")
@@ -164,9 +170,8 @@ def _check_triton(s: StackSettings, p: Plan) -> None:
                       f"engine's max_model_len {p.max_model_len}; expected at most that")
 
 
-def _multi_node_refusal(s: StackSettings, model: ModelSpec, gpu_name: str, per_node: int, p: Plan) -> str:
-    """One replica would span several nodes: say so, and name the smallest node shape on
-    which it would fit alone."""
+def _single_node_hint(s: StackSettings, model: ModelSpec) -> str:
+    """The smallest catalogued node shape on which one replica fits alone, in words."""
     e = s.serving.engine
     options = planner.single_node_options(
         model, GPUS, INSTANCE_TYPES, context=e.max_model_len, quantization=e.quantization,
@@ -180,6 +185,13 @@ def _multi_node_refusal(s: StackSettings, model: ModelSpec, gpu_name: str, per_n
                     f"gpus_per_node: {smallest.gpus_per_node})" if smallest.instance_type is None else ""))
     else:
         where = "no catalogued node shape holds it on one node"
+    return where
+
+
+def _multi_node_refusal(s: StackSettings, model: ModelSpec, gpu_name: str, per_node: int, p: Plan) -> str:
+    """One replica would span several nodes: say so, and name the smallest node shape on
+    which it would fit alone."""
+    where = _single_node_hint(s, model)
     return (f"serving.multi_node: one replica of {model.name} needs {p.nodes} nodes of {gpu_name} x "
             f"{per_node} (pool {s.serving.gpu_pool}: TP{p.tensor_parallel_size} x "
             f"PP{p.pipeline_parallel_size}" + (f", {p.describe_layout()}" if p.parallelism != "tp_pp" else "")
