@@ -226,8 +226,12 @@ def from_context(ctx: ServingContext, model_path: str) -> EngineArgs:
         enable_prefix_caching=e.enable_prefix_caching,
         enable_chunked_prefill=e.enable_chunked_prefill,
         dtype=e.dtype,
-        # the plugin's W4A16 kernel serves an AWQ checkpoint under its own method name
-        quantization="dsvolc_awq" if e.quantization == "awq" and e.awq_kernel == "dsvolc" else e.quantization,
+        # Only what the checkpoint's config.json does not say: vLLM reads a pre-quantised
+        # checkpoint's method from it and picks its kernel (AWQ: AutoAWQConfig, Marlin where the
+        # GPU has it); online FP8 of a 16-bit checkpoint is named (the plan's
+        # online_quantization). The plugin's W4A16 kernel serves an AWQ checkpoint under its
+        # own method name (its override_quantization_method claims it only when asked).
+        quantization="dsvolc_awq" if e.quantization == "awq" and e.awq_kernel == "dsvolc" else p.online_quantization,
         kv_cache_dtype=e.kv_cache_dtype,
         # runai_streamer reads safetensors straight from TOS's S3 endpoint into GPU memory
         load_format="runai_streamer" if stream else "safetensors",
