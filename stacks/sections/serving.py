@@ -22,7 +22,8 @@ class EngineSettings(Model):
     enable_prefix_caching: bool = Field(True, description="reuse KV cache across requests sharing a prefix")
     enable_chunked_prefill: bool = Field(True, description="split long prefills so decodes keep flowing")
     dtype: Literal["auto", "bfloat16", "float16"] = Field("auto", description="activation dtype")
-    quantization: Literal["awq", "fp8"] | None = Field(None, description="weight quantization of the checkpoint")
+    quantization: Literal["awq", "fp8"] | None = Field(None, description="weight quantization: the checkpoint's own (awq needs an AWQ checkpoint as serving.model), "
+        "or fp8 for vLLM's online FP8 of a 16-bit checkpoint")
     kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = Field("auto", description="KV cache dtype")
     parallelism: Literal["auto", "tp_pp", "tp_ep", "dp_ep"] = Field(
         "auto",
@@ -40,7 +41,8 @@ class EngineSettings(Model):
         description="MTP speculative decoding: draft tokens per step from the model's own MTP module (DeepSeek-V3/R1; "
         "its weights and KV cache are planned in); 0 turns it off",
     )
-    extra_args: list[str] = Field(default_factory=list, description="extra vLLM arguments passed through verbatim")
+    extra_args: list[str] = Field(default_factory=list, description="extra vLLM arguments, passed through after the rendered ones; checked against vLLM's parser "
+        "(stacks/vllm_flags.json), flags the stack renders from a setting are refused")
     kernels: bool = Field(True, description="install the deepseek-volc Triton kernels plugin in vLLM")
     awq_kernel: Literal["vllm", "dsvolc"] = Field(
         "vllm",
