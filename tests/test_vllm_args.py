@@ -225,3 +225,17 @@ def test_quantization_reaches_vllm_as_the_checkpoint_needs(variant, vllm_parser,
         assert ea.quantization == want, role
         if want and want != "dsvolc_awq":  # dsvolc_awq is registered by the plugin at engine start
             assert want in QUANTIZATION_METHODS
+
+
+def test_vllm_resolves_an_awq_checkpoint_the_same_with_or_without_the_flag(monkeypatch):
+    """Why nothing is rendered for an AWQ checkpoint: on a GPU platform vLLM 0.32 resolves
+    its config.json's `awq` to AutoAWQConfig (Marlin where supported) whether or not
+    --quantization awq is given, and the plugin's dsvolc_awq only when asked by name."""
+    from vllm.model_executor.layers.quantization import auto_awq
+    from vllm.model_executor.layers.quantization.auto_awq import AutoAWQConfig
+
+    monkeypatch.setattr(auto_awq.current_platform, "is_cpu", lambda: False)  # as on CUDA
+    cfg = {"bits": 4, "group_size": 128, "quant_method": "awq", "version": "gemm", "zero_point": True}
+    assert AutoAWQConfig.override_quantization_method(cfg, None) == "auto_awq"
+    assert AutoAWQConfig.override_quantization_method(cfg, "awq") == "auto_awq"
+    assert AutoAWQConfig.override_quantization_method(cfg, "dsvolc_awq") is None  # left to the plugin
