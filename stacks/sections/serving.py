@@ -212,7 +212,11 @@ class ServingSettings(Model):
     )
     triton: TritonSettings = Field(default_factory=TritonSettings, description="Triton front (server: triton)")
     in_cluster_gateway: bool = Field(True, description="Envoy Gateway in the cluster with JWT and rate limits")
-    gateway_replicas: int = Field(2, ge=1, le=20, description="Envoy proxy replicas of the in-cluster gateway")
+    gateway_replicas: int = Field(
+        2, ge=1, le=20,
+        description="Envoy proxy replicas of the in-cluster gateway, at least: more when the planned concurrency "
+        "needs them (gateway.proxies)",
+    )
     auth: AuthSettings = Field(
         description="JWT authentication: the identity provider (issuer, audiences, JWKS) this stack trusts"
     )

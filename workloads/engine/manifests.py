@@ -18,6 +18,7 @@ from workloads.engine import engine_args
 from workloads.engine import rdma
 from workloads.observability import telemetry
 from workloads.engine import triton
+from workloads.edge import gateway
 from stacks.constants import (
     GPU_RESOURCE,
     HTTP_PORT,
@@ -308,7 +309,8 @@ def engine_env(ctx: ServingContext) -> list[dict]:
     ]
     if ctx.multi_node:
         env.append({"name": "NCCL_SOCKET_IFNAME", "value": "eth0"})
-    return env + telemetry.engine_env(ctx)
+    # keep-alive outlasting the proxies' idle timeout (workloads/edge/gateway.py)
+    return env + telemetry.engine_env(ctx) + gateway.engine_env(ctx)
 
 
 def engine_command(ctx: ServingContext, args: list[str], *, headless: bool = False,
