@@ -16,12 +16,15 @@ splits traffic itself (`StackPlan.edge.upstreams`).
 from __future__ import annotations
 
 import math
+from pathlib import Path
+from string import Template
 
 from stacks.constants import CONSUMER_HEADER, ENTRY_NAMESPACE, HTTP_PORT, entry_service
 from workloads.supply_chain import mirror
 from workloads.observability import telemetry
 from workloads.engine.context import ServingContext
 from stacks.sections.gateway import KEEPALIVE_MARGIN_SECONDS, TRITON_KEEPALIVE_SECONDS
+from stacks.sections.serving import has_token_budget
 
 GATEWAY_API = "gateway.networking.k8s.io/v1"
 ENVOY_GATEWAY_API = "gateway.envoyproxy.io/v1alpha1"
@@ -360,6 +363,76 @@ def security_policy(ctx: ServingContext) -> dict:
     }
 
 
+# The token budget. The proxies' Lua filter (usage.lua) writes each response's usage
+# (prompt + completion tokens) as dynamic metadata under this namespace and key; the
+# global rate limit charges it to the consumer when the stream is done (Envoy Gateway
+# cost.response from Metadata, translated to hits_addend `%DYNAMIC_METADATA(ns:key)%` with
+# apply_on_stream_done) and checks the budget, charging nothing, on each request
+# (cost.request Number 0). A consumer past the budget is refused (429) from its next
+# request on; the response that crossed it runs to its end. Token budgets rather than a
+# cap on concurrent requests: Envoy Gateway's rate limits count hits per window and cannot
+# give hits back when a request ends, so no rule of its CRDs (v1.9) caps concurrency per
+# consumer, while cost from metadata is in them.
+USAGE_NAMESPACE = "deepseek-volc.usage"
+USAGE_KEY = "total_tokens"
+USAGE_SCRIPT = Path(__file__).with_name("usage.lua")
+
+
+def usage_script() -> str:
+    return Template(USAGE_SCRIPT.read_text()).safe_substitute(namespace=USAGE_NAMESPACE, key=USAGE_KEY)
+
+
+def token_budget(ctx: ServingContext) -> bool:
+    sv = ctx.settings.serving
+    return sv.auth.enabled and has_token_budget(sv.rate_limits)
+
+
+TOKEN_COST = {
+    "request": {"from": "Number", "number": 0},
+    "response": {"from": "Metadata", "metadata": {"namespace": USAGE_NAMESPACE, "key": USAGE_KEY}},
+}
+
+
+def _consumer_rules(default: tuple[int, str], overrides: list[tuple[str, int, str]], cost: dict | None) -> list[dict]:
+    """A default rule for every consumer without an override (Distinct: one counter each),
+    and one rule per override."""
+    headers = [{"name": CONSUMER_HEADER, "type": "Distinct"}]
+    headers += [{"name": CONSUMER_HEADER, "type": "Exact", "value": c, "invert": True} for c, _, _ in overrides]
+    extra = {"cost": cost} if cost else {}
+    rules = [{"clientSelectors": [{"headers": headers}], "limit": {"requests": default[0], "unit": default[1]}, **extra}]
+    for consumer, n, unit in overrides:
+        rules.append({
+            "clientSelectors": [{"headers": [{"name": CONSUMER_HEADER, "type": "Exact", "value": consumer}]}],
+            "limit": {"requests": n, "unit": unit}, **extra,
+        })
+    return rules
+
+
+def token_rules(ctx: ServingContext) -> list[dict]:
+    """The token budget per consumer (rate_limits.tokens, or a consumer's own), in tokens
+    per rate_limits.token_unit; consumers without a budget of their own and no default
+    have none."""
+    rl = ctx.settings.serving.rate_limits
+    if not token_budget(ctx):
+        return []
+    overrides = [(c.consumer, c.tokens, rl.token_unit) for c in rl.consumers if c.tokens is not None]
+    rules = _consumer_rules((rl.tokens or 0, rl.token_unit), overrides, TOKEN_COST)
+    return rules if rl.tokens is not None else rules[1:]
+
+
+def extension_policy(ctx: ServingContext) -> dict:
+    """The Lua filter that reads each response's token usage for the token budget."""
+    return {
+        "apiVersion": ENVOY_GATEWAY_API,
+        "kind": "EnvoyExtensionPolicy",
+        "metadata": ctx.metadata(f"{ctx.release}-usage", "gateway"),
+        "spec": {
+            "targetRefs": [_target("HTTPRoute", ctx.release)],
+            "lua": [{"type": "Inline", "inline": usage_script()}],
+        },
+    }
+
+
 def rate_limit_rules(ctx: ServingContext) -> list[dict]:
     """Global rules keyed on the consumer header.
 
@@ -369,18 +442,8 @@ def rate_limit_rules(ctx: ServingContext) -> list[dict]:
     than the default would still be held to the default.
     """
     rl = ctx.settings.serving.rate_limits
-    overrides = list(rl.consumers)
-    default_headers = [{"name": CONSUMER_HEADER, "type": "Distinct"}]
-    default_headers += [
-        {"name": CONSUMER_HEADER, "type": "Exact", "value": c.consumer, "invert": True} for c in overrides
-    ]
-    rules = [{"clientSelectors": [{"headers": default_headers}], "limit": {"requests": rl.requests, "unit": rl.unit}}]
-    for c in overrides:
-        rules.append({
-            "clientSelectors": [{"headers": [{"name": CONSUMER_HEADER, "type": "Exact", "value": c.consumer}]}],
-            "limit": {"requests": c.requests, "unit": c.unit},
-        })
-    return rules
+    overrides = [(c.consumer, c.requests, c.unit) for c in rl.consumers]
+    return _consumer_rules((rl.requests, rl.unit), overrides, None) + token_rules(ctx)
 
 
 def backend_traffic_policy(ctx: ServingContext) -> dict:
@@ -443,4 +506,6 @@ def render(ctx: ServingContext) -> list[dict]:
     ]
     if sv.auth.enabled:
         objs.insert(5, security_policy(ctx))
+    if token_budget(ctx):
+        objs.insert(-1, extension_policy(ctx))
     return objs
