@@ -42,7 +42,7 @@ VLLM_SERVER_FILES = frozenset({
     "test_serving_vllm.py", "test_tracing_vllm.py", "test_vllm_kv_capacity.py",
     "test_vllm_mla.py", "test_vllm_plugin.py",
     # several servers at once, under the same machine-wide lock (tests/router_harness.py)
-    "test_pd_nixl.py", "test_routing_vllm.py",
+    "test_pd_nixl.py", "test_routing_vllm.py", "test_bench_vllm.py",
 })
 
 # Default engine arguments for a 2-core CPU box: short context, no graph capture.
