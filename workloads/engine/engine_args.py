@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 
 from capacity.planner import speculative_config
 from stacks.constants import HTTP_PORT
+from stacks.sections.serving import has_token_budget
 from workloads.observability import telemetry
 from workloads.engine.context import ServingContext
 
@@ -81,6 +82,8 @@ class EngineArgs:
     # vLLM's reasoning parser (capacity.catalog: `deepseek_r1` for R1 and its distills):
     # the thinking goes to the message's `reasoning` field instead of `content`
     reasoning_parser: str | None = None
+    # usage in every stream, for the gateway's token budget (workloads/edge/gateway.py)
+    force_include_usage: bool = False
     extra_args: tuple[str, ...] = field(default_factory=tuple)
 
     @property
@@ -140,6 +143,10 @@ def render(a: EngineArgs) -> list[str]:
         if a.master_addr is not None:
             args += ["--master-addr", a.master_addr]
     args += observability_args(a)
+    if a.force_include_usage:
+        # a stream's last chunk carries its usage whether or not the client asked for it
+        # (stream_options.include_usage), so the gateway can charge its tokens
+        args.append("--enable-force-include-usage")
     args += list(a.extra_args)
     return args
 
@@ -250,6 +257,7 @@ def from_context(ctx: ServingContext, model_path: str) -> EngineArgs:
         max_log_len=rl.max_log_len,
         json_logs=s.observability.logs.enabled,
         reasoning_parser=ctx.model.reasoning_parser,
+        force_include_usage=s.serving.auth.enabled and has_token_budget(s.serving.rate_limits),
         extra_args=tuple(e.extra_args),
     )
 
