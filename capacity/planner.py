@@ -59,6 +59,7 @@ from capacity.memory import (  # noqa: F401  (re-exported: the planner's public 
     max_stage_layers,
     mtp_weight_bytes,
     normalize_quantization,
+    online_quantization,
     stage_weight_bytes,
     weight_bytes_per_param,
 )
@@ -184,6 +185,13 @@ class Plan:
     # EPLB replicas on top of the routed experts, counted in the weights (capacity.wide_ep);
     # None: not decided (the planner itself never adds them)
     redundant_experts: int | None = None
+    # the request the engine is sized for (the workload's input + output tokens; 0: not stated)
+    sequence_tokens: int = 0
+    # why each default was chosen: {"layout": ..., "max_model_len": ..., "max_num_seqs": ...}
+    why: dict[str, str] = field(default_factory=dict)
+    # vLLM's --quantization when the engine quantises at load time (online FP8 of a 16-bit
+    # checkpoint); None when the checkpoint's config.json carries its method (vLLM detects it)
+    online_quantization: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -200,8 +208,8 @@ class Plan:
         ]
         if self.kv_cache_dtype != "auto":
             args += ["--kv-cache-dtype", self.kv_cache_dtype]
-        if self.quantization_requested in ("fp8", "awq"):
-            args += ["--quantization", self.quantization_requested]
+        if self.online_quantization:
+            args += ["--quantization", self.online_quantization]
         if self.data_parallel_size > 1:
             args += ["--data-parallel-size", str(self.data_parallel_size)]
         if self.expert_parallel:
@@ -258,21 +266,36 @@ def tp_problems(model: ModelSpec, tp: int, quant: str, expert_parallel: bool = F
     sizes = [("intermediate_size", model.intermediate_size)]
     if model.is_moe and (not expert_parallel or model.n_shared_experts):
         sizes.append(("moe_intermediate_size", model.moe_intermediate_size))
+    rule = quant_tile(model, quant)
     for fname, size in sizes:
         if size % tp:
             out.append(f"tensor_parallel_size={tp} does not divide {fname}={size}")
-        elif quant in ("fp8", "awq") and (size // tp) % QUANT_GROUP:
-            what = "FP8 weight block" if quant == "fp8" else "AWQ group"
+        elif rule and (size // tp) % rule[1]:
             out.append(f"{fname}/tensor_parallel_size = {size}/{tp} = {size // tp} is not a "
-                       f"multiple of the {what} size {QUANT_GROUP}")
+                       f"multiple of the {rule[0]} size {rule[1]}")
     return out
+
+
+def quant_tile(model: ModelSpec, quant: str) -> tuple[str, int] | None:
+    """The quantisation unit a tensor-parallel shard of an MLP must hold whole: the FP8
+    weight block of a block-quantised checkpoint (config.json weight_block_size; vLLM's
+    validate_fp8_block_shape), or the int4 group of an AWQ / W4A16 checkpoint. None for
+    online FP8 of a 16-bit checkpoint and FP8 checkpoints with per-tensor or per-channel
+    scales: their scales do not tile the weight."""
+    if quant == "fp8":
+        block = model.fp8_block_size if model.native_dtype == "fp8" else None
+        return ("FP8 weight block", max(block)) if block else None
+    if quant in ("awq", "w4a16"):
+        group = model.quant.group_size if model.quant and model.quant.group_size else QUANT_GROUP
+        return (f"{quant.upper()} group", group)
+    return None
 
 
 def _evaluate(model: ModelSpec, gpu: GPUSpec, *, tp: int, pp: int, gpus_per_node: int,
               quant: str, requested: str | None, kv_cache_dtype: str, context: int | None, target: int,
               max_num_seqs: int | None, util: float | None, mnbt: int | None,
               block_size: int, dp: int = 1, ep: bool = False, rdma: bool = False,
-              spec_tokens: int = 0) -> Plan:
+              spec_tokens: int = 0, sequence_tokens: int | None = None) -> Plan:
     layout_problems = list(tp_problems(model, tp, quant, ep))
     reasons = list(layout_problems)
     notes: list[str] = []
@@ -334,10 +357,26 @@ def _evaluate(model: ModelSpec, gpu: GPUSpec, *, tp: int, pp: int, gpus_per_node
     ctx = context or min(model.max_context, DEFAULT_PLANNING_CONTEXT)
     ctx = min(ctx, max_len) if context is None and max_len > 0 else ctx
     concurrency = dp * (tokens // ctx) if ctx > 0 else 0
-    if max_num_seqs is None:
+    whys: dict[str, str] = {}
+    # the request the engine is sized for: the workload's, never longer than the context
+    seq = min(sequence_tokens, max_len) if sequence_tokens and max_len > 0 else 0
+    holds = tokens // seq if seq else 0
+    if max_num_seqs is None and seq:
+        seqs = max(1, min(DEFAULT_MAX_NUM_SEQS, holds))
+        whys["max_num_seqs"] = (f"{seqs}: the sequences of {seq:,} tokens (the workload's input + output) the KV "
+                               f"cache of {tokens:,} tokens per engine holds"
+                               + (f", capped at vLLM's default {DEFAULT_MAX_NUM_SEQS}"
+                                  if holds > DEFAULT_MAX_NUM_SEQS else ""))
+    elif max_num_seqs is None:
         seqs = max(1, min(DEFAULT_MAX_NUM_SEQS, tokens // 1024))
+        whys["max_num_seqs"] = f"{seqs}: min({DEFAULT_MAX_NUM_SEQS}, KV cache tokens // 1024) (no workload stated)"
     else:
         seqs = max_num_seqs
+        whys["max_num_seqs"] = f"{seqs}: given"
+    if context is not None:
+        whys["max_model_len"] = f"{max_len:,}: given"
+    else:
+        whys["max_model_len"] = f"{max_len:,}: the largest the KV cache holds (no workload stated)"
     if mnbt is not None and mnbt < max_len and context is not None:
         notes.append(f"max_num_batched_tokens={mnbt} < max_model_len={max_len}: "
                      f"long prompts are prefilled in chunks (chunked prefill)")
@@ -360,7 +399,14 @@ def _evaluate(model: ModelSpec, gpu: GPUSpec, *, tp: int, pp: int, gpus_per_node
                        "every GPU of its nodes")
     if ep and nodes > 1 and not rdma:
         reasons.append(f"expert parallelism across {nodes} nodes sends every MoE layer's tokens all-to-all "
-                       "between nodes: it needs RDMA between them (an RDMA pool); without it use TP x PP")
+                       "between nodes: it needs RDMA between them (an RDMA pool); without it, a node shape "
+                       "that holds one replica alone")
+    elif nodes > 1 and not rdma:
+        reasons.append(
+            f"TP{tp} x PP{pp} spans {nodes} nodes of {gpus_per_node} {gpu.name}: the stages pass activations "
+            "between nodes on every step, which needs RDMA between them; use an instance type with RDMA "
+            "(ecs.hpc*/ecs.ebmhpc*; `dsvolc size --rdma`), or a node shape that holds one replica alone "
+            "(`dsvolc size --compare` lists them)")
     if mtp and pp_eff > 1:
         notes.append("MTP with pipeline stages: the MTP module keeps its own embedding and LM head "
                      "(vLLM shares the target's only without PP)")
@@ -382,7 +428,7 @@ def _evaluate(model: ModelSpec, gpu: GPUSpec, *, tp: int, pp: int, gpus_per_node
         experts_per_gpu=(experts_per_rank(model, ep_size) if ep_size else
                          (model.n_routed_experts if model.is_moe else 0)),
         rdma=rdma, speculative_tokens=spec_tokens if mtp else 0, mtp_bytes_per_gpu=mtp_bytes,
-        replica_kv_cache_tokens=tokens * dp,
+        replica_kv_cache_tokens=tokens * dp, sequence_tokens=seq, why=whys,
     )
 
 
@@ -395,7 +441,7 @@ def plan(model: ModelSpec, gpu: GPUSpec, *, gpus_per_node: int = 8, context: int
          max_num_seqs: int | None = None, gpu_memory_utilization: float | None = None,
          max_num_batched_tokens: int | None = None, block_size: int = DEFAULT_BLOCK_SIZE,
          parallelism: str = "auto", data_parallel_size: int | None = None, rdma: bool = False,
-         speculative_tokens: int = 0) -> Plan:
+         speculative_tokens: int = 0, sequence_tokens: int | None = None) -> Plan:
     """Plan a vLLM deployment of ``model`` on ``gpu`` nodes.
 
     Layouts (``parallelism``; PARALLELISMS): ``tp_pp`` (tensor parallel within a node,
@@ -416,7 +462,50 @@ def plan(model: ModelSpec, gpu: GPUSpec, *, gpus_per_node: int = 8, context: int
     speculative decoding, with their weights and KV cache counted. Raises PlanError for
     malformed input; an infeasible but well-formed request returns ``fits=False`` with
     ``reasons``.
+
+    ``sequence_tokens``: the request the engine is sized for (a workload's input + output
+    tokens). Unset ``context`` is then that length (capped at the model's), unset
+    ``max_num_seqs`` the sequences of that length the KV cache holds (at most 256), and a
+    given ``max_num_seqs`` above that is refused. Without it: the largest context the KV
+    cache holds and ``min(256, KV tokens // 1024)`` sequences. ``Plan.why`` says which.
     """
+    _positive_int("sequence_tokens", sequence_tokens)
+    derived = context is None and sequence_tokens is not None and isinstance(model, ModelSpec)
+    p = _plan(model, gpu, gpus_per_node=gpus_per_node,
+              context=min(sequence_tokens, model.max_context) if derived else context,
+              quantization=quantization, kv_cache_dtype=kv_cache_dtype,
+              tensor_parallel_size=tensor_parallel_size, pipeline_parallel_size=pipeline_parallel_size,
+              max_num_seqs=max_num_seqs, gpu_memory_utilization=gpu_memory_utilization,
+              max_num_batched_tokens=max_num_batched_tokens, block_size=block_size, parallelism=parallelism,
+              data_parallel_size=data_parallel_size, rdma=rdma, speculative_tokens=speculative_tokens,
+              sequence_tokens=sequence_tokens)
+    holds = p.kv_cache_tokens // p.sequence_tokens if p.sequence_tokens else 0
+    if p.fits and max_num_seqs is not None and p.sequence_tokens and max_num_seqs > holds:
+        # checked on the layout chosen (by memory for the context), not a reason to grow it
+        p.fits = False
+        p.reasons.append(
+            f"max_num_seqs={max_num_seqs} exceeds what the KV cache holds: {p.kv_cache_tokens:,} tokens per engine "
+            f"hold {holds} sequence(s) of {p.sequence_tokens:,} tokens (the workload's input + output); expected "
+            f"at most {max(holds, 1)}, or a shorter workload, or more KV cache (more GPUs, an FP8 KV cache)")
+    if derived:
+        capped = " (capped at the model's maximum)" if sequence_tokens > model.max_context else ""
+        p.why["max_model_len"] = f"{p.max_model_len:,}: the workload's input + output tokens{capped}"
+    given = [f"{k} {v}" for k, v in (("parallelism", parallelism if parallelism != "auto" else None),
+                                      ("tensor_parallel_size", tensor_parallel_size),
+                                      ("pipeline_parallel_size", pipeline_parallel_size),
+                                      ("data_parallel_size", data_parallel_size)) if v is not None]
+    p.why["layout"] = (f"{p.describe_layout()}: given ({', '.join(given)})" if given else
+                       f"{p.describe_layout()}: the fewest GPUs whose memory holds the context (the planner's "
+                       "search, docs/planner.md Decisions)")
+    return p
+
+
+def _plan(model: ModelSpec, gpu: GPUSpec, *, gpus_per_node: int, context: int | None,
+          quantization: str | None, kv_cache_dtype: str, tensor_parallel_size: int | None,
+          pipeline_parallel_size: int | None, max_num_seqs: int | None, gpu_memory_utilization: float | None,
+          max_num_batched_tokens: int | None, block_size: int, parallelism: str,
+          data_parallel_size: int | None, rdma: bool, speculative_tokens: int,
+          sequence_tokens: int | None) -> Plan:
     if not isinstance(model, ModelSpec):
         raise PlanError(f"model: expected a ModelSpec, got {type(model).__name__}")
     if not isinstance(gpu, GPUSpec):
@@ -439,7 +528,8 @@ def plan(model: ModelSpec, gpu: GPUSpec, *, gpus_per_node: int = 8, context: int
             or not 0.0 < gpu_memory_utilization <= 1.0):
         raise PlanError(f"gpu_memory_utilization: expected a number in (0, 1], "
                         f"got {gpu_memory_utilization!r}")
-    quant = normalize_quantization(model, quantization)
+    quant = normalize_quantization(model, quantization)  # refuses a format the checkpoint cannot give
+    online = online_quantization(model, quant)
     kv_dtype = (kv_cache_dtype or "auto").strip().lower()
     kv_element_bytes(model, kv_dtype)  # validates
 
@@ -451,13 +541,16 @@ def plan(model: ModelSpec, gpu: GPUSpec, *, gpus_per_node: int = 8, context: int
                                  if preferred > MIN_USEFUL_CONTEXT else [])
 
     def ev(tp: int, pp: int, target: int, dp: int = 1, ep: bool = False) -> Plan:
+        return replace(_ev(tp, pp, target, dp, ep), online_quantization=online)
+
+    def _ev(tp: int, pp: int, target: int, dp: int = 1, ep: bool = False) -> Plan:
         return _evaluate(model, gpu, tp=tp, pp=pp, gpus_per_node=gpus_per_node, quant=quant,
                          requested=_QUANT_ALIASES[quantization.strip().lower()
                                                   if isinstance(quantization, str) else None],
                          kv_cache_dtype=kv_dtype, context=context, target=target,
                          max_num_seqs=max_num_seqs, util=gpu_memory_utilization,
                          mnbt=max_num_batched_tokens, block_size=block_size, dp=dp, ep=ep, rdma=rdma,
-                         spec_tokens=speculative_tokens)
+                         spec_tokens=speculative_tokens, sequence_tokens=sequence_tokens)
 
     if why := sparse_attention_problem(model, gpu):  # missing kernels, not memory: no layout helps
         valid = [t for t in range(1, gpus_per_node + 1) if not tp_problems(model, t, quant)] or [1]
@@ -538,6 +631,7 @@ def _plan_tp_pp(model: ModelSpec, quant: str, gpus_per_node: int, tensor_paralle
     else:
         pp_options = list(range(1, min(MAX_PIPELINE_STAGES, model.num_layers) + 1))
 
+    blocked: Plan | None = None  # the first layout whose memory fits but whose nodes need RDMA
     for target in targets:
         for pp in pp_options:
             # beyond one stage, stages are whole nodes: use the widest valid TP
@@ -546,8 +640,10 @@ def _plan_tp_pp(model: ModelSpec, quant: str, gpus_per_node: int, tensor_paralle
                 p = ev(tp, pp, target)
                 if p.fits:
                     return p
-    # Nothing fits: report the largest configuration tried against the preferred target.
-    return ev(tp_options[-1], pp_options[-1], targets[0])
+                if blocked is None and p.reasons and all("needs RDMA" in r for r in p.reasons):
+                    blocked = p
+    # Nothing fits: the layout that would with RDMA, else the largest tried at the preferred target.
+    return blocked or ev(tp_options[-1], pp_options[-1], targets[0])
 
 
 __all__ = [

@@ -36,7 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from capacity.memory import kv_cache_tokens_for_bytes, normalize_quantization, weight_bytes_per_param
-from capacity.planner import Plan
+from capacity.planner import DEFAULT_MAX_NUM_SEQS, Plan
 from capacity.specs import GiB, ModelSpec
 
 VLLM_EP_GUIDE = "https://docs.vllm.ai/en/latest/serving/expert_parallel_deployment/"
@@ -199,13 +199,35 @@ def redundant_experts(model: ModelSpec, plan: Plan) -> tuple[int, str]:
         if (routed + r) % ep:
             continue
         cost = redundant_bytes_per_gpu(model, plan, r)
-        if cost > budget or _kv_tokens(model, plan, kv - cost) < plan.max_model_len:
+        left = _kv_tokens(model, plan, kv - cost)
+        if cost > budget or left < plan.max_model_len:
             continue
+        if _seqs_given(plan) and plan.sequence_tokens and left < plan.max_num_seqs * plan.sequence_tokens:
+            continue  # a stated max_num_seqs must still hold the workload's sequences
         return r, (f"{r} redundant experts ({(routed + r) // ep} slots per GPU for {routed} routed experts over "
                    f"EP{ep}) cost {cost / GiB:.1f} GiB per GPU, {cost / kv:.0%} of the KV cache (at most "
                    f"{MAX_EPLB_KV_SHARE:.0%}); the recipes run {RECIPE_REDUNDANT_EXPERTS}")
     return 0, (f"no redundant expert count up to {ceiling} divides evenly over EP{ep} within "
                f"{MAX_EPLB_KV_SHARE:.0%} of the KV cache: EPLB only rearranges the experts")
+
+
+def _seqs_given(plan: Plan) -> bool:
+    return plan.why.get("max_num_seqs", "").endswith(": given")
+
+
+def _resized_seqs(plan: Plan, tokens: int, redundant: int) -> tuple[int, dict[str, str]]:
+    """max_num_seqs by the planner's rule (capacity/planner.py) for the KV cache left after
+    the replicas; a stated one stays."""
+    if _seqs_given(plan):
+        return plan.max_num_seqs, plan.why
+    if plan.sequence_tokens:
+        seqs = max(1, min(DEFAULT_MAX_NUM_SEQS, tokens // plan.sequence_tokens))
+        why = (f"{seqs}: the sequences of {plan.sequence_tokens:,} tokens (the workload's input + output) the KV "
+               f"cache of {tokens:,} tokens per engine holds after EPLB's {redundant} redundant experts")
+    else:
+        seqs = max(1, min(DEFAULT_MAX_NUM_SEQS, tokens // 1024))
+        why = f"{seqs}: min({DEFAULT_MAX_NUM_SEQS}, KV cache tokens // 1024) after EPLB's {redundant} redundant experts"
+    return seqs, {**plan.why, "max_num_seqs": why}
 
 
 def with_redundant_experts(model: ModelSpec, plan: Plan) -> Plan:
@@ -220,8 +242,9 @@ def with_redundant_experts(model: ModelSpec, plan: Plan) -> Plan:
     kv = plan.kv_cache_bytes_per_gpu - cost
     tokens = _kv_tokens(model, plan, kv)
     ctx = plan.context
+    seqs, why = _resized_seqs(plan, tokens, r)
     return replace(
-        plan, redundant_experts=r, weights_bytes_per_gpu=plan.weights_bytes_per_gpu + cost,
+        plan, redundant_experts=r, max_num_seqs=seqs, why=why, weights_bytes_per_gpu=plan.weights_bytes_per_gpu + cost,
         kv_cache_bytes_per_gpu=kv, kv_cache_tokens=tokens, replica_kv_cache_tokens=tokens * plan.data_parallel_size,
         concurrency_at_context=plan.data_parallel_size * (tokens // ctx) if ctx > 0 else 0,
         notes=[*plan.notes, f"EPLB: {r} redundant experts take {cost / GiB:.1f} GiB per GPU from the KV cache"])

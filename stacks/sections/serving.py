@@ -15,21 +15,22 @@ class EngineSettings(Model):
 
     tensor_parallel_size: int | None = Field(None, ge=1, le=64, description="GPUs per pipeline stage; planner picks when unset")
     pipeline_parallel_size: int | None = Field(None, ge=1, le=16, description="pipeline stages (one per node when multi-node)")
-    max_model_len: int | None = Field(None, ge=128, description="context length; largest that fits (capped at the model's) when unset")
-    max_num_seqs: int | None = Field(None, ge=1, le=4096, description="concurrent sequences; planner picks when unset")
+    max_model_len: int | None = Field(None, ge=128, description="context length; serving.workload's input + output tokens when unset")
+    max_num_seqs: int | None = Field(None, ge=1, le=4096, description="concurrent sequences per engine; those of serving.workload's length the KV cache holds (at most 256) when unset, refused above that")
     max_num_batched_tokens: int | None = Field(None, ge=128, description="token budget of one engine step")
     gpu_memory_utilization: float | None = Field(None, ge=0.3, le=0.98, description="fraction of GPU memory vLLM may use")
     enable_prefix_caching: bool = Field(True, description="reuse KV cache across requests sharing a prefix")
     enable_chunked_prefill: bool = Field(True, description="split long prefills so decodes keep flowing")
     dtype: Literal["auto", "bfloat16", "float16"] = Field("auto", description="activation dtype")
-    quantization: Literal["awq", "fp8"] | None = Field(None, description="weight quantization of the checkpoint")
+    quantization: Literal["awq", "fp8"] | None = Field(None, description="weight quantization: the checkpoint's own (awq needs an AWQ checkpoint as serving.model), "
+        "or fp8 for vLLM's online FP8 of a 16-bit checkpoint")
     kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = Field("auto", description="KV cache dtype")
     parallelism: Literal["auto", "tp_pp", "tp_ep", "dp_ep"] = Field(
         "auto",
         description="layout of a replica: tp_pp (tensor parallel in a node, pipeline stages across nodes), tp_ep "
         "(attention tensor parallel, experts split across all GPUs), dp_ep (attention data parallel, one engine "
-        "per GPU, experts split across all GPUs); auto: the fewest GPUs, preferring dp_ep > tp_ep > tp_pp (EP "
-        "across nodes only on RDMA pools); see docs/planner.md",
+        "per GPU, experts split across all GPUs); auto: the layout the performance model ranks best for "
+        "serving.workload at the monitoring SLOs (across nodes only on RDMA pools); see docs/planner.md",
     )
     data_parallel_size: int | None = Field(
         None, ge=1, le=256, description="engines (attention replicas) per replica with tp_ep/dp_ep; all GPUs of the "
@@ -51,7 +52,8 @@ class EngineSettings(Model):
         description="CPU memory per engine for offloaded KV cache, GiB (vLLM --kv-offloading-size; an engine's "
         "TP ranks share it); refused when the pod would not fit the node; needs kv_offload",
     )
-    extra_args: list[str] = Field(default_factory=list, description="extra vLLM arguments passed through verbatim")
+    extra_args: list[str] = Field(default_factory=list, description="extra vLLM arguments, passed through after the rendered ones; checked against vLLM's parser "
+        "(stacks/vllm_flags.json), flags the stack renders from a setting are refused")
     kernels: bool = Field(True, description="install the deepseek-volc Triton kernels plugin in vLLM")
     awq_kernel: Literal["vllm", "dsvolc"] = Field(
         "vllm",
@@ -76,6 +78,22 @@ class EngineSettings(Model):
             if not self.kernels:
                 raise ValueError("awq_kernel: 'dsvolc' needs kernels: true (the plugin registers dsvolc_awq)")
         return self
+
+
+class WorkloadSettings(Model):
+    """The request the engine is sized for: the context, max_num_seqs and the default layout
+    derive from it when the engine does not state them (docs/planner.md)."""
+
+    input_tokens: int | None = Field(
+        None, ge=1, le=1_048_576, description="prompt tokens of the request the engine is sized for; 2048 when unset")
+    output_tokens: int | None = Field(
+        None, ge=1, le=1_048_576,
+        description="generated tokens of that request; serving.max_output_tokens, else the model class's ceiling "
+        "(chat 8192, reasoning 32768), when unset")
+    concurrency: int | None = Field(
+        None, ge=1, le=100_000,
+        description="sequences in flight per replica the layout is ranked at (refused above what the KV cache holds "
+        "at input + output tokens); the most the SLOs and KV cache allow when unset")
 
 
 class ImageSettings(Model):
@@ -130,10 +148,18 @@ class AuthSettings(Model):
         return self
 
 
+TokenUnit = Literal["Minute", "Hour", "Day"]
+
+
 class ConsumerLimit(Model):
     consumer: str = Field(min_length=1, description="value of the consumer claim")
     requests: int = Field(ge=1, description="requests allowed per unit")
     unit: Literal["Second", "Minute", "Hour"] = Field("Minute", description="rate-limit window")
+    tokens: int | None = Field(
+        None, ge=1,
+        description="tokens (prompt + completion, as the response's usage counts them) this consumer may use per "
+        "rate_limits.token_unit; rate_limits.tokens when unset",
+    )
 
 
 class RateLimitSettings(Model):
@@ -141,6 +167,13 @@ class RateLimitSettings(Model):
     requests: int = Field(60, ge=1, description="default requests per consumer per unit")
     unit: Literal["Second", "Minute", "Hour"] = Field("Minute", description="rate-limit window")
     consumers: list[ConsumerLimit] = Field(default_factory=list, description="per-consumer overrides")
+    tokens: int | None = Field(
+        None, ge=1,
+        description="token budget per consumer per token_unit: prompt + completion tokens of each response (its "
+        "usage, read by the gateway) are charged after it ends, and a consumer past the budget gets 429 until the "
+        "window turns; off when unset (requests alone are counted)",
+    )
+    token_unit: TokenUnit = Field("Hour", description="window of the token budget")
     backstop_requests: int | None = Field(
         None, ge=1,
         description="requests per unit one gateway proxy admits in all, counted in the proxy itself: the backstop "
@@ -148,6 +181,11 @@ class RateLimitSettings(Model):
         "all times, so keep it above what one consumer may send; 10 x the largest per-consumer limit of this unit "
         "when unset",
     )
+
+
+def has_token_budget(rl: RateLimitSettings) -> bool:
+    """Whether any consumer's tokens are counted."""
+    return rl.enabled and (rl.tokens is not None or any(c.tokens is not None for c in rl.consumers))
 
 
 class TritonSettings(Model):
@@ -190,6 +228,12 @@ class ServingSettings(Model):
     replicas: int = Field(1, ge=1, le=100, description="serving replicas (instances of the model)")
     image: ImageSettings = Field(description="serving image")
     engine: EngineSettings = Field(default_factory=EngineSettings, description="vLLM engine arguments")
+    workload: WorkloadSettings = Field(
+        default_factory=WorkloadSettings,
+        description="the request the engine is sized for: unset max_model_len is input + output tokens, unset "
+        "max_num_seqs the sequences of that length the KV cache holds, an unset layout the one the performance "
+        "model ranks best for it at the monitoring SLOs",
+    )
     startup_timeout_seconds: int = Field(
         1800, ge=1200, le=7200, description="how long the model may take to load before the pod is restarted"
     )
@@ -230,8 +274,23 @@ class ServingSettings(Model):
     )
     triton: TritonSettings = Field(default_factory=TritonSettings, description="Triton front (server: triton)")
     in_cluster_gateway: bool = Field(True, description="Envoy Gateway in the cluster with JWT and rate limits")
-    gateway_replicas: int = Field(2, ge=1, le=20, description="Envoy proxy replicas of the in-cluster gateway")
+    gateway_replicas: int = Field(
+        2, ge=1, le=20,
+        description="Envoy proxy replicas of the in-cluster gateway, at least: more when the planned concurrency "
+        "needs them (gateway.proxies)",
+    )
     auth: AuthSettings = Field(
         description="JWT authentication: the identity provider (issuer, audiences, JWKS) this stack trusts"
     )
     rate_limits: RateLimitSettings = Field(default_factory=RateLimitSettings, description="per-consumer rate limits")
+
+    @model_validator(mode="after")
+    def _token_budget(self):
+        if has_token_budget(self.rate_limits) and self.server == "triton":
+            raise ValueError("rate_limits.tokens: a token budget needs usage in every response, which vLLM's own "
+                             "server adds to streams (--enable-force-include-usage) and Triton's frontend does "
+                             "not; expected server: vllm, or no tokens")
+        if has_token_budget(self.rate_limits) and not self.auth.enabled:
+            raise ValueError("rate_limits.tokens: a token budget is per consumer and needs auth.enabled (the "
+                             "consumer comes from the verified token); expected auth on, or no tokens")
+        return self

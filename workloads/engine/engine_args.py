@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from capacity import wide_ep
 from capacity.planner import speculative_config
 from stacks.constants import HTTP_PORT
+from stacks.sections.serving import has_token_budget
 from workloads.observability import telemetry
 from workloads.engine.context import ServingContext
 
@@ -106,6 +107,8 @@ class EngineArgs:
     # KV cache offload to CPU memory (capacity.kv_offload): GiB per engine, vLLM's backend
     kv_offloading_size: int | None = None
     kv_offloading_backend: str = "native"
+    # usage in every stream, for the gateway's token budget (workloads/edge/gateway.py)
+    force_include_usage: bool = False
     extra_args: tuple[str, ...] = field(default_factory=tuple)
 
     @property
@@ -168,6 +171,10 @@ def render(a: EngineArgs) -> list[str]:
     if a.kv_offloading_size is not None:
         args += ["--kv-offloading-size", str(a.kv_offloading_size), "--kv-offloading-backend", a.kv_offloading_backend]
     args += observability_args(a)
+    if a.force_include_usage:
+        # a stream's last chunk carries its usage whether or not the client asked for it
+        # (stream_options.include_usage), so the gateway can charge its tokens
+        args.append("--enable-force-include-usage")
     args += list(a.extra_args)
     return args
 
@@ -296,8 +303,12 @@ def from_context(ctx: ServingContext, model_path: str, phase: str = "aggregated"
         enable_prefix_caching=e.enable_prefix_caching,
         enable_chunked_prefill=e.enable_chunked_prefill,
         dtype=e.dtype,
-        # the plugin's W4A16 kernel serves an AWQ checkpoint under its own method name
-        quantization="dsvolc_awq" if e.quantization == "awq" and e.awq_kernel == "dsvolc" else e.quantization,
+        # Only what the checkpoint's config.json does not say: vLLM reads a pre-quantised
+        # checkpoint's method from it and picks its kernel (AWQ: AutoAWQConfig, Marlin where the
+        # GPU has it); online FP8 of a 16-bit checkpoint is named (the plan's
+        # online_quantization). The plugin's W4A16 kernel serves an AWQ checkpoint under its
+        # own method name (its override_quantization_method claims it only when asked).
+        quantization="dsvolc_awq" if e.quantization == "awq" and e.awq_kernel == "dsvolc" else p.online_quantization,
         kv_cache_dtype=e.kv_cache_dtype,
         # runai_streamer reads safetensors straight from TOS's S3 endpoint into GPU memory
         load_format="runai_streamer" if stream else "safetensors",
@@ -318,6 +329,7 @@ def from_context(ctx: ServingContext, model_path: str, phase: str = "aggregated"
         reasoning_parser=ctx.model.reasoning_parser,
         **wide_ep_fields(ctx, phase),
         **kv_offload_fields(ctx),
+        force_include_usage=s.serving.auth.enabled and has_token_budget(s.serving.rate_limits),
         extra_args=tuple(e.extra_args),
     )
 
