@@ -171,3 +171,15 @@ def test_every_choice_cites_a_recipe(prod):
     for c in w.choices:
         assert c.reason and ("https://" in c.recipe or c.recipe == wide_ep.VLLM_SOURCE), c
     assert get_model("deepseek-r1").architecture in wide_ep.EPLB_ARCHITECTURES
+
+
+def test_max_num_seqs_follows_the_kv_cache_the_replicas_leave(prod):
+    """The workload-sized max_num_seqs is sized again after EPLB; a stated one is kept and
+    limits the replicas instead."""
+    p = prod.serving.engine
+    assert p.sequence_tokens and p.max_num_seqs == p.kv_cache_tokens // p.sequence_tokens
+    assert "after EPLB's 32 redundant experts" in p.why["max_num_seqs"]
+    stated = plan_of("prod", {"max_num_seqs": 24}).serving.engine
+    assert stated.max_num_seqs == 24 and stated.why["max_num_seqs"].endswith(": given")
+    assert stated.kv_cache_tokens >= 24 * stated.sequence_tokens
+    assert stated.redundant_experts < 32
