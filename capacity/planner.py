@@ -182,9 +182,7 @@ class Plan:
     speculative_tokens: int = 0  # MTP draft tokens per step (0: off)
     mtp_bytes_per_gpu: int = 0  # weights of the MTP modules on the GPUs that hold them
     replica_kv_cache_tokens: int = 0  # tokens of KV cache across the replica's engines
-    # EPLB replicas on top of the routed experts, counted in the weights (capacity.wide_ep);
-    # None: not decided (the planner itself never adds them)
-    redundant_experts: int | None = None
+    redundant_experts: int | None = None  # EPLB replicas counted in (capacity.wide_ep); None: not decided
     # the request the engine is sized for (the workload's input + output tokens; 0: not stated)
     sequence_tokens: int = 0
     # why each default was chosen: {"layout": ..., "max_model_len": ..., "max_num_seqs": ...}
