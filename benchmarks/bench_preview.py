@@ -87,29 +87,34 @@ def checkout(ref: str, into: Path) -> str:
 
 def stages(stack: str) -> None:
     """Where one preview's time goes, in this process (CPU seconds, printed as JSON): the
-    CLI's imports, then each phase's program run and policy analysis as `run_both` does them,
-    the first program run paying for the SDK modules it loads; then the deployed phase once
-    more, its SDK already loaded, to tell the imports apart."""
+    CLI's imports, then `run_both` as the command runs it, with each program run under the
+    mock engine (`engine.run`, the first paying for the SDK modules it loads) and each policy
+    analysis (`policy_runner.analyze`) timed as it is called; `other` is the rest of
+    `run_both` (settings, the plan). Works on any tree with those three functions, so a
+    baseline is split the same way."""
     t = time.process_time()
-    out = {}
     import dsvolc.cli  # noqa: F401  (what the command imports before it runs)
-    from dsvolc import engine, policy_runner
-    from stacks import loader
+    from dsvolc import engine, policy_runner, preview
 
-    out["cli_imports"] = time.process_time() - t
+    out = {"cli_imports": time.process_time() - t}
+    run, analyze = engine.run, policy_runner.analyze
+
+    def timed(label, fn, mode_of):
+        def call(*args, **kwargs):
+            t0 = time.process_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                key = f"{'deployed' if mode_of(args, kwargs) == 'existing' else 'first_apply'}_{label}"
+                out[key] = out.get(key, 0.0) + time.process_time() - t0
+        return call
+
+    engine.run = timed("program", run, lambda a, k: k.get("mode", "new"))
+    policy_runner.analyze = timed("policies", analyze, lambda a, k: a[0].mode)
     t = time.process_time()
-    raw, name = loader.read_raw(stack), loader.stack_name(stack)
-    settings = loader.parse(raw, str(loader.stack_file(stack)), stack=name)
-    _, config = policy_runner.stack_policy_config(settings)
-    out["settings"] = time.process_time() - t
-    for label, mode in (("deployed", "existing"), ("first_apply", "new"), ("deployed_again", "existing")):
-        t = time.process_time()
-        rec = engine.run(name, raw, mode=mode)
-        out[f"{label}_program"] = time.process_time() - t
-        t = time.process_time()
-        policy_runner.analyze(rec, policy_config=config)
-        out[f"{label}_policies"] = time.process_time() - t
-    out["sdk_imports"] = out["deployed_program"] - out["deployed_again_program"]
+    preview.run_both(stack)
+    out["run_both"] = time.process_time() - t
+    out["other"] = out["run_both"] - sum(v for k, v in out.items() if k.endswith(("_program", "_policies")))
     print(json.dumps({k: round(v, 3) for k, v in out.items()}))
 
 

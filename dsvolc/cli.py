@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import gc
 import sys
 import warnings
 from pathlib import Path
@@ -233,7 +234,12 @@ def policy_config(
 
 
 def main() -> None:  # pragma: no cover - console entry point
-    app(prog_name="dsvolc")
+    try:
+        app(prog_name="dsvolc")
+    finally:
+        # The process ends here: its objects need no more collecting, and the collections
+        # of the interpreter's exit walked every one of them (0.7 s after a preview).
+        gc.freeze()
 
 
 if __name__ == "__main__":  # pragma: no cover
