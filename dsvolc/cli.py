@@ -12,6 +12,10 @@
 from __future__ import annotations
 
 import gc
+
+if __name__ == "__main__":  # `python -m dsvolc.cli`: a process of seconds (main() says why)
+    gc.disable()
+
 import sys
 import warnings
 from pathlib import Path
@@ -234,11 +238,15 @@ def policy_config(
 
 
 def main() -> None:  # pragma: no cover - console entry point
+    # A command runs for seconds and leaves a few MiB of cyclic garbage; the collector,
+    # triggered by allocations, walked the SDK's few hundred thousand objects again and
+    # again (a third of a preview's CPU time), and once more at exit (0.7 s): off for the
+    # process, and what is left frozen for the interpreter's exit. (dsvolc.preview pauses
+    # it too while a preview runs, for callers other than this process.)
+    gc.disable()
     try:
         app(prog_name="dsvolc")
     finally:
-        # The process ends here: its objects need no more collecting, and the collections
-        # of the interpreter's exit walked every one of them (0.7 s after a preview).
         gc.freeze()
 
 
