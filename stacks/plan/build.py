@@ -63,13 +63,13 @@ def _derive(s: StackSettings) -> StackPlan:
     check_pool_zones(s)
     _check_sections(s)
     model = model_of(s)
-    engine = plan_engine(s, model)
+    slo = _slo(s)
+    engine = plan_engine(s, model, slo)
     pools = plan_pools(s, engine)
     grace = termination_grace(s)
     rollout = plan_rollout(s, engine)
     room = replicas_per_pool(s, engine)
     check_pool_capacity(s, engine, rollout, room)
-    slo = _slo(s)
     pool = pools[s.serving.gpu_pool]
     low, high = replica_bounds(s)
     serving = ServingPlan(
