@@ -10,7 +10,7 @@
 `sync --mark-node KEY=VALUE` (the pre-warm DaemonSet) also labels the node it runs on: the
 label is removed before a sync when it names another revision (the files are about to
 change under it) and set to VALUE once every file is verified, so a label on a node means
-"this revision is complete here" (workloads/engine/manifests.py weights_revision; the
+"this revision is complete here" (workloads/engine/groups.py weights_revision; the
 multi-node groups prefer such nodes). It talks to the Kubernetes API with the pod's
 ServiceAccount token (runtime/gpu_health.py Cluster), which may get and patch nodes only.
 

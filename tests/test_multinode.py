@@ -15,6 +15,7 @@ run executed for real.
 from __future__ import annotations
 
 import copy
+import hashlib
 import fnmatch
 import socket
 import subprocess
@@ -32,7 +33,7 @@ from stacks import read_raw
 from stacks.constants import WEIGHTS_LABEL
 from test_manifests import ctx_for, objects, workload
 from workloads.edge import network_policy
-from workloads.engine import engine_args, manifests, rdma, resilience
+from workloads.engine import engine_args, groups, manifests, rdma, resilience
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).resolve().parent / "data"
@@ -78,7 +79,7 @@ def test_workers_wait_for_the_leader_bounded_by_its_sync():
     assert cmd[:4] == ["python3", "-m", "runtime.health", "wait-leader"]
     # DP16 over two nodes: the workers' engines handshake on the leader's DP RPC port
     assert ctx.engine.data_parallel_size > 1 and int(cmd[cmd.index("--port") + 1]) == engine_args.DP_RPC_PORT
-    assert int(cmd[cmd.index("--timeout") + 1]) == manifests.sync_seconds(ctx) + manifests.LEADER_START_MARGIN_SECONDS
+    assert int(cmd[cmd.index("--timeout") + 1]) == manifests.sync_seconds(ctx) + groups.LEADER_START_MARGIN_SECONDS
     assert manifests.sync_seconds(ctx) > 5 * 60  # longer than vLLM's handshake timeout: why the wait exists
     assert worker_init[-1]["securityContext"] == manifests.container_security()
 
@@ -88,7 +89,7 @@ def test_a_tp_pp_group_waits_on_the_master_port():
     raw["serving"]["engine"].update(parallelism="tp_pp", tensor_parallel_size=8, pipeline_parallel_size=2)
     raw["serving"]["engine"].pop("speculative_tokens", None)
     cmd = group("prod", raw)["workerTemplate"]["spec"]["initContainers"][-1]["command"]
-    assert int(cmd[cmd.index("--port") + 1]) == manifests.VLLM_MASTER_PORT == 29501
+    assert int(cmd[cmd.index("--port") + 1]) == groups.VLLM_MASTER_PORT == 29501
 
 
 def test_the_wait_returns_when_the_leader_listens_and_fails_past_its_bound():
@@ -131,7 +132,7 @@ def test_the_wait_returns_when_the_leader_listens_and_fails_past_its_bound():
 
 def test_groups_prefer_nodes_marked_with_their_revision():
     ctx = ctx_for("prod")
-    rev = manifests.weights_revision(ctx)
+    rev = groups.weights_revision(ctx)
     for t in (group()["leaderTemplate"], group()["workerTemplate"]):
         aff = t["spec"]["affinity"]["nodeAffinity"]
         (pref,) = aff["preferredDuringSchedulingIgnoredDuringExecution"]
@@ -139,10 +140,11 @@ def test_groups_prefer_nodes_marked_with_their_revision():
         # preferred, never required: the autoscaler's template node has no such label
         required = aff["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
         assert all(e["key"] != WEIGHTS_LABEL for term in required for e in term["matchExpressions"])
+    assert hashlib.sha256(manifests.weights_uri(ctx).encode()).hexdigest()[:16] == rev  # what the pods sync
     # another prefix is another revision
     raw = copy.deepcopy(read_raw("prod"))
     raw["weights"]["prefix"] = "models-v2"
-    assert manifests.weights_revision(ctx_for("prod", raw)) != rev
+    assert groups.weights_revision(ctx_for("prod", raw)) != rev
     # single-node stacks neither mark nor prefer
     for stack in ("dev", "staging"):
         t = workload(objects(stack))["spec"]["template"]
@@ -166,7 +168,7 @@ def test_the_prewarm_marks_its_node_with_least_privilege():
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": name, "namespace": ctx.namespace}]
     init = {c["name"]: c for c in ds["initContainers"]}
     sync = init["weights-sync"]["command"]
-    assert sync[sync.index("--mark-node") + 1] == f"{WEIGHTS_LABEL}={manifests.weights_revision(ctx)}"
+    assert sync[sync.index("--mark-node") + 1] == f"{WEIGHTS_LABEL}={groups.weights_revision(ctx)}"
     env = {e["name"]: e for e in init["weights-sync"]["env"]}
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     # the API token reaches the sync container alone
@@ -231,7 +233,7 @@ def run_sync(monkeypatch, api, argv) -> int:
 
 def test_a_verified_sync_labels_the_node_with_its_revision(monkeypatch, checkpoint, capsys):
     ctx = ctx_for("prod")
-    rev = manifests.weights_revision(ctx)
+    rev = groups.weights_revision(ctx)
     api = marking(ctx)
     try:
         assert run_sync(monkeypatch, api, rendered_sync(ctx, checkpoint, checkpoint.parent / "cache")) == 0
@@ -260,9 +262,9 @@ def test_a_new_revision_removes_the_old_label_before_its_sync(monkeypatch, check
         assert WEIGHTS_LABEL not in labels and labels["other"] == "kept"
         # then a complete sync labels it with the new revision
         assert run_sync(monkeypatch, api, rendered_sync(ctx, checkpoint, cache)) == 0
-        assert api.nodes["gpu-a"]["metadata"]["labels"][WEIGHTS_LABEL] == manifests.weights_revision(ctx)
+        assert api.nodes["gpu-a"]["metadata"]["labels"][WEIGHTS_LABEL] == groups.weights_revision(ctx)
         assert [p["metadata"]["labels"][WEIGHTS_LABEL] for _, p in api.patches] == [
-            None, manifests.weights_revision(ctx)]
+            None, groups.weights_revision(ctx)]
     finally:
         api.close()
 

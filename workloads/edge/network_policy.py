@@ -24,7 +24,7 @@ import ipaddress
 
 from stacks.constants import ENTRY_NAMESPACE, HTTP_PORT
 from workloads.observability import telemetry
-from workloads.engine import manifests
+from workloads.engine import groups
 from workloads.engine.context import ServingContext
 
 NS_LABEL = "kubernetes.io/metadata.name"  # set by the API server on every namespace (1.22+)
@@ -157,6 +157,6 @@ def render(ctx: ServingContext) -> list[dict]:
         objs.append(egress_otlp(ctx))
     if ctx.multi_node:
         objs.append(group_traffic(ctx))
-    if manifests.marks_nodes(ctx):
+    if groups.marks_nodes(ctx):
         objs.append(egress_kube_api(ctx))
     return objs

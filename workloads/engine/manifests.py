@@ -8,7 +8,6 @@ and the capacity plan, never from constants here.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shlex
 from dataclasses import replace
@@ -16,6 +15,7 @@ from dataclasses import replace
 from capacity.planner import checkpoint_bytes
 from stacks.regions import tos_internal_s3_host
 from workloads.engine import engine_args
+from workloads.engine import groups
 from workloads.engine import rdma
 from workloads.observability import telemetry
 from workloads.engine import triton
@@ -24,11 +24,9 @@ from stacks.constants import (
     HTTP_PORT,
     MODEL_CACHE_DIR,
     MODEL_CACHE_HOST_PATH,
-    POOL_LABEL,
     ROLE_LABEL,
     SERVING_UID,
     STS_AUDIENCE,
-    WEIGHTS_LABEL,
 )
 from workloads.engine.context import ServingContext
 
@@ -37,14 +35,6 @@ TOKEN_DIR = "/var/run/secrets/volcengine"
 CREDENTIALS_DIR = "/run/dsvolc"
 STATIC_KEY_SECRET_SUFFIX = "tos-reader"
 LEADER_LABEL = ROLE_LABEL
-# vLLM's --master-port default (vllm/config/parallel.py ParallelConfig.master_port): the
-# TCPStore node rank 0 of a TP x PP group serves, which the other nodes join.
-VLLM_MASTER_PORT = 29501
-# What a worker allows its leader beyond a whole weights sync before giving up: scheduling,
-# the image pull on a node the pre-warm has not reached, the engine's start.
-LEADER_START_MARGIN_SECONDS = 600
-# A worker's preStop gives up on a leader whose requests make no progress for this long.
-DRAIN_STALL_SECONDS = 60
 
 
 # --------------------------------------------------------------------------- sizing
@@ -309,38 +299,11 @@ def init_containers(ctx: ServingContext, role_trn_env: dict) -> list[dict]:
     ]
 
 
-def leader_port(ctx: ServingContext) -> int:
-    """The port a group's leader listens on for its workers once its engine starts: the
-    data-parallel handshake (`--data-parallel-rpc-port`) or the TCPStore of a TP x PP group."""
-    return engine_args.DP_RPC_PORT if ctx.engine.data_parallel_size > 1 else VLLM_MASTER_PORT
-
-
 def leader_wait_seconds(ctx: ServingContext) -> int:
-    """How long a worker waits for its leader: the leader's whole weights sync (it may land
-    on an empty cache while the worker's node was warm) plus LEADER_START_MARGIN_SECONDS."""
-    return sync_seconds(ctx) + LEADER_START_MARGIN_SECONDS
-
-
-def wait_for_leader(ctx: ServingContext) -> dict:
-    """A worker's last init container: vLLM starts only once the leader's engine listens.
-    A headless worker's engine gives the front-end 5 minutes to answer its handshake
-    (HANDSHAKE_TIMEOUT_MINS, vllm/v1/engine/core.py) and then exits; a leader still copying
-    its checkpoint answers much later, and the exit makes the LeaderWorkerSet recreate the
-    group, the leader deleted mid-sync. The wait is bounded (leader_wait_seconds): a leader
-    that never starts fails it, and the restarted init container recreates the group.
-    LWS_LEADER_ADDRESS reaches init containers too (LWS v0.10.0 pkg/utils/pod/pod_utils.go
-    AddLWSVariables); while the leader has no IP its name does not resolve, which counts as
-    not listening."""
-    return {
-        "name": "wait-for-leader",
-        "image": ctx.image,
-        "imagePullPolicy": "IfNotPresent",
-        "command": ["python3", "-m", "runtime.health", "wait-leader", "--port", str(leader_port(ctx)),
-                    "--timeout", str(leader_wait_seconds(ctx))],
-        "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}],
-        "securityContext": container_security(),
-        "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"cpu": "100m", "memory": "128Mi"}},
-    }
+    """How long a worker waits for its leader (groups.wait_for_leader): the leader's whole
+    weights sync (it may land on an empty cache while the worker's node was warm) plus
+    groups.LEADER_START_MARGIN_SECONDS."""
+    return sync_seconds(ctx) + groups.LEADER_START_MARGIN_SECONDS
 
 
 def engine_env(ctx: ServingContext) -> list[dict]:
@@ -383,28 +346,12 @@ def pre_stop_seconds(ctx: ServingContext, *, serving: bool) -> int:
     waits `drain_seconds`: its pod has left the Services' endpoints when deletion began, and
     this is the time for the gateway to stop sending to it; then vLLM drains in-flight
     requests (`--shutdown-timeout`). A headless worker of a multi-node group must outlive
-    its leader's drain (the leader's requests run through it), so it waits that long too."""
+    its leader's drain (the leader's requests run through it): it waits at most that long,
+    and only while the leader has requests to drain (groups.worker_pre_stop)."""
     sv = ctx.settings.serving
     if serving:
         return sv.drain_seconds
     return sv.drain_seconds + sv.inflight_drain_seconds
-
-
-def pre_stop(ctx: ServingContext, *, serving: bool) -> dict:
-    """The preStop handler. A serving container sleeps `pre_stop_seconds`. A headless
-    worker waits only while there is something to drain (runtime/health.py `drain`): while
-    its leader's metrics answer, for the leader's own preStop (`drain_seconds`, the gateway
-    may still send it requests) and then while requests are in flight and tokens keep
-    coming, at most `pre_stop_seconds`. A group torn down after a failure (LWS deletes the
-    leader with foreground propagation, so its recovery waits for every worker's preStop)
-    has an unreachable or stuck leader and goes at once."""
-    sv = ctx.settings.serving
-    if serving:
-        return {"sleep": {"seconds": pre_stop_seconds(ctx, serving=True)}}
-    return {"exec": {"command": [
-        "python3", "-m", "runtime.health", "drain", "--port", str(HTTP_PORT),
-        "--min-seconds", str(sv.drain_seconds), "--max-seconds", str(pre_stop_seconds(ctx, serving=False)),
-        "--stall-seconds", str(DRAIN_STALL_SECONDS)]}}
 
 
 def engine_container(ctx: ServingContext, args: list[str], *, serving: bool, headless: bool = False,
@@ -425,7 +372,8 @@ def engine_container(ctx: ServingContext, args: list[str], *, serving: bool, hea
         "securityContext": container_security(),
         # The gateway stops routing here before SIGTERM; in-flight generations then finish
         # (vLLM's drain) within terminationGracePeriodSeconds.
-        "lifecycle": {"preStop": pre_stop(ctx, serving=serving)},
+        "lifecycle": {"preStop": {"sleep": {"seconds": pre_stop_seconds(ctx, serving=True)}} if serving
+                      else groups.worker_pre_stop(ctx, pre_stop_seconds(ctx, serving=False))},
     }
     if serving:
         c["ports"] = [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"}]
@@ -435,40 +383,11 @@ def engine_container(ctx: ServingContext, args: list[str], *, serving: bool, hea
     return c
 
 
-def weights_revision(ctx: ServingContext) -> str:
-    """The revision of the weights a serving pod syncs, as a label value: a digest of the
-    source (bucket and prefix). Another model, prefix or bucket is another revision; bytes
-    re-uploaded under the same prefix are not (upload a new checkpoint under a new
-    weights.prefix)."""
-    return hashlib.sha256(weights_uri(ctx).encode()).hexdigest()[:16]
-
-
-def marks_nodes(ctx: ServingContext) -> bool:
-    """Whether the pre-warm labels the nodes whose cache it verified (WEIGHTS_LABEL =
-    weights_revision) and multi-node groups prefer them: sync mode with pre-warm on."""
-    s = ctx.settings
-    return ctx.multi_node and s.serving.weights_mode == "sync" and s.resilience.prewarm.enabled
-
-
-def node_affinity(ctx: ServingContext) -> dict:
-    """The GPU pool, required. A multi-node group prefers nodes the pre-warm marked as
-    holding this revision's weights, so it starts without a sync; preferred, not required:
-    the cluster autoscaler simulates a new node from the pool's template, which carries no
-    such label, and would never add a node for a pod that required it (the bounded wait of
-    `wait_for_leader` keeps a group on unmarked nodes from restarting while it syncs)."""
-    aff: dict = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-        {"matchExpressions": [{"key": POOL_LABEL, "operator": "In", "values": [ctx.gpu_pool]}]}]}}
-    if marks_nodes(ctx):
-        aff["preferredDuringSchedulingIgnoredDuringExecution"] = [{"weight": 100, "preference": {
-            "matchExpressions": [{"key": WEIGHTS_LABEL, "operator": "In", "values": [weights_revision(ctx)]}]}}]
-    return aff
-
-
 def scheduling(ctx: ServingContext, component: str) -> dict:
     selector = ctx.selector(component)
     return {
         "tolerations": [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],
-        "affinity": {"nodeAffinity": node_affinity(ctx)},
+        "affinity": {"nodeAffinity": groups.node_affinity(ctx)},
         # Spread replicas over zones so one zone's outage leaves capacity; ScheduleAnyway
         # because GPUs are scarce and an unschedulable replica helps nobody.
         "topologySpreadConstraints": [
@@ -619,7 +538,8 @@ def leader_worker_set(ctx: ServingContext, role_trn_env: dict) -> dict:
                     "metadata": {"labels": worker_labels},
                     "spec": pod_spec(ctx, [engine_container(ctx, worker_args, serving=False, headless=True,
                                                             shell_args=shell_args)],
-                                     init + [wait_for_leader(ctx)], "server"),
+                                     init + [groups.wait_for_leader(ctx, leader_wait_seconds(ctx),
+                                                                    container_security())], "server"),
                 }),
             },
         },

@@ -13,7 +13,7 @@
   node that joins (autoscaling, repair, warm capacity) is warmed before a serving pod is
   placed there; a serving pod that lands meanwhile waits on the cache lock and finds the
   files there (runtime/weights.py). For multi-node groups it then labels the node with the
-  weights revision it verified (manifests.WEIGHTS_LABEL; the groups prefer such nodes): its
+  weights revision it verified (WEIGHTS_LABEL, groups.weights_revision; the groups prefer such nodes): its
   own ServiceAccount may get and patch nodes, nothing else, and only the sync container
   gets the API token.
 * warm capacity: a PriorityClass below every other pod's (-1, preemptionPolicy Never) and
@@ -27,7 +27,7 @@
 from __future__ import annotations
 
 from stacks.constants import GPU_MODEL_LABEL, GPU_RESOURCE, POOL_LABEL, PREWARM_SUFFIX, WEIGHTS_LABEL
-from workloads.engine import manifests
+from workloads.engine import groups, manifests
 from workloads.engine.context import ServingContext
 
 HEALTH_NAME = "gpu-health"
@@ -152,7 +152,7 @@ def prewarm(ctx: ServingContext, role_env: dict) -> list[dict]:
     if not s.resilience.prewarm.enabled:
         return []
     name = f"{ctx.release}{PREWARM_SUFFIX}"
-    mark = manifests.marks_nodes(ctx)
+    mark = groups.marks_nodes(ctx)
     init = [{
         "name": "pull",
         "image": ctx.image,
@@ -167,7 +167,7 @@ def prewarm(ctx: ServingContext, role_env: dict) -> list[dict]:
         # Light requests: the DaemonSet pod's request stays on the node beside the server's.
         sync["resources"] = {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"cpu": "4", "memory": "8Gi"}}
         if mark:
-            sync["command"] = sync["command"] + ["--mark-node", f"{WEIGHTS_LABEL}={manifests.weights_revision(ctx)}"]
+            sync["command"] = sync["command"] + ["--mark-node", f"{WEIGHTS_LABEL}={groups.weights_revision(ctx)}"]
             sync["env"] = sync["env"] + [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]
             sync["volumeMounts"] = sync["volumeMounts"] + [
                 {"name": "kube-api-token", "mountPath": KUBE_API_TOKEN_DIR, "readOnly": True}]
