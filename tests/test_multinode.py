@@ -516,3 +516,32 @@ def test_the_workers_startup_probe_requires_ib(tmp_path):
     (tmp_path / "nccl.h20-1.7.log").write_text(IB_LOG)
     out, _ = run(cmd)
     assert out.returncode == 0, out.stderr
+
+
+# --------------------------------------------------------------------------- the program
+
+
+@pytest.fixture(scope="module")
+def prod_program():
+    from dsvolc import engine
+
+    return engine.run("prod", read_raw("prod"), mode="existing")
+
+
+def test_the_program_deploys_the_group_pieces(prod_program):
+    """The same pieces in what the Pulumi program registers (its mock engine), not only in
+    the renderer's output."""
+    by = {}
+    for r in prod_program.resources:
+        by.setdefault(r.type.rsplit(":", 1)[-1], []).append(r.inputs)
+    (lws,) = by["LeaderWorkerSet"]
+    worker = lws["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]
+    assert [c["name"] for c in worker["initContainers"]] == ["weights-sync", "wait-for-leader"]
+    assert worker["containers"][0]["lifecycle"]["preStop"]["exec"]["command"][3] == "drain"
+    env = {e["name"]: e.get("value") for e in worker["containers"][0]["env"]}
+    assert env["NCCL_NET"] == "IB"
+    role = next(r for r in by["ClusterRole"] if r["metadata"]["name"].endswith("-prewarm"))
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
+    assert any(p["metadata"]["name"].endswith("prewarm-kube-api") for p in by["NetworkPolicy"])
+    ds = next(d for d in by["DaemonSet"] if d["metadata"]["name"].endswith("-prewarm"))
+    assert ds["spec"]["template"]["spec"]["serviceAccountName"].endswith("-prewarm")
