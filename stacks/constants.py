@@ -20,6 +20,7 @@ ROLE_LABEL = f"{LABEL_PREFIX}/role"  # pod label: leader or worker of a multi-no
 # node label: the weights revision whose files the pre-warm verified in the node's cache
 WEIGHTS_LABEL = f"{LABEL_PREFIX}/weights"
 PREWARM_SUFFIX = "-prewarm"  # the pre-warm DaemonSet and its ServiceAccount: <serving.name>-prewarm
+TRACK_LABEL = f"{LABEL_PREFIX}/track"  # pod label: stable or canary groups of a staged multi-node release
 
 # --------------------------------------------------------------------------- GPUs
 GPU_RESOURCE = "nvidia.com/gpu"  # extended resource the NVIDIA device plugin advertises
