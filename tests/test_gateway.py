@@ -288,7 +288,10 @@ def test_the_breaker_admits_the_planned_concurrency_with_one_proxy_down(ctx):
 
 
 def test_prod_needs_more_than_envoy_gateways_default():
-    ctx = _ctx(stacks.load("prod"))
+    # prod's engines as they ran before max_num_seqs followed the workload (256 sequences each),
+    # kept possible by a chat workload short enough for the KV cache to hold them
+    ctx = _ctx(_with(stacks.load("prod"), **{"serving.engine": {"max_num_seqs": 256},
+                                               "serving.workload": {"input_tokens": 2048, "output_tokens": 1024}}))
     assert _planned(ctx) == 3 * 16 * 256 > 2 * EG_DEFAULT_BREAKER  # the defect, in the plan's numbers
     objs = gateway.render(ctx)
     assert (_proxies(objs) - 1) * _breaker(objs)["maxConnections"] >= 2 * _planned(ctx)
