@@ -20,9 +20,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from capacity.params import count_parameters
-from capacity.specs import GiB, GPUSpec, MiB, ModelSpec
+from capacity.specs import CheckpointQuant, GiB, GPUSpec, MiB, ModelSpec
 from capacity.suggest import did_you_mean
+
+CHECKPOINTS_FILE = Path(__file__).with_name("checkpoints.yaml")
 
 
 # ---------------------------------------------------------------------------
@@ -52,6 +56,9 @@ _V3_COMMON: dict[str, Any] = dict(
     max_context=163840,
     q_lora_rank=1536,
     fp8_block_size=(128, 128),
+    # config.json quantization_config: {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme":
+    # "dynamic", "weight_block_size": [128, 128]} (the copies cited with each model below)
+    quant=CheckpointQuant("fp8", "fp8", 8, weight_block_size=(128, 128)),
     mtp_layers=1,  # num_nextn_predict_layers: 1 (the 14B MTP module of README_WEIGHTS.md)
 )
 
@@ -310,6 +317,85 @@ MODELS: dict[str, ModelSpec] = {
 
 
 # ---------------------------------------------------------------------------
+# Pre-quantised checkpoints (capacity/checkpoints.yaml)
+# ---------------------------------------------------------------------------
+
+def checkpoint_quant(q: Any, where: str | Path) -> CheckpointQuant | None:
+    """A config.json `quantization_config` as the planner counts it (None: not quantised).
+    Reads what vLLM's loaders read: fp8 (Fp8Config), awq (AutoAWQConfig), gptq and
+    compressed-tensors (the first config group's weights). KeyError names what is wrong."""
+    if not q:
+        return None
+    if not isinstance(q, dict):
+        raise KeyError(f"{where}: quantization_config must be an object")
+    method = str(q.get("quant_method") or "").lower()
+    if method == "fp8":
+        wbs = q.get("weight_block_size")
+        return CheckpointQuant("fp8", "fp8", 8, weight_block_size=(int(wbs[0]), int(wbs[1])) if wbs else None)
+    if method in ("awq", "gptq"):
+        bits = int(q.get("bits") or q.get("w_bit") or 0)
+        group = q.get("group_size") or q.get("q_group_size")
+        if bits != 4:
+            raise KeyError(f"{where}: quantization_config bits is {bits or 'missing'}; the planner counts "
+                           f"4-bit {method.upper()} checkpoints (expected bits: 4)")
+        if method == "awq":
+            return CheckpointQuant("awq", "awq", 4, int(group) if group else None, bool(q.get("zero_point", True)))
+        return CheckpointQuant("gptq", "w4a16", 4, int(group) if group and int(group) > 0 else None,
+                               not bool(q.get("sym", True)))
+    if method == "compressed-tensors":
+        groups = q.get("config_groups") or {}
+        weights = next(iter(groups.values()), {}).get("weights") if groups else None
+        if not isinstance(weights, dict):
+            raise KeyError(f"{where}: compressed-tensors quantization_config has no config_groups.*.weights")
+        bits, kind = int(weights.get("num_bits") or 0), weights.get("type")
+        if kind == "float" and bits == 8:
+            block = weights.get("block_structure") if weights.get("strategy") == "block" else None
+            return CheckpointQuant(method, "fp8", 8,
+                                   weight_block_size=(int(block[0]), int(block[1])) if block else None)
+        if kind == "int" and bits == 4:
+            group = weights.get("group_size")
+            return CheckpointQuant(method, "w4a16", 4, int(group) if group else None,
+                                   not bool(weights.get("symmetric", True)))
+        raise KeyError(f"{where}: compressed-tensors weights of {bits}-bit {kind} are not counted by the "
+                       "planner; expected 4-bit int (W4A16) or 8-bit float (FP8)")
+    raise KeyError(f"{where}: quantization_config.quant_method {method!r} is not one the planner counts; "
+                   "expected fp8, awq, gptq or compressed-tensors")
+
+
+def _load_checkpoints(path: Path = CHECKPOINTS_FILE) -> dict[str, ModelSpec]:
+    """The quantised checkpoints of capacity/checkpoints.yaml, each as a catalog model: the
+    base model's architecture with the checkpoint's id and weight format."""
+    doc = yaml.safe_load(path.read_text())
+    out: dict[str, ModelSpec] = {}
+    for name, entry in (doc.get("checkpoints") or {}).items():
+        base = MODELS[entry["base"]]
+        quant = checkpoint_quant(entry["quantization_config"], f"{path.name}: {name}")
+        if quant is None:
+            raise KeyError(f"{path.name}: {name}: expected a quantization_config")
+        note = "" if entry.get("config_read", True) else f"; config.json not read: {entry['note']}"
+        out[name] = replace(
+            base, name=name, hf_id=entry["id"], native_dtype=quant.format, quant=quant,
+            fp8_block_size=quant.weight_block_size, base_model=base.name,
+            source=f"{entry['source']} (read {entry['read']}){note}; architecture: {base.name}'s",
+        )
+    return out
+
+
+MODELS.update(_load_checkpoints())
+
+
+def checkpoints_of(model: ModelSpec) -> list[ModelSpec]:
+    """The catalog's checkpoints of the same model (the original and its quantised ones)."""
+    root = model.base_model or model.name
+    return [m for m in MODELS.values() if root in (m.name, m.base_model)]
+
+
+def checkpoint_format(model: ModelSpec) -> str:
+    """The weights as stored: 'bf16' | 'fp16' | 'fp32' | 'fp8' | 'awq' | 'w4a16'."""
+    return {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(model.native_dtype, model.native_dtype)
+
+
+# ---------------------------------------------------------------------------
 # GPUs
 # ---------------------------------------------------------------------------
 # memory_bytes is the total the driver reports (nvidia-smi "MiB" column), which is
@@ -424,12 +510,10 @@ def model_from_config(path: str | Path, *, name: str | None = None) -> ModelSpec
     if max_ctx <= 0:
         raise KeyError(f"{path}: field 'max_position_embeddings' must be a positive integer")
 
-    quant = cfg.get("quantization_config") or {}
-    block = None
-    if quant.get("quant_method") == "fp8":
-        dtype = "fp8"
-        wbs = quant.get("weight_block_size")
-        block = (int(wbs[0]), int(wbs[1])) if wbs else None
+    quant = checkpoint_quant(cfg.get("quantization_config") or cfg.get("compression_config"), path)
+    block = quant.weight_block_size if quant else None
+    if quant is not None:
+        dtype = quant.format
     else:
         raw = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
         if raw not in _DTYPE_ALIASES:
@@ -461,6 +545,7 @@ def model_from_config(path: str | Path, *, name: str | None = None) -> ModelSpec
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         moe_layer_freq=int(cfg.get("moe_layer_freq") or 1),
         fp8_block_size=block,
+        quant=quant,
         mtp_layers=int(cfg.get("num_nextn_predict_layers") or 0),
     )
     if kv_lora is not None:
@@ -491,5 +576,5 @@ def model_from_config(path: str | Path, *, name: str | None = None) -> ModelSpec
 
 __all__ = [
     "GiB", "MiB", "ModelSpec", "GPUSpec", "MODELS", "GPUS",
-    "get_model", "get_gpu", "model_from_config",
+    "get_model", "get_gpu", "model_from_config", "checkpoint_quant", "checkpoints_of", "checkpoint_format",
 ]

@@ -1,4 +1,5 @@
-"""The planner's catalog table in docs/planner.md, generated from `plan()`, never typed.
+"""The planner's catalog tables in docs/planner.md, generated from `plan()` and the
+catalog's checkpoints, never typed.
 
     python -m capacity.docs             print the table
     python -m capacity.docs --update    rewrite it between the markers in docs/planner.md
@@ -8,13 +9,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from capacity.catalog import GPUS, MODELS
+from capacity.catalog import GPUS, MODELS, checkpoint_format, checkpoints_of
 from capacity.planner import plan
 
 DOC_PAGE = Path(__file__).resolve().parents[1] / "docs" / "planner.md"
 DOC_GPUS = ("A10", "L20", "A100-80G", "H20", "H100", "H800", "H200")
 DOC_BEGIN = "<!-- BEGIN GENERATED: python -m capacity.docs --update -->"
 DOC_END = "<!-- END GENERATED -->"
+CKPT_BEGIN = "<!-- BEGIN GENERATED checkpoints: python -m capacity.docs --update -->"
+CKPT_END = "<!-- END GENERATED checkpoints -->"
 
 
 def _short_tokens(n: int) -> str:
@@ -56,14 +59,42 @@ def catalog_table_markdown(gpus: tuple[str, ...] = DOC_GPUS, gpus_per_node: int 
     return "\n".join(rows)
 
 
+def checkpoints_table_markdown() -> str:
+    """Markdown table: each catalog model's checkpoints (the original first), their weight
+    format, the quantization_config facts the planner and vLLM read, and the source."""
+    rows = ["| catalog model (serving.model) | checkpoint | weights | quantization_config | vLLM flag | source |",
+            "|---|---|---|---|---|---|"]
+    for name, spec in MODELS.items():
+        if spec.base_model:
+            continue
+        for m in checkpoints_of(spec):
+            q = m.quant
+            facts = "-" if q is None else ", ".join(
+                [f"quant_method {q.method}", f"{q.bits}-bit"]
+                + ([f"group_size {q.group_size}"] if q.group_size else [])
+                + (["zero point"] if q.zero_point else ["symmetric"] if q.format in ("awq", "w4a16") else [])
+                + ([f"weight_block_size {list(q.weight_block_size)}"] if q.weight_block_size
+                   else ["per-channel scales"] if q.format == "fp8" else []))
+            flag = "none (read from config.json)" if q else "`--quantization fp8_per_tensor` with quantization: fp8"
+            source = m.source.split(" ")[0] + (" (model page; config.json not read, see capacity/checkpoints.yaml)"
+                                               if "config.json not read" in m.source else "")
+            rows.append(f"| {m.name} | `{m.hf_id}` | {checkpoint_format(m)} | {facts} | {flag} | {source} |")
+    return "\n".join(rows)
+
+
+def _replace(text: str, begin: str, end: str, body: str, path: str) -> str:
+    if begin not in text or end not in text:
+        raise SystemExit(f"{path}: markers {begin!r} ... {end!r} not found")
+    pre, rest = text.split(begin, 1)
+    _, post = rest.split(end, 1)
+    return f"{pre}{begin}\n{body}\n{end}{post}"
+
+
 def _update_docs(path: str) -> bool:
     doc = Path(path)
     text = doc.read_text()
-    if DOC_BEGIN not in text or DOC_END not in text:
-        raise SystemExit(f"{path}: markers {DOC_BEGIN!r} ... {DOC_END!r} not found")
-    pre, rest = text.split(DOC_BEGIN, 1)
-    _, post = rest.split(DOC_END, 1)
-    new = f"{pre}{DOC_BEGIN}\n{catalog_table_markdown()}\n{DOC_END}{post}"
+    new = _replace(text, DOC_BEGIN, DOC_END, catalog_table_markdown(), path)
+    new = _replace(new, CKPT_BEGIN, CKPT_END, checkpoints_table_markdown(), path)
     changed = new != text
     doc.write_text(new)
     return changed
@@ -76,4 +107,4 @@ if __name__ == "__main__":  # python -m capacity.docs [--update [PATH]]
         target = sys.argv[2] if len(sys.argv) > 2 else str(DOC_PAGE)
         print(f"{target}: {'updated' if _update_docs(target) else 'already up to date'}")
     else:
-        print(catalog_table_markdown())
+        print(catalog_table_markdown() + "\n\n" + checkpoints_table_markdown())

@@ -16,19 +16,28 @@ from capacity.params import (
     mtp_params,
     pp_layer_ranges,
 )
+from capacity.catalog import checkpoint_format, checkpoints_of
 from capacity.specs import ModelSpec
 
-QUANT_GROUP = 128  # AWQ group size and FP8 weight block edge
+QUANT_GROUP = 128  # AWQ group size and FP8 weight block edge (when the checkpoint does not say)
 DEFAULT_BLOCK_SIZE = 16  # vLLM GPU default KV block size
 
-QUANTIZATIONS = ("bf16", "fp16", "fp8", "awq")
+QUANTIZATIONS = ("bf16", "fp16", "fp8", "awq", "w4a16")
 KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "float32", "fp8", "fp8_e4m3", "fp8_e5m2")
 
 _QUANT_ALIASES = {
     None: None, "": None, "none": None, "auto": None, "native": None,
     "bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16", "half": "fp16",
-    "fp8": "fp8", "awq": "awq", "awq_marlin": "awq",
+    "fp8": "fp8", "awq": "awq", "awq_marlin": "awq", "w4a16": "w4a16",
 }
+# Weight formats vLLM can make from a 16/32-bit checkpoint at load time: a dtype cast, or its
+# online FP8 (`--quantization fp8_per_tensor`: e4m3 weights with a per-tensor scale, dynamic
+# activation scales; vllm/config/quantization.py _ONLINE_SHORTHANDS). AWQ and W4A16 need
+# a checkpoint quantised offline (calibrated scales and zero points).
+_FROM_16_BIT = ("bf16", "fp16", "fp8")
+# vLLM's name of the online FP8 method (0.32: `--quantization fp8` on an unquantised
+# checkpoint is deprecated and mapped to it, model_loader/weight_utils.py get_quant_config)
+ONLINE_FP8 = "fp8_per_tensor"
 
 
 class PlanError(ValueError):
@@ -51,9 +60,35 @@ def normalize_quantization(model: ModelSpec, quantization: str | None) -> str:
         raise PlanError(f"quantization: expected one of {', '.join(QUANTIZATIONS)} or none, "
                         f"got {quantization!r}")
     q = _QUANT_ALIASES[key]
-    if q is not None:
+    native = checkpoint_format(model)
+    if q is None or q == native:
+        return native
+    if native in ("bf16", "fp16", "fp32") and q in _FROM_16_BIT:
         return q
-    return {"fp8": "fp8", "float16": "fp16", "float32": "fp32"}.get(model.native_dtype, "bf16")
+    raise PlanError(quantization_refusal(model, q))
+
+
+def online_quantization(model: ModelSpec, quant: str) -> str | None:
+    """vLLM's `--quantization` when the engine must quantise at load time (online FP8 of a
+    16-bit checkpoint); None when the checkpoint's config.json carries the method (vLLM
+    reads it from there and picks its kernel: AWQ Marlin, block-FP8 DeepGEMM/CUTLASS)."""
+    return ONLINE_FP8 if quant == "fp8" and checkpoint_format(model) in ("bf16", "fp16", "fp32") else None
+
+
+def quantization_refusal(model: ModelSpec, quant: str) -> str:
+    """Why `quant` cannot be planned for this checkpoint, naming the checkpoints that exist."""
+    native = checkpoint_format(model)
+    what = (f"{quant.upper()} needs a checkpoint quantised offline to it" if quant in ("awq", "w4a16") else
+            f"{quant} weights need a 16-bit checkpoint (vLLM does not convert {native.upper()} weights back)")
+    siblings = checkpoints_of(model)
+    fits = [m for m in siblings if checkpoint_format(m) == quant]
+    listed = ", ".join(f"{m.name} ({checkpoint_format(m)}: {m.hf_id})" for m in siblings) or "only this one"
+    hint = (f"; use the {quant.upper()} checkpoint as the model instead (serving.model, or dsvolc size --model): "
+            + ", ".join(f"{m.name} ({m.hf_id})" for m in fits)) if fits else ""
+    return (f"quantization: {quant!r} does not match the checkpoint: {what}, and {model.name} is "
+            f"{model.hf_id}, whose weights are {native.upper()}{hint}; the catalog's checkpoints of this model: "
+            f"{listed}; expected the checkpoint's own format ({native}) or unset"
+            + (", or fp8 (vLLM's online FP8)" if native in ("bf16", "fp16", "fp32") else ""))
 
 
 def weight_bytes_per_param(quant: str) -> float:
@@ -66,6 +101,8 @@ def weight_bytes_per_param(quant: str) -> float:
         return 1.0 + 4.0 / (QUANT_GROUP * QUANT_GROUP)  # e4m3 + one fp32 scale per 128x128 block
     if quant == "awq":
         return 0.5 + (2.0 + 0.5) / QUANT_GROUP  # int4 + fp16 scale + int4 zero per group of 128
+    if quant == "w4a16":
+        return 0.5 + 2.0 / QUANT_GROUP  # int4 + one 16-bit scale per group of 128, symmetric (no zero)
     raise PlanError(f"quantization: unsupported {quant!r}")
 
 
@@ -105,8 +142,11 @@ def mtp_weight_bytes(m: ModelSpec, quant: str, tp: int, pp: int, ep: int | None 
 
 
 def checkpoint_bytes(m: ModelSpec, quantization: str | None = None) -> int:
-    """Bytes of the checkpoint files (the weights as stored: one copy, unsharded)."""
-    return stage_weight_bytes(m, normalize_quantization(m, quantization), 1, 1)[0]
+    """Bytes of the checkpoint files (the weights as stored: one copy, unsharded). A
+    quantisation made at load time (online FP8) does not change the files: `quantization`
+    is checked against the checkpoint, not counted."""
+    normalize_quantization(m, quantization)
+    return stage_weight_bytes(m, checkpoint_format(m), 1, 1)[0]
 
 
 def kv_element_bytes(m: ModelSpec, kv_cache_dtype: str = "auto") -> int:

@@ -59,6 +59,7 @@ from capacity.memory import (  # noqa: F401  (re-exported: the planner's public 
     max_stage_layers,
     mtp_weight_bytes,
     normalize_quantization,
+    online_quantization,
     stage_weight_bytes,
     weight_bytes_per_param,
 )
@@ -181,6 +182,9 @@ class Plan:
     speculative_tokens: int = 0  # MTP draft tokens per step (0: off)
     mtp_bytes_per_gpu: int = 0  # weights of the MTP modules on the GPUs that hold them
     replica_kv_cache_tokens: int = 0  # tokens of KV cache across the replica's engines
+    # vLLM's --quantization when the engine quantises at load time (online FP8 of a 16-bit
+    # checkpoint); None when the checkpoint's config.json carries its method (vLLM detects it)
+    online_quantization: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -197,8 +201,8 @@ class Plan:
         ]
         if self.kv_cache_dtype != "auto":
             args += ["--kv-cache-dtype", self.kv_cache_dtype]
-        if self.quantization_requested in ("fp8", "awq"):
-            args += ["--quantization", self.quantization_requested]
+        if self.online_quantization:
+            args += ["--quantization", self.online_quantization]
         if self.data_parallel_size > 1:
             args += ["--data-parallel-size", str(self.data_parallel_size)]
         if self.expert_parallel:
@@ -255,14 +259,29 @@ def tp_problems(model: ModelSpec, tp: int, quant: str, expert_parallel: bool = F
     sizes = [("intermediate_size", model.intermediate_size)]
     if model.is_moe and (not expert_parallel or model.n_shared_experts):
         sizes.append(("moe_intermediate_size", model.moe_intermediate_size))
+    rule = quant_tile(model, quant)
     for fname, size in sizes:
         if size % tp:
             out.append(f"tensor_parallel_size={tp} does not divide {fname}={size}")
-        elif quant in ("fp8", "awq") and (size // tp) % QUANT_GROUP:
-            what = "FP8 weight block" if quant == "fp8" else "AWQ group"
+        elif rule and (size // tp) % rule[1]:
             out.append(f"{fname}/tensor_parallel_size = {size}/{tp} = {size // tp} is not a "
-                       f"multiple of the {what} size {QUANT_GROUP}")
+                       f"multiple of the {rule[0]} size {rule[1]}")
     return out
+
+
+def quant_tile(model: ModelSpec, quant: str) -> tuple[str, int] | None:
+    """The quantisation unit a tensor-parallel shard of an MLP must hold whole: the FP8
+    weight block of a block-quantised checkpoint (config.json weight_block_size; vLLM's
+    validate_fp8_block_shape), or the int4 group of an AWQ / W4A16 checkpoint. None for
+    online FP8 of a 16-bit checkpoint and FP8 checkpoints with per-tensor or per-channel
+    scales: their scales do not tile the weight."""
+    if quant == "fp8":
+        block = model.fp8_block_size if model.native_dtype == "fp8" else None
+        return ("FP8 weight block", max(block)) if block else None
+    if quant in ("awq", "w4a16"):
+        group = model.quant.group_size if model.quant and model.quant.group_size else QUANT_GROUP
+        return (f"{quant.upper()} group", group)
+    return None
 
 
 def _evaluate(model: ModelSpec, gpu: GPUSpec, *, tp: int, pp: int, gpus_per_node: int,
@@ -436,7 +455,8 @@ def plan(model: ModelSpec, gpu: GPUSpec, *, gpus_per_node: int = 8, context: int
             or not 0.0 < gpu_memory_utilization <= 1.0):
         raise PlanError(f"gpu_memory_utilization: expected a number in (0, 1], "
                         f"got {gpu_memory_utilization!r}")
-    quant = normalize_quantization(model, quantization)
+    quant = normalize_quantization(model, quantization)  # refuses a format the checkpoint cannot give
+    online = online_quantization(model, quant)
     kv_dtype = (kv_cache_dtype or "auto").strip().lower()
     kv_element_bytes(model, kv_dtype)  # validates
 
@@ -448,6 +468,9 @@ def plan(model: ModelSpec, gpu: GPUSpec, *, gpus_per_node: int = 8, context: int
                                  if preferred > MIN_USEFUL_CONTEXT else [])
 
     def ev(tp: int, pp: int, target: int, dp: int = 1, ep: bool = False) -> Plan:
+        return replace(_ev(tp, pp, target, dp, ep), online_quantization=online)
+
+    def _ev(tp: int, pp: int, target: int, dp: int = 1, ep: bool = False) -> Plan:
         return _evaluate(model, gpu, tp=tp, pp=pp, gpus_per_node=gpus_per_node, quant=quant,
                          requested=_QUANT_ALIASES[quantization.strip().lower()
                                                   if isinstance(quantization, str) else None],

@@ -9,6 +9,23 @@ MiB = 1024**2
 
 
 @dataclass(frozen=True)
+class CheckpointQuant:
+    """A pre-quantised checkpoint's `quantization_config` (config.json), as vLLM reads it.
+
+    `format` is how the planner counts the weights: ``fp8`` (e4m3, one fp32 scale per block
+    or channel), ``awq`` (AutoAWQ int4, fp16 scale and int4 zero point per group) or
+    ``w4a16`` (compressed-tensors / GPTQ int4, one 16-bit scale per group, symmetric)."""
+
+    method: str  # quant_method as written: 'fp8' | 'awq' | 'compressed-tensors' | 'gptq'
+    format: str  # 'fp8' | 'awq' | 'w4a16'
+    bits: int
+    group_size: int | None = None  # int4 groups along the input dimension
+    zero_point: bool = False
+    # block-quantised FP8 ([n, k] blocks of one scale each); None: per-tensor or per-channel
+    weight_block_size: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """Architecture facts that serving memory depends on."""
 
@@ -32,7 +49,7 @@ class ModelSpec:
     intermediate_size: int
     first_k_dense_replace: int  # leading layers with a dense MLP instead of MoE
     param_count: int
-    native_dtype: str  # 'bfloat16' | 'float16' | 'float32' | 'fp8'
+    native_dtype: str  # 'bfloat16' | 'float16' | 'float32' | 'fp8' | 'awq' | 'w4a16' (the checkpoint's weights)
     max_context: int
     source: str
     # Extra facts used for exact per-tensor weight counting.
@@ -54,6 +71,10 @@ class ModelSpec:
     # </think> before the answer (DeepSeek-R1 and the R1 distills: `deepseek_r1`, in
     # vllm/reasoning/__init__.py); None for models that answer directly.
     reasoning_parser: str | None = None
+    # A pre-quantised checkpoint: its quantization_config (None for 16/32-bit checkpoints),
+    # and the catalog model whose architecture it quantises (None for an original checkpoint).
+    quant: CheckpointQuant | None = None
+    base_model: str | None = None
 
     @property
     def is_mla(self) -> bool:

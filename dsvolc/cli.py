@@ -7,6 +7,7 @@
   dsvolc images STACK                   what to mirror into the stack's registry, and its digests
   dsvolc manifests STACK DIR            every Kubernetes object of the stack as YAML (kubectl diff, scanners)
   dsvolc smoke URL_OR_STACK --token T   check a live endpoint: auth, a completion, a stream, reasoning, metrics
+  dsvolc bench STACK --token T          load a live endpoint (vllm bench serve), measured beside the model's prediction
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
+from dsvolc.bench import bench
 from dsvolc.images import images
 from dsvolc.size import EPILOG, size
 from dsvolc.smoke import smoke
@@ -46,6 +48,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
 app.command("size", epilog=EPILOG)(size)
 app.command("images")(images)
 app.command("smoke")(smoke)
+app.command("bench")(bench)
 
 
 def _version(value: bool) -> None:

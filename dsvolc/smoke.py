@@ -2,8 +2,8 @@
 
 Checks, each printed as one PASS/FAIL/SKIP line:
 
-  auth        a request without the token is refused (401 or 403: the edge's JWT check, or
-              vLLM's --api-key)
+  auth        a request without a token, and one with a wrong token, are refused (401 or 403:
+              the edge's JWT check, or vLLM's --api-key)
   completion  one completion with the token: 200, text and a completion token count
   stream      one streamed completion: chunks with text, then `data: [DONE]`
   reasoning   a reasoning model (R1 and its distills) keeps its thinking out of the answer:
@@ -30,6 +30,9 @@ import typer
 TOKEN_ENV = "DSVOLC_TOKEN"
 THINK_MARKERS = ("<think>", "</think>")
 PROMPT = "Say hello."
+# Not a JWT and not any key an engine was started with: an endpoint that takes it checks
+# only that some token is present.
+WRONG_TOKEN = "dsvolc-smoke-wrong-token"
 
 
 @dataclass(frozen=True)
@@ -47,22 +50,25 @@ class Target:
     url: str  # base URL, no trailing slash
     model: Optional[str]  # None: the first model /v1/models lists
     reasoning: Optional[bool]  # None: inferred from the model's name
+    tokenizer: Optional[str] = None  # the model's Hugging Face id, where a stack names the model
 
 
 class _Http:
     def __init__(self, base: str, token: Optional[str], timeout: float) -> None:
         self.base, self.token, self.timeout = base, token, timeout
 
-    def _request(self, path: str, body: Optional[dict], auth: bool) -> urllib.request.Request:
+    def _request(self, path: str, body: Optional[dict], auth: bool | str) -> urllib.request.Request:
         headers = {"Content-Type": "application/json"}
-        if auth and self.token:
-            headers["Authorization"] = f"Bearer {self.token}"
+        token = auth if isinstance(auth, str) else (self.token if auth else None)
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
         data = json.dumps(body).encode() if body is not None else None
         url = path if path.startswith(("http://", "https://")) else self.base + path
         return urllib.request.Request(url, data=data, headers=headers, method="POST" if data else "GET")
 
-    def call(self, path: str, body: Optional[dict] = None, *, auth: bool = True) -> tuple[int, str]:
-        """(status, body text); status 0 with the reason when no HTTP answer came."""
+    def call(self, path: str, body: Optional[dict] = None, *, auth: bool | str = True) -> tuple[int, str]:
+        """(status, body text); status 0 with the reason when no HTTP answer came. ``auth``:
+        send the token (True), none (False), or this one (a string)."""
         try:
             with urllib.request.urlopen(self._request(path, body, auth), timeout=self.timeout) as r:
                 return r.status, r.read().decode(errors="replace")
@@ -94,12 +100,16 @@ def _json(text: str) -> Optional[dict]:
 
 
 def check_auth(http: _Http, model: str) -> Check:
-    status, text = http.call("/v1/completions", {"model": model, "prompt": PROMPT, "max_tokens": 1}, auth=False)
-    if status in (401, 403):
-        return Check("auth", "PASS", f"refused without a token ({status})")
-    if status == 0:
-        return Check("auth", "FAIL", f"no answer: {text}")
-    return Check("auth", "FAIL", f"expected 401 or 403 without a token, got {status}: {_short(text)}")
+    body = {"model": model, "prompt": PROMPT, "max_tokens": 1}
+    seen = []
+    for what, auth in (("without a token", False), ("with a wrong token", WRONG_TOKEN)):
+        status, text = http.call("/v1/completions", body, auth=auth)
+        if status == 0:
+            return Check("auth", "FAIL", f"no answer: {text}")
+        if status not in (401, 403):
+            return Check("auth", "FAIL", f"expected 401 or 403 {what}, got {status}: {_short(text)}")
+        seen.append(f"{what} ({status})")
+    return Check("auth", "PASS", "refused " + " and ".join(seen))
 
 
 def check_completion(http: _Http, model: str, max_tokens: int) -> Check:
@@ -210,9 +220,11 @@ def run_checks(target: Target, token: str, *, metrics_url: Optional[str] = None,
     ]
 
 
-def resolve(url_or_stack: str, model: Optional[str], reasoning: Optional[bool]) -> Target:
-    """A URL as given; a stack's public endpoint (https://gateway.tls.domain), served model
-    name and whether its model reasons (capacity.catalog). ValueError for user mistakes."""
+def resolve(url_or_stack: str, model: Optional[str], reasoning: Optional[bool], *,
+            url: Optional[str] = None) -> Target:
+    """A URL as given; a stack's public endpoint (https://gateway.tls.domain, or ``url`` when
+    given), served model name, whether its model reasons (capacity.catalog) and its Hugging
+    Face id. ValueError for user mistakes."""
     if url_or_stack.startswith(("http://", "https://")):
         return Target(url_or_stack.rstrip("/"), model, reasoning)
     from capacity.catalog import get_model
@@ -223,12 +235,13 @@ def resolve(url_or_stack: str, model: Optional[str], reasoning: Optional[bool]) 
     except SettingsError as exc:
         raise ValueError(str(exc)) from None
     tls = s.gateway.tls
-    if not s.gateway.edge_enabled or tls is None:
+    if url is None and (not s.gateway.edge_enabled or tls is None):
         raise ValueError(f"stack {url_or_stack}: gateway.tls.domain is not set (no public endpoint); "
                          "pass the endpoint's URL instead")
     spec = get_model(s.serving.model)
-    return Target(f"https://{tls.domain}", model or s.serving.served_model_name or spec.name,
-                  reasoning if reasoning is not None else spec.reasoning_parser is not None)
+    return Target(url.rstrip("/") if url else f"https://{tls.domain}",
+                  model or s.serving.served_model_name or spec.name,
+                  reasoning if reasoning is not None else spec.reasoning_parser is not None, spec.hf_id)
 
 
 def smoke(
@@ -243,7 +256,7 @@ def smoke(
     timeout: float = typer.Option(120.0, "--timeout", min=1, help="seconds each request may take"),
     max_tokens: int = typer.Option(16, "--max-tokens", min=1, max=4096, help="tokens per generation"),
 ) -> None:
-    """Check a live endpoint: refused without the token, one completion, one stream to
+    """Check a live endpoint: refused without a token and with a wrong one, one completion, one stream to
     [DONE], reasoning separated (reasoning models), metrics reachable (with --metrics).
     Exit 0: all passed; 1: a check failed; 2: bad arguments."""
     token = token or os.environ.get(TOKEN_ENV)

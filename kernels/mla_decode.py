@@ -215,32 +215,65 @@ def _mla_merge_kernel(
 
 def default_config(num_heads: int, device_type: str) -> dict:
     """Tile per head count, the fastest of the H200 sweeps
-    (kernels/bench/results/2026-11-30_h200_attn_mla_run*); small tiles under the interpreter.
-    Split rule: "waves" (2 programs per SM); "fill" won on uniform batches and lost on
-    ragged ones (run3), so it is an option, not the default."""
+    (kernels/bench/results/2026-11-30_h200_attn_mla_run*, 2026-12-01_h200_race4b_mla_splits*:
+    3 stages at 128 heads, +3-5% with bf16 caches); small tiles under the interpreter.
+    ``resident``: programs of the tile that fit on one SM (Nsight Compute: 1 at 128 heads).
+    Split rule: "tokens" when the caller passes the batch's total tokens (race 4b: +1-41%
+    over "waves" on uniform and 128-head batches, -3% on the 16-head ragged one), else
+    "waves" (2 programs per SM); "fill" is an option."""
     if device_type != "cuda":
         return dict(BLOCK_H=16, BLOCK_N=16, num_warps=4, num_stages=1)
     if num_heads <= 16:
-        return dict(BLOCK_H=16, BLOCK_N=32, num_warps=4, num_stages=3)
-    return dict(BLOCK_H=64, BLOCK_N=64, num_warps=8, num_stages=2)
+        return dict(BLOCK_H=16, BLOCK_N=32, num_warps=4, num_stages=3, resident=2)
+    return dict(BLOCK_H=64, BLOCK_N=64, num_warps=8, num_stages=3, resident=1)
+
+
+SPLIT_COST = 0.05  # relative cost of each extra split (partial outputs written and merged)
+
+
+def _splits_from_tokens(batch, head_blocks, max_seq_len, sms, block_n, min_chunk, resident, total_tokens):
+    """The split count with the least modelled time: programs run in rounds of
+    ``resident * sms``; a round lasts one chunk; each split beyond the first costs
+    SPLIT_COST. Programs with rows to read are exact for uniform batches (batch x splits)
+    and estimated from the total for ragged ones (total / chunk + batch / 2)."""
+    slots = max(1, resident * sms)
+    most = max(1, -(-max_seq_len // min_chunk))
+    best = None
+    for s in range(1, min(most, 256) + 1):
+        chunk = -(-(-(-max(1, max_seq_len) // s)) // block_n) * block_n
+        if s > 1 and -(-max_seq_len // chunk) < s:
+            continue  # rounding made a split empty: the same launch as a smaller s
+        progs = head_blocks * min(batch * s, -(-max(1, total_tokens) // chunk) + batch // 2)
+        t = -(-progs // slots) * chunk * (1 + SPLIT_COST * (s - 1))
+        if best is None or t < best[0]:
+            best = (t, s, chunk)
+    return best[1], best[2]
 
 
 def pick_splits(batch: int, head_blocks: int, max_seq_len: int, sms: int, block_n: int,
-                waves: int = 2, min_chunk: int = 256, rule: str = "waves", resident: int = 2) -> tuple[int, int]:
+                waves: int = 2, min_chunk: int = 256, rule: str = "waves", resident: int = 2,
+                total_tokens: int | None = None) -> tuple[int, int]:
     """(splits, tokens per split), chunks a multiple of ``block_n``, none shorter than
     ``min_chunk`` tokens.
 
     rule "waves": enough programs for ``waves`` per SM (batch * head_blocks * splits >=
     waves * sms). rule "fill": at most one wave of ``resident`` programs per SM
     (batch * head_blocks * splits <= resident * sms), so no SM runs a second, partial wave.
+    rule "tokens": the chunk that makes the programs with rows to read (``total_tokens``, the
+    host-side sum of the sequence lengths, split into chunks) one wave of ``resident`` per SM;
+    short sequences' empty splits return at once, so ragged and uniform batches both fill.
     """
     progs = max(1, batch * head_blocks)
+    if rule == "tokens":
+        if total_tokens is None:
+            raise ValueError("rule 'tokens' needs total_tokens (the sum of seq_lens)")
+        return _splits_from_tokens(batch, head_blocks, max_seq_len, sms, block_n, min_chunk, resident, total_tokens)
     if rule == "fill":
         want = max(1, (resident * sms) // progs)
     elif rule == "waves":
         want = max(1, -(-waves * sms // progs))
     else:
-        raise ValueError(f"rule must be 'waves' or 'fill', got {rule!r}")
+        raise ValueError(f"rule must be 'waves', 'fill' or 'tokens', got {rule!r}")
     most = max(1, -(-max_seq_len // min_chunk))
     splits = min(want, most)
     chunk = -(-max(1, max_seq_len) // splits)
@@ -258,6 +291,7 @@ def mla_decode(
     *,
     kv_scale: float | torch.Tensor | None = None,
     max_seq_len: int | None = None,
+    total_tokens: int | None = None,
     num_splits: int | None = None,
     out: torch.Tensor | None = None,
     return_lse: bool = False,
@@ -271,7 +305,8 @@ def mla_decode(
     Returns out [B, H, 512] in q's dtype (and lse fp32 [B, H], natural log, with
     ``return_lse``). ``max_seq_len`` (the longest seq_lens entry) sizes the split; pass
     it to avoid reading seq_lens back to the host, and pass ``num_splits`` too for a
-    launch that never synchronises (CUDA graphs).
+    launch that never synchronises (CUDA graphs). ``total_tokens`` (the host-side sum of
+    seq_lens) switches the split rule to "tokens" (see `pick_splits`).
     """
     if not isinstance(q, torch.Tensor) or q.dim() != 3:
         raise ValueError(f"q must be [batch, heads, {KV_LORA + ROPE}], got {getattr(q, 'shape', type(q))}")
@@ -317,8 +352,10 @@ def mla_decode(
         if max_seq_len is None:
             max_seq_len = int(seq_lens.max().item())
         sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 4
+        rule = cfg.get("rule", "tokens" if total_tokens is not None else "waves")
         num_splits, chunk = pick_splits(bsz, hblocks, max_seq_len, sms, bn, cfg.get("waves", 2),
-                                        cfg.get("min_chunk", 256), cfg.get("rule", "waves"), cfg.get("resident", 2))
+                                        cfg.get("min_chunk", 256), rule, cfg.get("resident", 2),
+                                        total_tokens=total_tokens)
     else:
         if max_seq_len is None:
             raise ValueError("num_splits needs max_seq_len (the longest seq_lens entry)")

@@ -159,3 +159,29 @@ def test_a_pool_too_small_for_max_replicas_and_surge_is_refused():
     assert ctx_for("prod", autoscaling__max_replicas=4, rollout__max_surge=0)
     with pytest.raises(SettingsError, match=r"autoscaling.max_replicas: 4 .* pool a10 holds 3"):
         ctx_for("dev", autoscaling__max_replicas=4)
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_a_blind_autoscaler_holds_the_fleet_instead_of_scaling_to_min(stack):
+    """Without `fallback`, and with empty answers read as 0 (KEDA's ignoreNullValues default),
+    a Prometheus that lost the engines' series scaled the fleet to its minimum on no data."""
+    ctx = ctx_for(stack, autoscaling__fallback_after_failures=5)
+    spec = scaled_object(ctx)["spec"]
+    assert spec["fallback"] == {"failureThreshold": 5, "replicas": spec["minReplicaCount"],
+                                "behavior": "currentReplicasIfHigher"}  # max(current, minimum)
+    for t in spec["triggers"]:
+        assert t["metadata"]["ignoreNullValues"] == "false", t["name"]  # empty is a failure
+    validate_all([scaled_object(ctx)], ctx.settings.cluster.kubernetes_version)
+
+
+def test_fallback_keeps_an_explicit_minimum():
+    spec = scaled_object(ctx_for("staging", autoscaling__min_replicas=3))["spec"]
+    assert spec["fallback"]["replicas"] == spec["minReplicaCount"] == 3
+    assert spec["fallback"]["failureThreshold"] == 3  # the settings' default
+
+
+def test_a_misspelt_fallback_field_fails_the_keda_schema():
+    obj = scaled_object(ctx_for("dev"))
+    obj["spec"]["fallback"]["failureTreshold"] = obj["spec"]["fallback"].pop("failureThreshold")
+    with pytest.raises(AssertionError, match="failureTreshold"):
+        validate_all([obj])

@@ -18,12 +18,20 @@ REQUIRED_MODELS = {
     "deepseek-r1-distill-llama-8b", "deepseek-r1-distill-llama-70b",
     "deepseek-r1-0528", "deepseek-v3.1", "deepseek-v3.2-exp", "deepseek-v3.2",
 }
+# pre-quantised checkpoints (capacity/checkpoints.yaml): name -> (base model, weight format)
+QUANTISED = {
+    "deepseek-r1-distill-qwen-14b-awq": ("deepseek-r1-distill-qwen-14b", "awq"),
+    "deepseek-r1-distill-qwen-32b-awq": ("deepseek-r1-distill-qwen-32b", "awq"),
+    "deepseek-r1-distill-llama-70b-awq": ("deepseek-r1-distill-llama-70b", "awq"),
+    "deepseek-r1-distill-llama-70b-w4a16": ("deepseek-r1-distill-llama-70b", "w4a16"),
+    "deepseek-r1-distill-qwen-1.5b-fp8-dynamic": ("deepseek-r1-distill-qwen-1.5b", "fp8"),
+}
 _V3_FAMILY = {"deepseek-v3", "deepseek-r1", "deepseek-r1-0528", "deepseek-v3.1", "deepseek-v3.2-exp",
               "deepseek-v3.2"}
 
 
 def test_catalog_has_every_model_and_gpu():
-    assert set(MODELS) == REQUIRED_MODELS
+    assert set(MODELS) == REQUIRED_MODELS | set(QUANTISED)
     assert set(GPUS) == {"A10", "L20", "A100-40G", "A100-80G", "A800", "H20", "H100", "H800",
                          "H200"}
 

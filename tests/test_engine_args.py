@@ -54,13 +54,16 @@ def test_quantization_and_kv_cache_dtype():
     assert flag(args, "--kv-cache-dtype") == "fp8"
     assert "--quantization" not in args  # the R1 checkpoint is natively FP8; nothing to request
     raw = copy.deepcopy(read_raw("staging"))
+    raw["serving"]["model"] = "deepseek-r1-distill-llama-70b-awq"
     raw["serving"]["engine"]["quantization"] = "awq"
     args = engine_args.render(engine_args.from_context(ctx_for("staging", raw), "/models"))
-    assert flag(args, "--quantization") == "awq"
+    # the checkpoint's config.json names AWQ: vLLM detects it and picks its kernel itself
+    assert "--quantization" not in args
 
 
 def test_awq_checkpoint_on_the_plugins_kernel():
     raw = copy.deepcopy(read_raw("staging"))
+    raw["serving"]["model"] = "deepseek-r1-distill-llama-70b-awq"
     raw["serving"]["engine"].update(quantization="awq", awq_kernel="dsvolc")
     args = engine_args.render(engine_args.from_context(ctx_for("staging", raw), "/models"))
     assert flag(args, "--quantization") == "dsvolc_awq"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 import stacks
@@ -10,6 +12,8 @@ from workloads.edge import gateway
 from stacks.plan import build_plan
 from workloads.engine.context import build_context
 from stacks.constants import HTTP_PORT, ENTRY_NAMESPACE, entry_service
+from stacks.sections.gateway import KEEPALIVE_MARGIN_SECONDS, TRITON_KEEPALIVE_SECONDS
+from workloads.engine import manifests
 
 ENVS = ("dev", "staging", "prod")
 
@@ -119,7 +123,7 @@ def test_streams_have_no_total_timeout_only_an_idle_one(ctx):
     route = _one(objs, "HTTPRoute")
     assert {r["timeouts"]["request"] for r in route["spec"]["rules"]} == {"0s"}  # Gateway API: 0s disables
     http = _one(objs, "BackendTrafficPolicy")["spec"]["timeout"]["http"]
-    assert http == {"requestTimeout": "0s", "streamIdleTimeout": idle}
+    assert (http["requestTimeout"], http["streamIdleTimeout"]) == ("0s", idle)
     assert _one(objs, "ClientTrafficPolicy")["spec"]["timeout"]["http"]["streamIdleTimeout"] == idle
     for kind in ("HTTPRoute", "BackendTrafficPolicy", "ClientTrafficPolicy"):
         validate(_one(objs, kind))
@@ -232,9 +236,142 @@ def test_gateway_listener_and_class(ctx):
     proxy = _one(objs, "EnvoyProxy")
     assert gw["spec"]["infrastructure"]["parametersRef"]["name"] == proxy["metadata"]["name"]
     assert proxy["spec"]["provider"]["kubernetes"]["envoyService"]["type"] == "ClusterIP"
-    assert proxy["spec"]["provider"]["kubernetes"]["envoyDeployment"]["replicas"] == ctx.settings.serving.gateway_replicas
+    assert proxy["spec"]["provider"]["kubernetes"]["envoyDeployment"]["replicas"] >= ctx.settings.serving.gateway_replicas
 
 
 def test_no_in_cluster_gateway_renders_nothing():
     ctx = _ctx(_with(stacks.load("prod"), serving={"in_cluster_gateway": False}))
     assert gateway.render(ctx) == []
+
+
+# --------------------------------------------------------------------------- proxy sizing
+# Envoy Gateway's defaults when a field is not rendered (envoyproxy/gateway v1.9.0 CRDs:
+# circuitBreaker.* default 1024; BackendTrafficPolicy connectionIdleTimeout "Default: 1 hour").
+EG_DEFAULT_BREAKER = 1024
+EG_DEFAULT_UPSTREAM_IDLE_S = 3600
+VLLM_DEFAULT_KEEPALIVE_S = 5  # vllm/envs.py VLLM_HTTP_TIMEOUT_KEEP_ALIVE
+
+
+def _planned(ctx) -> int:
+    """Requests the engines run at once at the autoscaler's ceiling, from the settings and
+    the engine plan: replicas x data-parallel engines x max_num_seqs (each engine)."""
+    a = ctx.settings.autoscaling
+    replicas = a.max_replicas if a.enabled else ctx.settings.serving.replicas
+    return replicas * ctx.engine.data_parallel_size * ctx.engine.max_num_seqs
+
+
+def _proxies(objs) -> int:
+    return _one(objs, "EnvoyProxy")["spec"]["provider"]["kubernetes"]["envoyDeployment"]["replicas"]
+
+
+def _breaker(objs) -> dict:
+    spec = _one(objs, "BackendTrafficPolicy")["spec"]
+    return {k: spec.get("circuitBreaker", {}).get(k, EG_DEFAULT_BREAKER)
+            for k in ("maxConnections", "maxPendingRequests", "maxParallelRequests")}
+
+
+def test_the_breaker_admits_the_planned_concurrency_with_one_proxy_down(ctx):
+    """Envoy Gateway's default breaker (1,024 per proxy, 2 proxies) sat below prod's
+    3 x 16 x 256 sequences: the overflow was a 503 for requests the engines had room for."""
+    objs = gateway.render(ctx)
+    n, b = _proxies(objs), _breaker(objs)
+    assert n >= 2 and (n - 1) * b["maxConnections"] >= _planned(ctx)
+    p = ctx.settings.gateway.proxies
+    want = _planned(ctx) * p.breaker_headroom
+    # vLLM speaks HTTP/1.1: one upstream connection per request in flight
+    assert b["maxConnections"] == b["maxParallelRequests"] == b["maxPendingRequests"]
+    assert (n - 1) * b["maxConnections"] >= want
+    # and no more than needed: the breaker still sheds load past the headroom
+    assert (n - 1) * (b["maxConnections"] - 1) < want
+    assert b["maxConnections"] <= max(p.requests_per_proxy, math.ceil(want))
+    validate(_one(objs, "BackendTrafficPolicy"))
+
+
+def test_prod_needs_more_than_envoy_gateways_default():
+    ctx = _ctx(stacks.load("prod"))
+    assert _planned(ctx) == 3 * 16 * 256 > 2 * EG_DEFAULT_BREAKER  # the defect, in the plan's numbers
+    objs = gateway.render(ctx)
+    assert (_proxies(objs) - 1) * _breaker(objs)["maxConnections"] >= 2 * _planned(ctx)
+
+
+def test_the_proxy_count_follows_the_plan_and_the_per_proxy_load():
+    base = stacks.load("dev")
+    ctx = _ctx(base)
+    assert _proxies(gateway.render(ctx)) == base.serving.gateway_replicas  # 240 admitted fit two
+    small = _ctx(_with(base, **{"gateway.proxies": {"requests_per_proxy": 64}}))
+    want = _planned(small) * small.settings.gateway.proxies.breaker_headroom
+    objs = gateway.render(small)
+    assert _proxies(objs) == math.ceil(want / 64) + 1  # one spare for a drained proxy
+    assert _breaker(objs)["maxConnections"] <= 64
+    more = _ctx(_with(base, **{"autoscaling": {"max_replicas": 1}, "gateway.proxies": {"breaker_headroom": 4.0}}))
+    assert _breaker(gateway.render(more))["maxConnections"] == 4 * 1 * more.engine.max_num_seqs
+
+
+def test_proxies_have_a_pdb_and_spread_over_nodes_and_zones(ctx):
+    objs = gateway.render(ctx)
+    k8s = _one(objs, "EnvoyProxy")["spec"]["provider"]["kubernetes"]
+    assert k8s["envoyPDB"] == {"maxUnavailable": 1}  # the breaker is sized for one proxy down
+    deployment = k8s["envoyDeployment"]
+    assert deployment["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+    spread = {c["topologyKey"]: c for c in deployment["pod"]["topologySpreadConstraints"]}
+    assert set(spread) == {"kubernetes.io/hostname", "topology.kubernetes.io/zone"}
+    assert spread["kubernetes.io/hostname"]["whenUnsatisfiable"] == "DoNotSchedule"
+    # the constraints count the proxies: the same labels the entry Service selects them by
+    entry_selector = _one(objs, "Service")["spec"]["selector"]
+    for c in spread.values():
+        assert c["labelSelector"] == {"matchLabels": entry_selector}
+        assert c["maxSkew"] == 1
+        # tainted GPU nodes hold no proxy and must not count as empty domains
+        assert c["nodeTaintsPolicy"] == "Honor"
+    validate(_one(objs, "EnvoyProxy"), ctx.settings.cluster.kubernetes_version)
+
+
+def test_a_misspelt_pdb_field_fails_the_envoy_proxy_schema(ctx):
+    proxy = _one(gateway.render(ctx), "EnvoyProxy")
+    k8s = proxy["spec"]["provider"]["kubernetes"]
+    k8s["envoyPdb"] = k8s.pop("envoyPDB")
+    with pytest.raises(AssertionError, match="envoyPdb"):
+        validate(proxy)
+
+
+def _engine_env(ctx) -> dict[str, str]:
+    workload = next(o for o in manifests.render(ctx, "trn") if o["kind"] in ("Deployment", "LeaderWorkerSet"))
+    spec = workload["spec"]
+    tmpl = spec["leaderWorkerTemplate"]["leaderTemplate"] if workload["kind"] == "LeaderWorkerSet" else spec["template"]
+    return {e["name"]: e.get("value") for e in tmpl["spec"]["containers"][0]["env"]}
+
+
+def _seconds(duration: str) -> int:
+    assert duration.endswith("s"), duration
+    return int(duration[:-1])
+
+
+@pytest.mark.parametrize("stack", ["dev", "staging", "prod", "triton-example"])
+def test_engines_keep_idle_connections_longer_than_the_proxies(stack):
+    """The proxies must close an idle upstream connection before the engine does, or they
+    send a request on a connection the engine is closing (a reset after the request left
+    the gateway). Envoy Gateway's default is 1 h, vLLM's and Triton's 5 s."""
+    ctx = _ctx(stacks.load(stack))
+    http = _one(gateway.render(ctx), "BackendTrafficPolicy")["spec"]["timeout"]["http"]
+    proxy_idle = _seconds(http.get("connectionIdleTimeout", f"{EG_DEFAULT_UPSTREAM_IDLE_S}s"))
+    if ctx.settings.serving.server == "triton":
+        engine = TRITON_KEEPALIVE_SECONDS  # fixed in Triton's frontend
+        assert "VLLM_HTTP_TIMEOUT_KEEP_ALIVE" not in _engine_env(ctx)
+    else:
+        engine = int(_engine_env(ctx).get("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", VLLM_DEFAULT_KEEPALIVE_S))
+        assert engine == ctx.settings.gateway.proxies.engine_keepalive_seconds
+    assert proxy_idle == engine - KEEPALIVE_MARGIN_SECONDS > 0
+
+
+def test_one_number_sets_both_sides_of_the_keepalive():
+    ctx = _ctx(_with(stacks.load("staging"), **{"gateway.proxies": {"engine_keepalive_seconds": 120}}))
+    http = _one(gateway.render(ctx), "BackendTrafficPolicy")["spec"]["timeout"]["http"]
+    assert _engine_env(ctx)["VLLM_HTTP_TIMEOUT_KEEP_ALIVE"] == "120"
+    assert http["connectionIdleTimeout"] == f"{120 - KEEPALIVE_MARGIN_SECONDS}s"
+
+
+def test_a_keepalive_the_margin_would_use_up_is_refused():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="engine_keepalive_seconds"):
+        _with(stacks.load("dev"), **{"gateway.proxies": {"engine_keepalive_seconds": KEEPALIVE_MARGIN_SECONDS}})

@@ -144,3 +144,68 @@ def test_ab_header_routing_is_an_argo_managed_route_that_survives_a_rollout(stac
     # The request timeout reaches Argo's rule too: it is a policy on the whole route.
     btp = next(o for o in gateway.render(ctx) if o["kind"] == "BackendTrafficPolicy")
     assert btp["spec"]["targetRefs"][0]["name"] == route["metadata"]["name"]
+
+
+# --------------------------------------------------------------------------- multi-node canary
+
+
+def _matches(selector: dict, labels: dict) -> bool:
+    """A Service's equality selector against a pod's labels (Kubernetes semantics)."""
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+def _group_labels(ctx) -> tuple[dict, dict]:
+    """(leader, worker) pod labels of the groups this LeaderWorkerSet template starts."""
+    from workloads.engine import manifests
+
+    lws = next(o for o in manifests.render(ctx, "trn") if o["kind"] == "LeaderWorkerSet")
+    t = lws["spec"]["leaderWorkerTemplate"]
+    return t["leaderTemplate"]["metadata"]["labels"], t["workerTemplate"]["metadata"]["labels"]
+
+
+def _service_selectors(ctx) -> dict[str, dict]:
+    from workloads.engine import manifests
+
+    return {o["metadata"]["name"]: o["spec"]["selector"] for o in manifests.render(ctx, "trn") if o["kind"] == "Service"}
+
+
+def test_a_staged_multi_node_release_has_a_canary_service_of_its_own():
+    """prod's canary Service selected the same leaders as stable, so the A/B header and the
+    canary weight reached every group alike. During a staged release (groups below the
+    partition keep the template they started with) each Service selects its own groups."""
+    before = ctx_for("prod")  # the groups running when the staged release begins
+    staged = ctx_for("prod", rollout__partition=1, serving__image__tag="v0.33.0-dsv1")
+    old_leader, old_worker = _group_labels(before)
+    new_leader, new_worker = _group_labels(staged)
+    sel = _service_selectors(staged)
+    stable, canary = sel[staged.stable_service], sel[staged.canary_service]
+    assert stable != canary
+    assert _matches(stable, old_leader) and not _matches(stable, new_leader)
+    assert _matches(canary, new_leader) and not _matches(canary, old_leader)
+    for worker in (old_worker, new_worker):  # workers answer no HTTP
+        assert not _matches(stable, worker) and not _matches(canary, worker)
+    # the A/B header's static rule (no Argo on a LeaderWorkerSet) goes to the canary Service
+    from workloads.edge import gateway
+
+    route = next(o for o in gateway.render(staged) if o["kind"] == "HTTPRoute")
+    ab = next(r for r in route["spec"]["rules"] if r["name"] == gateway.AB_RULE)
+    assert [b["name"] for b in ab["backendRefs"]] == [staged.canary_service]
+
+
+def test_without_a_partition_both_services_select_every_leader():
+    """No canary exists: a plain rolling update's old and new groups both serve, through
+    either Service (as Argo's Services do between rollouts)."""
+    before = ctx_for("prod")
+    after = ctx_for("prod", serving__image__tag="v0.33.0-dsv1")
+    sel = _service_selectors(after)
+    assert sel[after.stable_service] == sel[after.canary_service]
+    for ctx in (before, after):
+        leader, worker = _group_labels(ctx)
+        assert all(_matches(s, leader) and not _matches(s, worker) for s in sel.values())
+
+
+def test_argo_stacks_leave_the_narrowing_to_argo():
+    ctx = ctx_for("staging")
+    sel = _service_selectors(ctx)
+    assert sel[ctx.stable_service] == sel[ctx.canary_service]
+    assert not any(k.endswith("/track") for s in sel.values() for k in s)

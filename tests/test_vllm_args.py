@@ -199,3 +199,43 @@ def test_vllm_enforces_the_max_tokens_ceiling(stack, override, vllm_parser, stub
         assert get_max_tokens(ea.max_model_len, 10**9, 100, {}, cap) == min(want, ea.max_model_len - 100)
         assert get_max_tokens(ea.max_model_len, None, 100, {}, cap) == min(want, ea.max_model_len - 100)
         assert get_max_tokens(ea.max_model_len, 64, 100, {}, cap) == 64  # a smaller ask stands
+
+
+# (stack, engine settings, sections) -> the quantization vLLM's parser must end up with
+QUANT_VARIANTS = {
+    # the AWQ checkpoint's config.json names its method: nothing rendered, vLLM detects it
+    "awq-checkpoint": ("staging", {"quantization": "awq"}, {"serving__model": "deepseek-r1-distill-llama-70b-awq"},
+                       None),
+    "awq-dsvolc-kernel": ("staging", {"quantization": "awq", "awq_kernel": "dsvolc"},
+                          {"serving__model": "deepseek-r1-distill-llama-70b-awq"}, "dsvolc_awq"),
+    # online FP8 of the BF16 70B: vLLM 0.32's own name for it (plain `fp8` is deprecated there)
+    "online-fp8": ("staging", {"quantization": "fp8"}, {}, "fp8_per_tensor"),
+    "block-fp8-r1": ("prod", {"quantization": "fp8"}, {}, None),
+}
+
+
+@pytest.mark.parametrize("variant", list(QUANT_VARIANTS))
+def test_quantization_reaches_vllm_as_the_checkpoint_needs(variant, vllm_parser, stub_dir):
+    from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS
+
+    stack, engine, sections, want = QUANT_VARIANTS[variant]
+    ctx = ctx_for(stack, engine, **sections)
+    for role, container, env in containers(ctx):
+        _, ea = vllm_parser(final_argv(container, env, stub_dir))
+        assert ea.quantization == want, role
+        if want and want != "dsvolc_awq":  # dsvolc_awq is registered by the plugin at engine start
+            assert want in QUANTIZATION_METHODS
+
+
+def test_vllm_resolves_an_awq_checkpoint_the_same_with_or_without_the_flag(monkeypatch):
+    """Why nothing is rendered for an AWQ checkpoint: on a GPU platform vLLM 0.32 resolves
+    its config.json's `awq` to AutoAWQConfig (Marlin where supported) whether or not
+    --quantization awq is given, and the plugin's dsvolc_awq only when asked by name."""
+    from vllm.model_executor.layers.quantization import auto_awq
+    from vllm.model_executor.layers.quantization.auto_awq import AutoAWQConfig
+
+    monkeypatch.setattr(auto_awq.current_platform, "is_cpu", lambda: False)  # as on CUDA
+    cfg = {"bits": 4, "group_size": 128, "quant_method": "awq", "version": "gemm", "zero_point": True}
+    assert AutoAWQConfig.override_quantization_method(cfg, None) == "auto_awq"
+    assert AutoAWQConfig.override_quantization_method(cfg, "awq") == "auto_awq"
+    assert AutoAWQConfig.override_quantization_method(cfg, "dsvolc_awq") is None  # left to the plugin

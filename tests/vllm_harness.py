@@ -38,11 +38,11 @@ from typing import Any, Callable, ContextManager, Iterable, Mapping, Sequence
 # Every other file is its own group, as with --dist loadfile, so a module's fixtures are
 # computed once.
 VLLM_SERVER_FILES = frozenset({
-    "test_drain_vllm.py", "test_metrics_contract.py", "test_readonly_root_vllm.py",
+    "test_drain_vllm.py", "test_gateway_vllm.py", "test_metrics_contract.py", "test_readonly_root_vllm.py",
     "test_serving_vllm.py", "test_tracing_vllm.py", "test_vllm_kv_capacity.py",
     "test_vllm_mla.py", "test_vllm_plugin.py",
     # several servers at once, under the same machine-wide lock (tests/router_harness.py)
-    "test_pd_nixl.py", "test_routing_vllm.py",
+    "test_pd_nixl.py", "test_routing_vllm.py", "test_bench_vllm.py",
 })
 
 # Default engine arguments for a 2-core CPU box: short context, no graph capture.

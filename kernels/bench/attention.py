@@ -22,9 +22,11 @@ from kernels.bench.harness import DEADLINE, TIMER
 
 ATTN_VARLEN = [8191, 4097, 3001, 2048, 1025, 513, 77, 5]  # odd lengths, 18957 tokens
 ATTN_CASES = [
+    dict(name="d128_4k", lens=[4096], hq=32, hkv=32, dqk=128, dv=128),
     dict(name="d128_16k", lens=[16384], hq=32, hkv=32, dqk=128, dv=128),
     dict(name="d128_gqa4_16k", lens=[16384], hq=32, hkv=8, dqk=128, dv=128),
     dict(name="d128_varlen", lens=ATTN_VARLEN, hq=32, hkv=32, dqk=128, dv=128),
+    dict(name="mla_4k", lens=[4096], hq=16, hkv=16, dqk=192, dv=128),
     dict(name="mla_8k", lens=[8192], hq=16, hkv=16, dqk=192, dv=128),
     dict(name="mla_16k", lens=[16384], hq=16, hkv=16, dqk=192, dv=128),
     dict(name="mla_varlen", lens=ATTN_VARLEN, hq=16, hkv=16, dqk=192, dv=128),

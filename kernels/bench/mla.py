@@ -6,7 +6,9 @@ two batched matmuls.
 Outputs are poisoned (NaN) before each call; a variant is timed only after it matches
 the reference. `--sweep` adds the tile variants (MLA_SWEEP) or, with `--mla-sweep
 splits`, the split rules (MLA_SPLIT_SWEEP); `--budget-s` stops them, never the default.
-do_bench medians.
+FlashMLA's sm90 dense decode (kernels/bench/flashmla.py, bf16 caches) races where its
+sources are carried. Every timing is a CUDA-graph replay with the L2 scrubbed before each
+call (harness.graph_cold_us); each peer's check is logged before its time.
 """
 
 from __future__ import annotations
@@ -33,6 +35,12 @@ MLA_CASES = [
     dict(name="h16_b1_8k", h=16, lens=[8192]),
     dict(name="h128_b64_4k", h=128, lens=[4096] * 64),
     dict(name="h128_b32_varlen", h=128, lens="rand32"),
+    # the FlashMLA race (issue: B >= 32 at 4k and 32k contexts, 128 heads)
+    dict(name="h128_b1_4k", h=128, lens=[4096]),
+    dict(name="h128_b32_4k", h=128, lens=[4096] * 32),
+    dict(name="h128_b128_4k", h=128, lens=[4096] * 128),
+    dict(name="h128_b32_32k", h=128, lens=[32768] * 32),
+    dict(name="h128_b64_32k", h=128, lens=[32768] * 64),
 ]
 MLA_SWEEP = {  # name -> config (merged over the default); "t" = transposed (swap-AB) kernel
     16: {
@@ -45,17 +53,21 @@ MLA_SWEEP = {  # name -> config (merged over the default); "t" = transposed (swa
     },
     128: {
         "h64_n64_w8_s2": dict(BLOCK_H=64, BLOCK_N=64, num_warps=8, num_stages=2),
+        "h64_n64_w8_s3": dict(BLOCK_H=64, BLOCK_N=64, num_warps=8, num_stages=3),
+        "h64_n32_w8_s3": dict(BLOCK_H=64, BLOCK_N=32, num_warps=8, num_stages=3),
+        "h32_n64_w4_s2": dict(BLOCK_H=32, BLOCK_N=64, num_warps=4, num_stages=2),
+        "h64_n64_w8_s2_fill1": dict(BLOCK_H=64, BLOCK_N=64, num_warps=8, num_stages=2, rule="fill", resident=1),
         "t_h32_n64_w4_s2": dict(SWAP=True, BLOCK_H=32, BLOCK_N=64, num_warps=4, num_stages=2),
         "t_h64_n64_w8_s2": dict(SWAP=True, BLOCK_H=64, BLOCK_N=64, num_warps=8, num_stages=2),
     },
 }
-# split rules on the default tile (third H200 run): one wave of `resident` programs per SM
-# against the default `waves` rule; the fill_r2 entry is timed twice
+# split rules on the default tile: the default is rule "tokens" (the benchmark passes the
+# batch's total tokens, as a caller with host-side lengths does); "waves" was the default
+# until race IV, "fill" its alternative
 MLA_SPLIT_SWEEP = {
-    16: {"fill_r2": dict(rule="fill", resident=2), "fill_r1": dict(rule="fill", resident=1),
-         "fill_r3": dict(rule="fill", resident=3), "fill_r2_again": dict(rule="fill", resident=2),
-         "waves2_again": dict(rule="waves", waves=2)},
-    128: {"fill_r1": dict(rule="fill", resident=1), "waves2_again": dict(rule="waves", waves=2)},
+    16: {"waves": dict(rule="waves", waves=2), "fill_r2": dict(rule="fill", resident=2)},
+    128: {"waves": dict(rule="waves", waves=2), "fill_r1": dict(rule="fill", resident=1),
+          "tokens_s3": dict(num_stages=3)},
 }
 PAGE = 64
 
@@ -156,6 +168,10 @@ def run_mla(copy_gbs, mm_tflops, log, rows, on_case, cases, sweep, smoke=False):
     from kernels.reference import mla_decode_reference
 
     peer = load_vllm_triton_mla(log)
+    fpeer = None
+    if not smoke and any(c["h"] in (16, 128) for c in cases):
+        from kernels.bench.flashmla import load_peer
+        fpeer = load_peer(log, build_dir=os.environ.get("DSVOLC_FLASHMLA_BUILD"))
     all_ok = True
     scale = 192 ** -0.5  # DeepSeek-V2/V3: 1 / sqrt(qk_nope + qk_rope)
     for case in cases:
@@ -190,7 +206,7 @@ def run_mla(copy_gbs, mm_tflops, log, rows, on_case, cases, sweep, smoke=False):
                 try:
                     cfg = dict(cfg or {})
                     force = cfg.pop("force_splits", None)
-                    kw = dict(kv_scale=kvs, max_seq_len=mx, config=cfg or None)
+                    kw = dict(kv_scale=kvs, max_seq_len=mx, total_tokens=sum(lens), config=cfg or None)
                     if force:
                         kw["num_splits"] = force
                     out = torch.full((len(lens), h, 512), float("nan"), device=H.DEV, dtype=q.dtype)  # poison
@@ -198,6 +214,7 @@ def run_mla(copy_gbs, mm_tflops, log, rows, on_case, cases, sweep, smoke=False):
                     rel, lerr, written = check(o, lse)
                     ok = written and rel < MLA_TOL[kvt] and lerr < 1e-3
                     res = dict(rel_err=rel, lse_err=lerr, written=written, ok=ok)
+                    log(f"  ours {name} {case['name']} {kvt}: checked, rel err {rel:.1e}, lse err {lerr:.1e}")
                     if not ok:
                         all_ok = False
                         log(f"MLA MISMATCH {case['name']} {kvt} {name}: {res}")
@@ -216,6 +233,7 @@ def run_mla(copy_gbs, mm_tflops, log, rows, on_case, cases, sweep, smoke=False):
                     if mx * len(lens) * h <= 64 * 4096 * 128:
                         y = torch_mla_decode(q, cache, bt, sl, scale, kvs, mx)
                         rel, _, _ = check(y)
+                        log(f"  peer torch_gather_bmm {case['name']} {kvt}: checked, rel err {rel:.1e}")
                         us = TIMER["bench"]([lambda: torch_mla_decode(q, cache, bt, sl, scale, kvs, mx)])
                         r["peers"]["torch_gather_bmm"] = dict(us=us, gbs=nbytes / us / 1e3, frac_copy=nbytes / us / 1e3 / copy_gbs,
                                                               rel_err=rel)
@@ -227,11 +245,27 @@ def run_mla(copy_gbs, mm_tflops, log, rows, on_case, cases, sweep, smoke=False):
                         bufs = mkbufs(q, mx, kvs)
                         y = call(q, cache, bt, sl, scale, kvs, mx, bufs)
                         rel, lerr, _ = check(y)
+                        log(f"  peer vllm_triton_mla {case['name']} {kvt}: checked, rel err {rel:.1e}")
                         us = TIMER["bench"]([lambda: call(q, cache, bt, sl, scale, kvs, mx, bufs)])
                         r["peers"]["vllm_triton_mla"] = dict(us=us, gbs=nbytes / us / 1e3, frac_copy=nbytes / us / 1e3 / copy_gbs,
                                                              rel_err=rel, splits=bufs[2].shape[2])
                     except Exception as ex:  # noqa: BLE001
                         r["peers"]["vllm_triton_mla"] = dict(error=f"{type(ex).__name__}: {str(ex)[:160]}")
+                if fpeer is not None and kvt == "bf16":  # FlashMLA's dense decode has no fp8 cache
+                    try:
+                        fcall, fprep = fpeer
+                        state = fprep(q, cache, bt, sl, scale)
+                        y, _ = fcall(state, sl, bt, scale)
+                        rel, _, written = check(y)
+                        ok = written and rel < MLA_TOL[kvt]
+                        log(f"  peer flashmla {case['name']} {kvt}: checked, rel err {rel:.1e} ({'ok' if ok else 'MISMATCH'})")
+                        res = dict(rel_err=rel, ok=ok)
+                        if ok:
+                            us = TIMER["bench"]([lambda: fcall(state, sl, bt, scale)])
+                            res.update(us=us, gbs=nbytes / us / 1e3, frac_copy=nbytes / us / 1e3 / copy_gbs)
+                        r["peers"]["flashmla"] = res
+                    except Exception as ex:  # noqa: BLE001
+                        r["peers"]["flashmla"] = dict(error=f"{type(ex).__name__}: {str(ex)[:160]}")
             rows.append(r)
             d = r["variants"].get("default", {})
             log(f"mla {case['name']} {kvt}: default {d.get('us', float('nan')):.1f} us {d.get('gbs', float('nan')):.0f} GB/s "
@@ -250,20 +284,23 @@ def run_mla(copy_gbs, mm_tflops, log, rows, on_case, cases, sweep, smoke=False):
 def mla_table(meta, mla):
     lines = [
         "",
-        "MLA decode (kv_lora 512 + rope 64, page 64, bf16 queries; do_bench medians). GB/s counts the bytes that",
+        "MLA decode (kv_lora 512 + rope 64, page 64, bf16 queries; CUDA-graph replays, L2 scrubbed, medians). GB/s counts the bytes that",
         "must move: every cached row once + queries + outputs. (of copy) = fraction of the measured copy rate.",
         "",
-        "| case | kv | ours us | GB/s | of copy | TFLOP/s | best variant | GB/s | vLLM triton us | GB/s | torch gather us | err |",
-        "|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---|",
+        "| case | kv | ours us | GB/s | of copy | TFLOP/s | best variant | GB/s | FlashMLA us | GB/s | ours / FlashMLA speed | vLLM triton us | GB/s | torch gather us | err |",
+        "|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in mla:
         d = r["variants"].get("default", {})
         best = max(((v["gbs"], k) for k, v in r["variants"].items() if "gbs" in v), default=(float("nan"), "-"))
         vp = r["peers"].get("vllm_triton_mla", {})
         tp = r["peers"].get("torch_gather_bmm", {})
+        fm = r["peers"].get("flashmla", {})
+        speed = fm["us"] / d["us"] if "us" in fm and "us" in d else float("nan")
         lines.append(
             f"| {r['case']} | {r['kv']} | {d.get('us', float('nan')):.1f} | {d.get('gbs', float('nan')):.0f} | {d.get('frac_copy', float('nan')):.0%} "
-            f"| {d.get('tflops', float('nan')):.0f} | {best[1]} | {best[0]:.0f} | {vp.get('us', float('nan')):.1f} | {vp.get('gbs', float('nan')):.0f} "
+            f"| {d.get('tflops', float('nan')):.0f} | {best[1]} | {best[0]:.0f} | {fm.get('us', float('nan')):.1f} | {fm.get('gbs', float('nan')):.0f} "
+            f"| {speed:.2f} | {vp.get('us', float('nan')):.1f} | {vp.get('gbs', float('nan')):.0f} "
             f"| {tp.get('us', float('nan')):.1f} | {d.get('rel_err', float('nan')):.1e} |"
         )
     return "\n".join(lines)
@@ -273,3 +310,34 @@ def mla_table(meta, mla):
 def add_args(ap):
     ap.add_argument("--mla-sweep", choices=["tiles", "splits"], default="tiles",
                     help="mla --sweep: tile/kernel variants, or split rules on the default tile")
+
+
+def profile(case_name="h128_b64_4k", kv="bf16", reps=3):
+    """One case, ours and (where carried) FlashMLA, a few calls each: the program Nsight
+    Compute profiles (`ncu --clock-control none ... python -m kernels.bench.mla --profile`)."""
+    from kernels.mla_decode import mla_decode
+
+    case = next(c for c in MLA_CASES if c["name"] == case_name)
+    lens = _mla_lens(case["lens"])
+    q, cache, bt, sl, kvs = make_mla_case(lens, case["h"], kv, seed=1)
+    scale = 192 ** -0.5
+    for _ in range(reps):
+        mla_decode(q, cache, bt, sl, scale, kv_scale=kvs, max_seq_len=max(lens))
+    if kv == "bf16" and os.environ.get("DSVOLC_PEER_FLASHMLA_SO"):
+        from kernels.bench.flashmla import load_peer
+        call, prep = load_peer()
+        state = prep(q, cache, bt, sl, scale)
+        for _ in range(reps):
+            call(state, sl, bt, scale)
+    torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    import argparse
+    ap = argparse.ArgumentParser(prog="python -m kernels.bench.mla")
+    ap.add_argument("--profile", action="store_true", help="run one case for a profiler (see profile())")
+    ap.add_argument("--case", default="h128_b64_4k")
+    ap.add_argument("--kv", default="bf16", choices=["bf16", "fp8"])
+    a = ap.parse_args()
+    if a.profile:
+        profile(a.case, a.kv)

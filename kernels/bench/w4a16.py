@@ -28,6 +28,11 @@ from kernels.reference import awq_dequantize, awq_pack
 from kernels.w4a16_gemm import awq_dequantize_triton, gemv_config, mma_config, pick_config, w4a16_gemm
 
 SHAPES = [(5120, 27648), (27648, 5120), (8192, 28672), (7168, 18432)]
+# (K, N) of the dense layers of the catalog's AWQ checkpoints: R1-Distill-Qwen-32B (hidden 5120,
+# qkv 7168, MLP 27648), R1-Distill-Llama-70B (hidden 8192, qkv 10240, MLP 28672), R1-Distill-Llama-8B
+# (4096, qkv 6144, MLP 14336), and the two small shapes where tinygemm led (4096 x 4096, 2048 x 7168)
+RACE_SHAPES = SHAPES + [(5120, 7168), (5120, 5120), (8192, 10240), (28672, 8192), (4096, 6144), (4096, 14336),
+                        (14336, 4096), (4096, 4096), (2048, 7168)]
 MS = [1, 4, 16, 64, 256]
 
 
@@ -353,7 +358,7 @@ def gemlite_layer(qweight, qzeros, scales):
     return layer
 
 
-def run_w4a16_race(copy_gbs, log, rows, on_shape, shapes=SHAPES, ms=W4_RACE_MS, smoke=False, use_gemlite=True,
+def run_w4a16_race(copy_gbs, log, rows, on_shape, shapes=RACE_SHAPES, ms=W4_RACE_MS, smoke=False, use_gemlite=True,
                    gemlite_deadline=float("inf")):
     """gemlite autotunes every new shape (its N and K are compile-time constants), which
     takes about a minute a shape here: it is raced on GEMLITE_SHAPES, and a shape is not

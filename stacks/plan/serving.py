@@ -13,6 +13,7 @@ from stacks.nodepools import instance_type_rdma
 from stacks.plan.pools import pool_hw, pool_mig
 from stacks.plan.types import RolloutPlan
 from stacks.settings import StackSettings
+from stacks.vllm_flags import extra_args_problems
 
 # Kept on top of preStop + drain in a serving pod's termination grace: the kubelet's own
 # stop work and vLLM's teardown after the last request.
@@ -39,6 +40,9 @@ def model_of(s: StackSettings) -> ModelSpec:
 def plan_engine(s: StackSettings, model: ModelSpec) -> Plan:
     """Fill unset engine sizes from the planner; refuse settings that cannot fit."""
     sv, e = s.serving, s.serving.engine
+    if sv.server != "triton" and (problems := extra_args_problems(e.extra_args)):
+        # checked against vLLM's own parser, vendored (stacks/vllm_flags.json); Triton takes none
+        raise Refusal("serving.engine.extra_args: " + "; ".join(problems))
     pool = s.cluster.gpu_pools[sv.gpu_pool]
     hw, mig = pool_hw(pool), pool_mig(pool)
     gpu_name, per_node = hw.gpu, hw.gpus_per_node

@@ -25,6 +25,11 @@ class AutoscalingSettings(Model):
         1800, ge=600, le=86400, description="scale-down stabilisation (longer than a model load, so no flapping)"
     )
     polling_interval_seconds: int = Field(15, ge=5, le=300, description="how often KEDA queries Prometheus")
+    fallback_after_failures: int = Field(
+        3, ge=1, le=100,
+        description="failed Prometheus queries in a row (one per polling interval) after which KEDA holds the "
+        "current replica count (never below min_replicas) instead of acting on no data (KEDA fallback)",
+    )
 
     @model_validator(mode="after")
     def _bounds(self):

@@ -80,6 +80,42 @@ class EdgeTlsSettings(Model):
     )
 
 
+# Triton's OpenAI frontend starts uvicorn with a fixed keep-alive of 5 s and takes no flag
+# for it (triton-inference-server/server python/openai/openai_frontend/frontend/
+# fastapi_frontend.py, `timeout_keep_alive=5`).
+TRITON_KEEPALIVE_SECONDS = 5
+# How much sooner than the engine the proxies close an idle upstream connection: longer
+# than a request's transit from a proxy to an engine and the timers' slack, so a proxy
+# never sends on a connection the engine is closing.
+KEEPALIVE_MARGIN_SECONDS = 2
+
+
+class ProxySettings(Model):
+    """The in-cluster Envoy proxies (serving.in_cluster_gateway): how many, and what they
+    admit. The planned concurrency is the requests the engines run at once at the
+    autoscaler's ceiling: max replicas x engines per replica x max_num_seqs."""
+
+    requests_per_proxy: int = Field(
+        4096, ge=64, le=65536,
+        description="in-flight requests one proxy is planned to carry (one upstream connection each: vLLM speaks "
+        "HTTP/1.1); the proxy count is the planned concurrency x breaker_headroom over this, plus one spare, and "
+        "at least serving.gateway_replicas",
+    )
+    breaker_headroom: float = Field(
+        2.0, ge=1.0, le=10.0,
+        description="the proxies' circuit breaker admits this many times the planned concurrency, with one proxy "
+        "down: the requests above the engines' batch wait in the engines' own queue (the autoscaler's signal) "
+        "instead of being refused at the gateway",
+    )
+    engine_keepalive_seconds: int = Field(
+        60, ge=5, le=3600,
+        description="how long an engine keeps an idle HTTP connection open (vLLM VLLM_HTTP_TIMEOUT_KEEP_ALIVE, "
+        "5 s by default; Triton's frontend is fixed at 5 s); the proxies close theirs "
+        f"{KEEPALIVE_MARGIN_SECONDS} s sooner (BackendTrafficPolicy connectionIdleTimeout), so they never reuse a "
+        "connection the engine closed",
+    )
+
+
 class GatewaySettings(Model):
     edge_enabled: bool = Field(True, description="create the APIG gateway in front of the cluster")
     instance_spec: ApigInstanceSpec = Field("1c2g", description="APIG instance specification")
@@ -103,6 +139,10 @@ class GatewaySettings(Model):
         "gateway (an edge-only stack cuts every request at this total)",
     )
     retry: EdgeRetrySettings = Field(default_factory=EdgeRetrySettings, description="edge retries (units in the names)")
+    proxies: ProxySettings = Field(
+        default_factory=ProxySettings,
+        description="the in-cluster Envoy proxies: count, circuit breaker and upstream keep-alive from the engine plan",
+    )
     tls: EdgeTlsSettings | None = Field(
         None, description="HTTPS on the public service: domain and certificate; required when edge_enabled"
     )

@@ -22,7 +22,8 @@ class EngineSettings(Model):
     enable_prefix_caching: bool = Field(True, description="reuse KV cache across requests sharing a prefix")
     enable_chunked_prefill: bool = Field(True, description="split long prefills so decodes keep flowing")
     dtype: Literal["auto", "bfloat16", "float16"] = Field("auto", description="activation dtype")
-    quantization: Literal["awq", "fp8"] | None = Field(None, description="weight quantization of the checkpoint")
+    quantization: Literal["awq", "fp8"] | None = Field(None, description="weight quantization: the checkpoint's own (awq needs an AWQ checkpoint as serving.model), "
+        "or fp8 for vLLM's online FP8 of a 16-bit checkpoint")
     kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = Field("auto", description="KV cache dtype")
     parallelism: Literal["auto", "tp_pp", "tp_ep", "dp_ep"] = Field(
         "auto",
@@ -40,7 +41,8 @@ class EngineSettings(Model):
         description="MTP speculative decoding: draft tokens per step from the model's own MTP module (DeepSeek-V3/R1; "
         "its weights and KV cache are planned in); 0 turns it off",
     )
-    extra_args: list[str] = Field(default_factory=list, description="extra vLLM arguments passed through verbatim")
+    extra_args: list[str] = Field(default_factory=list, description="extra vLLM arguments, passed through after the rendered ones; checked against vLLM's parser "
+        "(stacks/vllm_flags.json), flags the stack renders from a setting are refused")
     kernels: bool = Field(True, description="install the deepseek-volc Triton kernels plugin in vLLM")
     awq_kernel: Literal["vllm", "dsvolc"] = Field(
         "vllm",
@@ -112,10 +114,18 @@ class AuthSettings(Model):
         return self
 
 
+TokenUnit = Literal["Minute", "Hour", "Day"]
+
+
 class ConsumerLimit(Model):
     consumer: str = Field(min_length=1, description="value of the consumer claim")
     requests: int = Field(ge=1, description="requests allowed per unit")
     unit: Literal["Second", "Minute", "Hour"] = Field("Minute", description="rate-limit window")
+    tokens: int | None = Field(
+        None, ge=1,
+        description="tokens (prompt + completion, as the response's usage counts them) this consumer may use per "
+        "rate_limits.token_unit; rate_limits.tokens when unset",
+    )
 
 
 class RateLimitSettings(Model):
@@ -123,6 +133,13 @@ class RateLimitSettings(Model):
     requests: int = Field(60, ge=1, description="default requests per consumer per unit")
     unit: Literal["Second", "Minute", "Hour"] = Field("Minute", description="rate-limit window")
     consumers: list[ConsumerLimit] = Field(default_factory=list, description="per-consumer overrides")
+    tokens: int | None = Field(
+        None, ge=1,
+        description="token budget per consumer per token_unit: prompt + completion tokens of each response (its "
+        "usage, read by the gateway) are charged after it ends, and a consumer past the budget gets 429 until the "
+        "window turns; off when unset (requests alone are counted)",
+    )
+    token_unit: TokenUnit = Field("Hour", description="window of the token budget")
     backstop_requests: int | None = Field(
         None, ge=1,
         description="requests per unit one gateway proxy admits in all, counted in the proxy itself: the backstop "
@@ -130,6 +147,11 @@ class RateLimitSettings(Model):
         "all times, so keep it above what one consumer may send; 10 x the largest per-consumer limit of this unit "
         "when unset",
     )
+
+
+def has_token_budget(rl: RateLimitSettings) -> bool:
+    """Whether any consumer's tokens are counted."""
+    return rl.enabled and (rl.tokens is not None or any(c.tokens is not None for c in rl.consumers))
 
 
 class TritonSettings(Model):
@@ -290,7 +312,11 @@ class ServingSettings(Model):
     )
     triton: TritonSettings = Field(default_factory=TritonSettings, description="Triton front (server: triton)")
     in_cluster_gateway: bool = Field(True, description="Envoy Gateway in the cluster with JWT and rate limits")
-    gateway_replicas: int = Field(2, ge=1, le=20, description="Envoy proxy replicas of the in-cluster gateway")
+    gateway_replicas: int = Field(
+        2, ge=1, le=20,
+        description="Envoy proxy replicas of the in-cluster gateway, at least: more when the planned concurrency "
+        "needs them (gateway.proxies)",
+    )
     auth: AuthSettings = Field(
         description="JWT authentication: the identity provider (issuer, audiences, JWKS) this stack trusts"
     )
@@ -299,3 +325,14 @@ class ServingSettings(Model):
         default_factory=DisaggregationSettings, description="prefill/decode disaggregation over NIXL"
     )
     router: RouterSettings = Field(default_factory=RouterSettings, description="the routing tier (vLLM Router)")
+
+    @model_validator(mode="after")
+    def _token_budget(self):
+        if has_token_budget(self.rate_limits) and self.server == "triton":
+            raise ValueError("rate_limits.tokens: a token budget needs usage in every response, which vLLM's own "
+                             "server adds to streams (--enable-force-include-usage) and Triton's frontend does "
+                             "not; expected server: vllm, or no tokens")
+        if has_token_budget(self.rate_limits) and not self.auth.enabled:
+            raise ValueError("rate_limits.tokens: a token budget is per consumer and needs auth.enabled (the "
+                             "consumer comes from the verified token); expected auth on, or no tokens")
+        return self

@@ -157,3 +157,24 @@ def test_launch_sized_for_shorter_sequences_is_still_exact():
     o = mla_decode(q, cache, bt, sl, SCALE, max_seq_len=20, num_splits=2, config=SMALL)
     ro, _ = mla_decode_reference(q.cpu(), cache.cpu(), bt.cpu(), sl.cpu(), SCALE, compute_dtype=torch.float64)
     assert ((o.cpu().double() - ro).norm() / ro.norm()) < TOL[torch.float16]
+
+
+def test_pick_splits_tokens_rule_fills_whole_rounds():
+    # 64 x 4k at 16 heads, 2 programs per SM: 4 splits = 256 programs, one round of 264 slots
+    assert pick_splits(64, 1, 4096, 132, 32, rule="tokens", resident=2, total_tokens=64 * 4096) == (4, 1024)
+    # 128 heads (2 head blocks, 1 program per SM): 128 programs already fill a round; no split
+    assert pick_splits(64, 2, 4096, 132, 64, rule="tokens", resident=1, total_tokens=64 * 4096) == (1, 4096)
+    # a long single sequence still splits down to the minimum chunk
+    assert pick_splits(1, 1, 8192, 132, 32, rule="tokens", resident=2, total_tokens=8192) == (32, 256)
+    with pytest.raises(ValueError, match="total_tokens"):
+        pick_splits(4, 1, 4096, 132, 32, rule="tokens")
+
+
+
+def test_tokens_rule_end_to_end():
+    # the host-side total picks the splits (min_chunk 16 so these short rows do split); exact either way
+    q, cache, bt, sl, _ = make([300, 17, 129], 3, torch.float16, "same", 16, seed=13)
+    cfg = dict(SMALL or {}, min_chunk=16)
+    o = mla_decode(q, cache, bt, sl, SCALE, max_seq_len=300, total_tokens=446, config=cfg)
+    ro, _ = mla_decode_reference(q.cpu(), cache.cpu(), bt.cpu(), sl.cpu(), SCALE, compute_dtype=torch.float64)
+    assert ((o.cpu().double() - ro).norm() / ro.norm()) < TOL[torch.float16]

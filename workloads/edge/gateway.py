@@ -15,11 +15,17 @@ splits traffic itself (`StackPlan.edge.upstreams`).
 
 from __future__ import annotations
 
+import math
+from pathlib import Path
+from string import Template
+
 from stacks.constants import CONSUMER_HEADER, ENTRY_NAMESPACE, HTTP_PORT, entry_service
 from workloads.edge import router
 from workloads.supply_chain import mirror
 from workloads.observability import telemetry
 from workloads.engine.context import ServingContext
+from stacks.sections.gateway import KEEPALIVE_MARGIN_SECONDS, TRITON_KEEPALIVE_SECONDS
+from stacks.sections.serving import has_token_budget
 
 GATEWAY_API = "gateway.networking.k8s.io/v1"
 ENVOY_GATEWAY_API = "gateway.envoyproxy.io/v1alpha1"
@@ -93,6 +99,72 @@ def _drain_timeout(ctx: ServingContext) -> str:
     return f"{ctx.settings.serving.inflight_drain_seconds}s"
 
 
+# --------------------------------------------------------------------------- sizing
+#
+# Envoy's circuit breaker counts per proxy and per upstream cluster (one per route rule);
+# Envoy Gateway's default is 1,024 connections, pending and parallel requests. vLLM speaks
+# HTTP/1.1, so each request in flight holds one upstream connection: the connection limit
+# is the in-flight limit, and the pending limit holds requests waiting for a new
+# connection (every burst above the idle pool). Past both, Envoy answers 503 itself
+# (`upstream_rq_pending_overflow`, alert GatewayCircuitBreakerOverflow).
+
+
+def planned_concurrency(ctx: ServingContext) -> int:
+    """Requests the engines run at once at the autoscaler's ceiling (the configured
+    replicas without autoscaling): replicas x engines per replica (data parallel; each
+    engine schedules its own max_num_seqs) x max_num_seqs."""
+    a = ctx.settings.autoscaling
+    replicas = a.max_replicas if a.enabled else ctx.settings.serving.replicas
+    return replicas * ctx.engine.data_parallel_size * ctx.engine.max_num_seqs
+
+
+def admitted_requests(ctx: ServingContext) -> int:
+    """Requests the proxies admit in all: the planned concurrency x breaker headroom; what
+    is above the engines' batch waits in their queue, where the autoscaler sees it."""
+    return math.ceil(planned_concurrency(ctx) * ctx.settings.gateway.proxies.breaker_headroom)
+
+
+def proxy_replicas(ctx: ServingContext) -> int:
+    """Enough proxies to admit `admitted_requests` at `requests_per_proxy` each with one
+    of them gone (the PDB lets one go at a time), and at least serving.gateway_replicas."""
+    per_proxy = ctx.settings.gateway.proxies.requests_per_proxy
+    return max(ctx.settings.serving.gateway_replicas, math.ceil(admitted_requests(ctx) / per_proxy) + 1)
+
+
+def breaker_limit(ctx: ServingContext) -> int:
+    """Each proxy's breaker: the admitted requests shared by all proxies but one, so the
+    fleet admits as much while one proxy is drained, evicted or lost."""
+    return math.ceil(admitted_requests(ctx) / (proxy_replicas(ctx) - 1))
+
+
+def circuit_breaker(ctx: ServingContext) -> dict:
+    b = breaker_limit(ctx)
+    return {"maxConnections": b, "maxParallelRequests": b, "maxPendingRequests": b}
+
+
+def engine_keepalive_seconds(ctx: ServingContext) -> int:
+    """How long an engine keeps an idle connection: the settings' for vLLM, Triton's fixed 5 s."""
+    if ctx.settings.serving.server == "triton":
+        return TRITON_KEEPALIVE_SECONDS
+    return ctx.settings.gateway.proxies.engine_keepalive_seconds
+
+
+def upstream_idle_seconds(ctx: ServingContext) -> int:
+    """How long a proxy keeps an idle connection to an engine: shorter than the engine's
+    keep-alive, so the proxy closes first and never sends on a connection the engine has
+    closed (Envoy Gateway's default is 1 h against vLLM's and Triton's 5 s: a request sent
+    as the engine closes fails with a reset, after it left the gateway)."""
+    return engine_keepalive_seconds(ctx) - KEEPALIVE_MARGIN_SECONDS
+
+
+def engine_env(ctx: ServingContext) -> list[dict]:
+    """The engine's side of the keep-alive ordering (vLLM reads it at start; Triton's
+    frontend has no setting for it)."""
+    if ctx.settings.serving.server == "triton":
+        return []
+    return [{"name": "VLLM_HTTP_TIMEOUT_KEEP_ALIVE", "value": str(engine_keepalive_seconds(ctx))}]
+
+
 def _target(kind: str, name: str) -> dict:
     return {"group": "gateway.networking.k8s.io", "kind": kind, "name": name}
 
@@ -111,10 +183,27 @@ def gateway_class(ctx: ServingContext) -> dict:
     }
 
 
+def proxy_spread(ctx: ServingContext) -> list[dict]:
+    """Proxies over zones where the nodes allow, and never two on a node while another
+    node has none: a node's loss takes one proxy. Tainted nodes (GPU nodes, cordoned ones)
+    are left out of the count (nodeTaintsPolicy Honor), or their zero would make every
+    second proxy on a system node unschedulable."""
+    labels = {"matchLabels": proxy_selector(ctx)}
+    return [
+        {"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "ScheduleAnyway",
+         "labelSelector": labels, "nodeTaintsPolicy": "Honor"},
+        {"maxSkew": 1, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "DoNotSchedule",
+         "labelSelector": labels, "nodeTaintsPolicy": "Honor"},
+    ]
+
+
 def envoy_proxy(ctx: ServingContext) -> dict:
     """Proxy deployment shape. ClusterIP: the default Service type is LoadBalancer, which on
     VKE would buy a CLB nobody needs (the edge reaches the proxies through the entry
-    Service). Drain for the stack's drain budget, as the engines do."""
+    Service). Drain for the stack's drain budget, as the engines do. As many proxies as
+    the planned concurrency needs (`proxy_replicas`), spread over nodes and zones, a PDB
+    that lets one go at a time (the breaker is sized for that), and a rolling update that
+    starts a new proxy before it stops an old one."""
     return {
         "apiVersion": ENVOY_GATEWAY_API,
         "kind": "EnvoyProxy",
@@ -125,8 +214,13 @@ def envoy_proxy(ctx: ServingContext) -> dict:
                 "kubernetes": {
                     # The proxies' image from the stack's mirror (workloads/supply_chain/mirror.py): a
                     # Gateway's EnvoyProxy replaces Envoy Gateway's defaults, so it is set here.
-                    "envoyDeployment": {"replicas": ctx.settings.serving.gateway_replicas,
-                                        "container": {"image": mirror.ref(ctx.plan, "envoy-proxy")}},
+                    "envoyDeployment": {
+                        "replicas": proxy_replicas(ctx),
+                        "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+                        "pod": {"topologySpreadConstraints": proxy_spread(ctx)},
+                        "container": {"image": mirror.ref(ctx.plan, "envoy-proxy")},
+                    },
+                    "envoyPDB": {"maxUnavailable": 1},
                     "envoyService": {"type": "ClusterIP"},
                 },
             },
@@ -283,6 +377,76 @@ def security_policy(ctx: ServingContext) -> dict:
     }
 
 
+# The token budget. The proxies' Lua filter (usage.lua) writes each response's usage
+# (prompt + completion tokens) as dynamic metadata under this namespace and key; the
+# global rate limit charges it to the consumer when the stream is done (Envoy Gateway
+# cost.response from Metadata, translated to hits_addend `%DYNAMIC_METADATA(ns:key)%` with
+# apply_on_stream_done) and checks the budget, charging nothing, on each request
+# (cost.request Number 0). A consumer past the budget is refused (429) from its next
+# request on; the response that crossed it runs to its end. Token budgets rather than a
+# cap on concurrent requests: Envoy Gateway's rate limits count hits per window and cannot
+# give hits back when a request ends, so no rule of its CRDs (v1.9) caps concurrency per
+# consumer, while cost from metadata is in them.
+USAGE_NAMESPACE = "deepseek-volc.usage"
+USAGE_KEY = "total_tokens"
+USAGE_SCRIPT = Path(__file__).with_name("usage.lua")
+
+
+def usage_script() -> str:
+    return Template(USAGE_SCRIPT.read_text()).safe_substitute(namespace=USAGE_NAMESPACE, key=USAGE_KEY)
+
+
+def token_budget(ctx: ServingContext) -> bool:
+    sv = ctx.settings.serving
+    return sv.auth.enabled and has_token_budget(sv.rate_limits)
+
+
+TOKEN_COST = {
+    "request": {"from": "Number", "number": 0},
+    "response": {"from": "Metadata", "metadata": {"namespace": USAGE_NAMESPACE, "key": USAGE_KEY}},
+}
+
+
+def _consumer_rules(default: tuple[int, str], overrides: list[tuple[str, int, str]], cost: dict | None) -> list[dict]:
+    """A default rule for every consumer without an override (Distinct: one counter each),
+    and one rule per override."""
+    headers = [{"name": CONSUMER_HEADER, "type": "Distinct"}]
+    headers += [{"name": CONSUMER_HEADER, "type": "Exact", "value": c, "invert": True} for c, _, _ in overrides]
+    extra = {"cost": cost} if cost else {}
+    rules = [{"clientSelectors": [{"headers": headers}], "limit": {"requests": default[0], "unit": default[1]}, **extra}]
+    for consumer, n, unit in overrides:
+        rules.append({
+            "clientSelectors": [{"headers": [{"name": CONSUMER_HEADER, "type": "Exact", "value": consumer}]}],
+            "limit": {"requests": n, "unit": unit}, **extra,
+        })
+    return rules
+
+
+def token_rules(ctx: ServingContext) -> list[dict]:
+    """The token budget per consumer (rate_limits.tokens, or a consumer's own), in tokens
+    per rate_limits.token_unit; consumers without a budget of their own and no default
+    have none."""
+    rl = ctx.settings.serving.rate_limits
+    if not token_budget(ctx):
+        return []
+    overrides = [(c.consumer, c.tokens, rl.token_unit) for c in rl.consumers if c.tokens is not None]
+    rules = _consumer_rules((rl.tokens or 0, rl.token_unit), overrides, TOKEN_COST)
+    return rules if rl.tokens is not None else rules[1:]
+
+
+def extension_policy(ctx: ServingContext) -> dict:
+    """The Lua filter that reads each response's token usage for the token budget."""
+    return {
+        "apiVersion": ENVOY_GATEWAY_API,
+        "kind": "EnvoyExtensionPolicy",
+        "metadata": ctx.metadata(f"{ctx.release}-usage", "gateway"),
+        "spec": {
+            "targetRefs": [_target("HTTPRoute", ctx.release)],
+            "lua": [{"type": "Inline", "inline": usage_script()}],
+        },
+    }
+
+
 def rate_limit_rules(ctx: ServingContext) -> list[dict]:
     """Global rules keyed on the consumer header.
 
@@ -292,25 +456,15 @@ def rate_limit_rules(ctx: ServingContext) -> list[dict]:
     than the default would still be held to the default.
     """
     rl = ctx.settings.serving.rate_limits
-    overrides = list(rl.consumers)
-    default_headers = [{"name": CONSUMER_HEADER, "type": "Distinct"}]
-    default_headers += [
-        {"name": CONSUMER_HEADER, "type": "Exact", "value": c.consumer, "invert": True} for c in overrides
-    ]
-    rules = [{"clientSelectors": [{"headers": default_headers}], "limit": {"requests": rl.requests, "unit": rl.unit}}]
-    for c in overrides:
-        rules.append({
-            "clientSelectors": [{"headers": [{"name": CONSUMER_HEADER, "type": "Exact", "value": c.consumer}]}],
-            "limit": {"requests": c.requests, "unit": c.unit},
-        })
-    return rules
+    overrides = [(c.consumer, c.requests, c.unit) for c in rl.consumers]
+    return _consumer_rules((rl.requests, rl.unit), overrides, None) + token_rules(ctx)
 
 
 def backend_traffic_policy(ctx: ServingContext) -> dict:
     """Per-consumer rate limits (Global: counted across all proxy replicas in Redis, see
     workloads/platform/controllers.py; Local limits would multiply by the replica count and Envoy
     Gateway does not support Distinct keys for them), a Local backstop over all consumers
-    per proxy, and the upstream timeouts.
+    per proxy, the upstream timeouts and keep-alive, and the circuit breaker.
 
     Rate limits need a verified consumer identity, so they are rendered only with auth on;
     no retries here: a generation is not idempotent, and the edge already retries the
@@ -318,7 +472,9 @@ def backend_traffic_policy(ctx: ServingContext) -> dict:
     sv = ctx.settings.serving
     spec: dict = {
         "targetRefs": [_target("HTTPRoute", ctx.release)],
-        "timeout": {"http": {"requestTimeout": NO_TOTAL_TIMEOUT, "streamIdleTimeout": _idle_timeout(ctx)}},
+        "timeout": {"http": {"requestTimeout": NO_TOTAL_TIMEOUT, "streamIdleTimeout": _idle_timeout(ctx),
+                             "connectionIdleTimeout": f"{upstream_idle_seconds(ctx)}s"}},
+        "circuitBreaker": circuit_breaker(ctx),
     }
     if sv.auth.enabled and sv.rate_limits.enabled:
         rl = sv.rate_limits
@@ -364,4 +520,6 @@ def render(ctx: ServingContext) -> list[dict]:
     ]
     if sv.auth.enabled:
         objs.insert(5, security_policy(ctx))
+    if token_budget(ctx):
+        objs.insert(-1, extension_policy(ctx))
     return objs

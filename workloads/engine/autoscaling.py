@@ -22,6 +22,16 @@ are `AverageValue` targets: the query returns the release's total and the HPA di
 the current replica count, i.e. the threshold is per replica. The KV trigger is a `Value`
 target on the mean over the release's engines (desired = current x mean / target).
 
+Blind is not idle. A Prometheus that answers with no series (restarted empty, its scrape
+of the engines broken) read as 0 under KEDA's default `ignoreNullValues: true`, and after
+the scale-down window the fleet went to its minimum on no data. Here an empty answer is a
+failure, like an unreachable Prometheus, and `fallback` (behaviour
+`currentReplicasIfHigher`, replicas = the minimum) makes KEDA report, after
+`autoscaling.fallback_after_failures` failed polls, the value that keeps the current count
+for that trigger: the fleet stays where it is (never below the minimum) and the triggers
+that still answer may scale it up. Before the threshold the HPA itself refuses to scale
+down on a failed metric (kubernetes pkg/controller/podautoscaler/horizontal.go).
+
 A scale-down stabilisation window longer than a model load (settings default 30 min;
 a 671B model takes ~10-20 min to load) keeps a replica that is still loading, or just
 loaded, from being removed by a lull that its own absence caused. New GPU nodes for
@@ -74,9 +84,11 @@ def triggers(ctx: ServingContext) -> list[dict]:
                 "serverAddress": server,
                 "query": query,
                 "threshold": _threshold(threshold),
-                # No series (e.g. Prometheus restarted) reads as 0: the HPA then keeps the
-                # other triggers' answer instead of the ScaledObject going to error.
-                "ignoreNullValues": "true",
+                # No series is a failure, not 0: every engine exports these series from its
+                # first scrape, so an empty answer means nothing is scraped (Prometheus
+                # restarted empty, the scrape broken), and 0 would scale the fleet to its
+                # minimum on no data. Failures hold the count (`fallback`).
+                "ignoreNullValues": "false",
             },
         }
 
@@ -119,6 +131,13 @@ def behavior(ctx: ServingContext) -> dict:
     }
 
 
+def fallback(ctx: ServingContext) -> dict:
+    """What KEDA reports while Prometheus fails: the current count, or the minimum if that
+    is higher (KEDA pkg/fallback: currentReplicasIfHigher takes max(current, replicas))."""
+    return {"failureThreshold": ctx.settings.autoscaling.fallback_after_failures,
+            "replicas": min_replicas(ctx), "behavior": "currentReplicasIfHigher"}
+
+
 def render(ctx: ServingContext) -> list[dict]:
     a = ctx.settings.autoscaling
     if not a.enabled:
@@ -137,6 +156,7 @@ def render(ctx: ServingContext) -> list[dict]:
                     "horizontalPodAutoscalerConfig": {"name": hpa_name(ctx), "behavior": behavior(ctx)},
                 },
                 "triggers": triggers(ctx),
+                "fallback": fallback(ctx),
             },
         }
     ]

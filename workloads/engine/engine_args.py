@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 
 from capacity.planner import speculative_config
 from stacks.constants import HTTP_PORT
+from stacks.sections.serving import has_token_budget
 from workloads.observability import telemetry
 from workloads.engine.context import ServingContext
 
@@ -81,6 +82,8 @@ class EngineArgs:
     # vLLM's reasoning parser (capacity.catalog: `deepseek_r1` for R1 and its distills):
     # the thinking goes to the message's `reasoning` field instead of `content`
     reasoning_parser: str | None = None
+    # usage in every stream, for the gateway's token budget (workloads/edge/gateway.py)
+    force_include_usage: bool = False
     extra_args: tuple[str, ...] = field(default_factory=tuple)
 
     @property
@@ -140,6 +143,10 @@ def render(a: EngineArgs) -> list[str]:
         if a.master_addr is not None:
             args += ["--master-addr", a.master_addr]
     args += observability_args(a)
+    if a.force_include_usage:
+        # a stream's last chunk carries its usage whether or not the client asked for it
+        # (stream_options.include_usage), so the gateway can charge its tokens
+        args.append("--enable-force-include-usage")
     args += list(a.extra_args)
     return args
 
@@ -226,8 +233,12 @@ def from_context(ctx: ServingContext, model_path: str) -> EngineArgs:
         enable_prefix_caching=e.enable_prefix_caching,
         enable_chunked_prefill=e.enable_chunked_prefill,
         dtype=e.dtype,
-        # the plugin's W4A16 kernel serves an AWQ checkpoint under its own method name
-        quantization="dsvolc_awq" if e.quantization == "awq" and e.awq_kernel == "dsvolc" else e.quantization,
+        # Only what the checkpoint's config.json does not say: vLLM reads a pre-quantised
+        # checkpoint's method from it and picks its kernel (AWQ: AutoAWQConfig, Marlin where the
+        # GPU has it); online FP8 of a 16-bit checkpoint is named (the plan's
+        # online_quantization). The plugin's W4A16 kernel serves an AWQ checkpoint under its
+        # own method name (its override_quantization_method claims it only when asked).
+        quantization="dsvolc_awq" if e.quantization == "awq" and e.awq_kernel == "dsvolc" else p.online_quantization,
         kv_cache_dtype=e.kv_cache_dtype,
         # runai_streamer reads safetensors straight from TOS's S3 endpoint into GPU memory
         load_format="runai_streamer" if stream else "safetensors",
@@ -246,6 +257,7 @@ def from_context(ctx: ServingContext, model_path: str) -> EngineArgs:
         max_log_len=rl.max_log_len,
         json_logs=s.observability.logs.enabled,
         reasoning_parser=ctx.model.reasoning_parser,
+        force_include_usage=s.serving.auth.enabled and has_token_budget(s.serving.rate_limits),
         extra_args=tuple(e.extra_args),
     )
 

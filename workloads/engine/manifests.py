@@ -18,6 +18,8 @@ from workloads.engine import engine_args
 from workloads.engine import rdma
 from workloads.observability import telemetry
 from workloads.engine import triton
+from workloads.engine import rollout
+from workloads.edge import gateway
 from stacks.constants import (
     GPU_RESOURCE,
     HTTP_PORT,
@@ -308,7 +310,8 @@ def engine_env(ctx: ServingContext) -> list[dict]:
     ]
     if ctx.multi_node:
         env.append({"name": "NCCL_SOCKET_IFNAME", "value": "eth0"})
-    return env + telemetry.engine_env(ctx)
+    # keep-alive outlasting the proxies' idle timeout (workloads/edge/gateway.py)
+    return env + telemetry.engine_env(ctx) + gateway.engine_env(ctx)
 
 
 def engine_command(ctx: ServingContext, args: list[str], *, headless: bool = False,
@@ -508,8 +511,8 @@ def leader_worker_set(ctx: ServingContext, role_trn_env: dict) -> dict:
         worker = replace(worker, data_parallel_start_rank=None)
     worker_args = engine_args.render(worker)
     init = init_containers(ctx, role_trn_env)
-    leader_labels = {**ctx.labels("server"), LEADER_LABEL: "leader"}
-    worker_labels = {**ctx.labels("server"), LEADER_LABEL: "worker"}
+    leader_labels = {**ctx.labels("server"), LEADER_LABEL: "leader", **rollout.track_labels(ctx)}
+    worker_labels = {**ctx.labels("server"), LEADER_LABEL: "worker", **rollout.track_labels(ctx)}
     return {
         "apiVersion": "leaderworkerset.x-k8s.io/v1",
         "kind": "LeaderWorkerSet",
@@ -561,17 +564,18 @@ def serving_selector(ctx: ServingContext) -> dict:
 
 
 def services(ctx: ServingContext) -> list[dict]:
-    """Stable and canary Services over the same pods; Argo Rollouts narrows each to its
-    ReplicaSet during a rollout, the HTTPRoute weights traffic between them."""
+    """Stable and canary Services; the HTTPRoute weights traffic between them. Argo Rollouts
+    narrows each to its ReplicaSet during a rollout; a staged multi-node release narrows
+    each to its track (workloads/engine/rollout.py `service_selectors`)."""
     out = []
-    for name in (ctx.stable_service, ctx.canary_service):
+    for name, selector in rollout.service_selectors(ctx, serving_selector(ctx)).items():
         out.append({
             "apiVersion": "v1",
             "kind": "Service",
             "metadata": ctx.metadata(name, "server"),
             "spec": {
                 "type": "ClusterIP",
-                "selector": serving_selector(ctx),
+                "selector": selector,
                 "ports": [{"name": "http", "port": HTTP_PORT, "targetPort": "http", "protocol": "TCP"}],
             },
         })

@@ -18,6 +18,18 @@ takes over (`scaleDown: progressively`). Multi-node models run as a LeaderWorker
 which Argo cannot manage: they use LWS's own rolling update, group by group, with
 `rollout.partition` for a staged release (docs/operations.md).
 
+Which pods the stable and canary Services select (`service_selectors`). Under Argo both
+start from the same selector and Argo adds its `rollouts-pod-template-hash` to each during
+a rollout. A LeaderWorkerSet has no such controller, and both Services selected the same
+leaders, so the canary weight and the A/B header reached every group alike. Its pod
+templates carry TRACK_LABEL instead: `canary` while `rollout.partition` holds groups back,
+`stable` otherwise. The groups below the partition keep the template they were started
+with (`stable`), the groups the update replaced carry `canary`, and during a staged
+release each Service selects its own track. With no partition there is no canary: both
+Services select every leader (a plain rolling update's new and old groups alike, as
+Argo's Services do between rollouts). Promoting (`partition: 0`) changes the label back
+to `stable`, which restarts the canary groups once more with the rest.
+
 The A/B header (`gateway.ab_header`) reaches the canary through a header route Argo adds
 after its first canary weight and removes at its end (`setHeaderRoute`, `managedRoutes`);
 `pulumi up` leaves the route's weights to Argo (workloads/edge/gateway.py
@@ -41,12 +53,36 @@ fail a healthy canary. The next, larger step gets the traffic and the verdict.
 
 from __future__ import annotations
 
+from stacks.constants import TRACK_LABEL
 from workloads.engine.context import ServingContext
 from workloads.edge.gateway import AB_RULE
 from workloads.observability.selectors import ROLLOUT_HASH_LABEL, vllm_selector
 
 GATEWAY_API_PLUGIN = "argoproj-labs/gatewayAPI"
 HASH_ARG = "canary-hash"
+
+
+def staged(ctx: ServingContext) -> bool:
+    """A staged multi-node release is running: groups below the partition are held back."""
+    return ctx.multi_node and ctx.settings.rollout.partition > 0
+
+
+def track_labels(ctx: ServingContext) -> dict[str, str]:
+    """Labels of a multi-node group's pod templates: the track the groups this template
+    starts belong to (nothing for single-node replicas, where Argo tells them apart)."""
+    if not ctx.multi_node:
+        return {}
+    return {TRACK_LABEL: "canary" if staged(ctx) else "stable"}
+
+
+def service_selectors(ctx: ServingContext, serving: dict[str, str]) -> dict[str, dict[str, str]]:
+    """Selector of the stable and canary Services, from the selector of the pods that
+    answer HTTP: narrowed to each track during a staged multi-node release, else the same
+    (Argo narrows its own)."""
+    if not staged(ctx):
+        return {ctx.stable_service: dict(serving), ctx.canary_service: dict(serving)}
+    return {ctx.stable_service: {**serving, TRACK_LABEL: "stable"},
+            ctx.canary_service: {**serving, TRACK_LABEL: "canary"}}
 
 
 def template_name(ctx: ServingContext) -> str:
