@@ -20,7 +20,6 @@ from pathlib import Path
 from string import Template
 
 from stacks.constants import CONSUMER_HEADER, ENTRY_NAMESPACE, HTTP_PORT, entry_service
-from workloads.edge import router
 from workloads.supply_chain import mirror
 from workloads.observability import telemetry
 from workloads.engine.context import ServingContext
@@ -266,7 +265,7 @@ def _backend(name: str, weight: int) -> dict:
 def stable_backend(ctx: ServingContext) -> str:
     """Where the stable share goes: the routing tier when on (workloads/edge/router.py), which
     picks the engine, else the stable Service of the engines."""
-    return router.service_name(ctx) if router.enabled(ctx) else ctx.stable_service
+    return ctx.router_service if ctx.routed else ctx.stable_service
 
 
 def http_route(ctx: ServingContext) -> dict:
@@ -279,7 +278,7 @@ def http_route(ctx: ServingContext) -> dict:
         # every request needs a prefill and a decode group, which only the router pairs: no
         # canary track bypasses it (the settings refuse a canary weight)
         rules.append({"name": SPLIT_RULE, "matches": [{"path": path}],
-                      "backendRefs": [_backend(router.service_name(ctx), 100)], "timeouts": timeouts})
+                      "backendRefs": [_backend(ctx.router_service, 100)], "timeouts": timeouts})
         return {"apiVersion": GATEWAY_API, "kind": "HTTPRoute", "metadata": ctx.metadata(ctx.release, "gateway"),
                 "spec": {"parentRefs": [{"name": gateway_name(ctx), "sectionName": LISTENER}], "rules": rules}}
     if not ctx.plan.rollout.argo:

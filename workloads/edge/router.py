@@ -35,11 +35,11 @@ UID = 65534  # nobody: the image's binary is world-executable, it writes nothing
 
 
 def enabled(ctx: ServingContext) -> bool:
-    return ctx.plan.router is not None and ctx.plan.router.enabled
+    return ctx.routed
 
 
 def name(ctx: ServingContext) -> str:
-    return f"{ctx.release}-router"
+    return ctx.router_service
 
 
 def service_name(ctx: ServingContext) -> str:
