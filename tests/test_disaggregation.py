@@ -200,4 +200,6 @@ def test_vllms_parser_takes_both_sides_command_lines(ctx, objs, tmp_path):
             ea = AsyncEngineArgs.from_cli_args(args)
             assert ea.kv_transfer_config.kv_connector == "NixlConnector"
             assert ea.kv_transfer_config.kv_role == ph.kv_role
+            # the expert all-to-all of the phase: high throughput for prefill, low latency for decode
+            assert ea.all2all_backend == {"prefill": "deepep_high_throughput", "decode": "deepep_low_latency"}[ph.role]
             assert ea.data_parallel_size == ph.engine.data_parallel_size

@@ -10,7 +10,8 @@ engine plan (stacks/plan/disaggregation.py), named `<release>-prefill` / `<relea
 and labelled `deepseek-volc/pd-role`. On top of the aggregated pod:
 
 * `--kv-transfer-config {"kv_connector": "NixlConnector", "kv_role": ...}` (vLLM 0.32
-  config/kv_transfer.py; NixlConnector deprecates kv_both, so each side has its role);
+  config/kv_transfer.py; NixlConnector deprecates kv_both, so each side has its role), and
+  on an expert-parallel side the all-to-all of its phase (`all2all_backend`);
 * the NIXL handshake listener (`VLLM_NIXL_SIDE_CHANNEL_HOST` = the pod's IP, so the address
   the decode side receives in `kv_transfer_params` is reachable;
   `VLLM_NIXL_SIDE_CHANNEL_PORT` + the engine's data-parallel index is each engine's port,
@@ -57,6 +58,21 @@ def kv_transfer_config(ph: PhasePlan) -> str:
     return json.dumps({"kv_connector": "NixlConnector", "kv_role": ph.kv_role}, separators=(",", ":"))
 
 
+def all2all_backend(role: str) -> str:
+    """The expert all-to-all of an expert-parallel side: DeepEP's high-throughput kernels for
+    prefill (large token batches), its low-latency kernels for decode (a few tokens per
+    sequence per step), as llm-d's wide-EP guide runs them (vLLM 0.32 --all2all-backend)."""
+    return {"prefill": "deepep_high_throughput", "decode": "deepep_low_latency"}[role]
+
+
+def phase_flags(ph: PhasePlan) -> list[str]:
+    """The flags one side adds to the aggregated engine arguments."""
+    flags = ["--kv-transfer-config", kv_transfer_config(ph)]
+    if ph.engine.expert_parallel:
+        flags += ["--all2all-backend", all2all_backend(ph.role)]
+    return flags
+
+
 def phase_context(ctx: ServingContext, role: str) -> ServingContext:
     """The aggregated context with this side's engine plan, pool and replica count, and the
     KV transfer flag among the engine arguments: the aggregated renderers then render it."""
@@ -64,7 +80,7 @@ def phase_context(ctx: ServingContext, role: str) -> ServingContext:
     s = ctx.settings
     sv = s.serving
     engine_settings = sv.engine.model_copy(
-        update={"extra_args": [*sv.engine.extra_args, "--kv-transfer-config", kv_transfer_config(ph)]})
+        update={"extra_args": [*sv.engine.extra_args, *phase_flags(ph)]})
     settings = s.model_copy(update={"serving": sv.model_copy(
         update={"gpu_pool": ph.pool, "engine": engine_settings, "replicas": ph.min_replicas})})
     pool = replace(ctx.plan.pools[ph.pool], gpus_per_pod=ph.gpus_per_pod, multi_node=ph.multi_node)
