@@ -203,3 +203,21 @@ def test_vllms_parser_takes_both_sides_command_lines(ctx, objs, tmp_path):
             # the expert all-to-all of the phase: high throughput for prefill, low latency for decode
             assert ea.all2all_backend == {"prefill": "deepep_high_throughput", "decode": "deepep_low_latency"}[ph.role]
             assert ea.data_parallel_size == ph.engine.data_parallel_size
+
+
+def test_an_aggregated_single_node_plan_with_rdma_sides_still_gets_the_rdma_plugin_and_scrapes_leaders():
+    """The sides decide where KV moves: wide-EP sides over RDMA while the aggregated layout
+    (unused) fits one node; the RDMA device plugin is installed for the sides' NICs, and the
+    vLLM PodMonitor skips the sides' headless workers."""
+    base = ctx_for(STACK).settings.serving.disaggregation.model_dump()
+    side = {"parallelism": "dp_ep", "tensor_parallel_size": 1}
+    raw = {**base, "prefill": side, "decode": side}
+    c = ctx_for(STACK, serving__engine={"parallelism": "tp_ep", "tensor_parallel_size": 8, "max_model_len": 16384,
+                                        "kv_cache_dtype": "fp8"},
+                serving__disaggregation=raw)
+    assert c.plan.serving.rdma_per_pod == 0 and not c.multi_node
+    assert all(ph.multi_node and ph.rdma_per_pod == 4 for ph in c.plan.disaggregation.phases())
+    assert "rdma-device-plugin" in {a.name for a in c.plan.addons}
+    mon = _named(render_all(c, "trn"), "PodMonitor", f"{c.release}-vllm")
+    assert mon["spec"]["selector"]["matchExpressions"] == [
+        {"key": "deepseek-volc/role", "operator": "NotIn", "values": ["worker"]}]

@@ -89,7 +89,9 @@ def _derive(s: StackSettings) -> StackPlan:
         names=names,
         network=network,
         pools=pools,
-        addons=_addons(s, serving.rdma_per_pod),
+        # the RDMA device plugin also where only a disaggregated side's pods take NICs (KV transfer)
+        addons=_addons(s, serving.rdma_per_pod or max((ph.rdma_per_pod for ph in disaggregation.phases()), default=0)
+                       if disaggregation else serving.rdma_per_pod),
         edge=EdgePlan(zones=tuple(s.gateway.zones or s.zones[:APIG_MAX_SUBNETS]), upstreams=_upstreams(s)),
         serving=serving,
         rollout=rollout,

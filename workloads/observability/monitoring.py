@@ -40,7 +40,7 @@ from typing import Any
 import yaml
 
 from runtime import gpu_health
-from stacks.constants import ENTRY_NAMESPACE, GPU_MODEL_LABEL, GPU_RESOURCE, HTTP_PORT, MANAGED_BY, PART_OF
+from stacks.constants import ENTRY_NAMESPACE, GPU_MODEL_LABEL, GPU_RESOURCE, HTTP_PORT, MANAGED_BY, PART_OF, ROLE_LABEL
 from workloads.supply_chain import mirror
 from workloads.observability import telemetry
 from stacks.plan.disaggregation import PD_ROLE_LABEL
@@ -313,6 +313,10 @@ def vllm_pod_monitor(ctx: ServingContext) -> dict:
     # The pods that answer HTTP: with a LeaderWorkerSet only the group leaders run the
     # API server; the workers have no /metrics and would show as targets down.
     selector: dict[str, Any] = {"matchLabels": serving_selector(ctx)}
+    if ctx.plan.disaggregation is not None:
+        # each side spans nodes or not on its own: every serving pod but a group's workers
+        selector = {"matchLabels": ctx.selector("server"),
+                    "matchExpressions": [{"key": ROLE_LABEL, "operator": "NotIn", "values": ["worker"]}]}
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PodMonitor",
