@@ -177,6 +177,13 @@ def test_prefill_and_decode_reach_each_others_handshake_ports(ctx, objs):
     assert exprs == [{"key": PD_ROLE_LABEL, "operator": "In", "values": ["prefill", "decode"]}]
     assert pol["ingress"][0]["ports"] == [{"protocol": "TCP", "port": 5600, "endPort": 5615}]
     assert pol["egress"][0]["ports"] == pol["ingress"][0]["ports"]
+    # all ports only within a side's own groups (NCCL, torch.distributed), never across sides
+    names = {o["metadata"]["name"] for o in objs if o["kind"] == "NetworkPolicy"}
+    assert f"{ctx.release}-group" not in names
+    for side in ("prefill", "decode"):
+        g = _named(objs, "NetworkPolicy", f"{ctx.release}-group-{side}")["spec"]
+        assert g["podSelector"]["matchLabels"][PD_ROLE_LABEL] == side
+        assert g["ingress"] == [{"from": [{"podSelector": g["podSelector"]}]}]
 
 
 @pytest.mark.integration

@@ -137,13 +137,15 @@ def egress_otlp(ctx: ServingContext) -> dict:
     })
 
 
-def group_traffic(ctx: ServingContext) -> dict:
+def group_traffic(ctx: ServingContext, role: str | None = None) -> dict:
     """Multi-node replicas: leader and workers talk on dynamic ports (torch.distributed
     store, NCCL bootstrap and sockets, Ray/gloo), so all ports, but only among the serving
-    pods. RDMA traffic bypasses the kernel network stack and is not subject to this."""
-    peers = [{"podSelector": {"matchLabels": ctx.selector("server")}}]
-    return _policy(ctx, f"{ctx.release}-group", {
-        "podSelector": {"matchLabels": ctx.selector("server")},
+    pods (of one side, when disaggregated: the other side gets only the KV transfer's ports).
+    RDMA traffic bypasses the kernel network stack and is not subject to this."""
+    sel = ctx.selector("server") if role is None else {**ctx.selector("server"), PD_ROLE_LABEL: role}
+    peers = [{"podSelector": {"matchLabels": sel}}]
+    return _policy(ctx, f"{ctx.release}-group" + (f"-{role}" if role else ""), {
+        "podSelector": {"matchLabels": sel},
         "policyTypes": ["Ingress", "Egress"],
         "ingress": [{"from": peers}],
         "egress": [{"to": peers}],
@@ -204,7 +206,8 @@ def render(ctx: ServingContext) -> list[dict]:
         objs.append(kv_transfer(ctx))
     if telemetry.tracing_on(ctx.plan):
         objs.append(egress_otlp(ctx))
-    if ctx.multi_node or (ctx.plan.disaggregation is not None
-                          and any(ph.multi_node for ph in ctx.plan.disaggregation.phases())):
+    if ctx.plan.disaggregation is not None:
+        objs += [group_traffic(ctx, ph.role) for ph in ctx.plan.disaggregation.phases() if ph.multi_node]
+    elif ctx.multi_node:
         objs.append(group_traffic(ctx))
     return objs
