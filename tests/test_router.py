@@ -112,6 +112,11 @@ def test_image_from_the_mirror_scraped_and_restricted():
     assert c["image"] == mirror.ref(ctx.plan, "vllm-router")
     assert c["image"].startswith(f"{ctx.plan.names.registry_host}/{ctx.settings.registry.mirror_namespace}/vllm/vllm-router:")
     assert "docker.io/vllm/vllm-router:v0.1.17" in mirror.read_lock(ctx.plan).images
+    # `dsvolc images` copies it for the stacks that run it, and only those
+    from workloads.supply_chain import inventory
+
+    assert "vllm-router" in {e.name for e in inventory.entries(ctx.plan)}
+    assert "vllm-router" not in {e.name for e in inventory.entries(ctx_for("dev").plan)}
     assert meets(dep["spec"]["template"]["spec"], dep["spec"]["template"]["metadata"], RESTRICTED) == []
     mon = _one(mine, "PodMonitor")
     assert mon["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
