@@ -1,6 +1,6 @@
 """The plan of prefill/decode disaggregation and of the routing tier in front of the engines.
 
-    plan_disaggregation(s, model, slo) -> DisaggregationPlan | None
+    plan_disaggregation(s, model, slo, surge) -> DisaggregationPlan | None
     plan_router(s, engine, rollout, disaggregation) -> RouterPlan
 
 Each side of a disaggregated stack is an engine plan of its own (capacity.planner, on its

@@ -242,7 +242,9 @@ class RouterSettings(Model):
     )
     replicas: int = Field(2, ge=2, le=20, description="router replicas (at least 2, spread over nodes and zones)")
     policy: Literal["cache_aware", "power_of_two", "round_robin", "consistent_hash"] | None = Field(
-        None, description="routing policy; cache_aware (prefill side in P/D) when unset, power_of_two for decode",
+        None,
+        description="routing policy (both sides in P/D); unset: cache_aware, and for the decode side power_of_two "
+        "(round_robin below two decode groups: vllm-router refuses power_of_two with fewer workers)",
     )
     metrics_port: int = Field(29000, ge=1024, le=65535, description="the router's Prometheus port")
     port: int = Field(8080, ge=1024, le=65535, description="the router's HTTP port")
