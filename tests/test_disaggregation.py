@@ -228,3 +228,21 @@ def test_an_aggregated_single_node_plan_with_rdma_sides_still_gets_the_rdma_plug
     mon = _named(render_all(c, "trn"), "PodMonitor", f"{c.release}-vllm")
     assert mon["spec"]["selector"]["matchExpressions"] == [
         {"key": "deepseek-volc/role", "operator": "NotIn", "values": ["worker"]}]
+
+
+def test_the_policy_pack_passes_the_example_and_judges_each_side():
+    """The real policy pack over the filled example as deployed: nothing mandatory (advisory:
+    no alert receivers, the serving image by tag until built); under a two-replica floor it names the prefill side,
+    whose ScaledObject allows one group, and not the decode side (two)."""
+    from dsvolc import policy_runner, preview
+    from tests.stack_fixtures import filled_raw
+
+    result = preview.run_preview(STACK, raw=filled_raw(STACK), mode="existing")
+    assert {v["policy"] for v in result.violations} == {"alerts-delivered", "images-by-digest"}
+    assert {v["enforcement_level"] for v in result.violations} == {"advisory"}
+    by_digest = " ".join(v["message"] for v in result.violations if v["policy"] == "images-by-digest")
+    assert "deepseek-router" not in by_digest  # the mirrored router image goes by its recorded digest
+    config = policy_runner.load_policy_config("dev")
+    config["serving-min-replicas"] = {"enforcementLevel": "mandatory", "minReplicas": 2}
+    fired = [v for v in policy_runner.analyze(result.recording, config) if v["policy"] == "serving-min-replicas"]
+    assert len(fired) == 1 and "deepseek-prefill" in fired[0]["message"], fired
