@@ -58,6 +58,7 @@ RENDERED: dict[str, str] = {
     "enable_expert_parallel": "serving.engine.parallelism",
     "speculative_config": "serving.engine.speculative_tokens",
     "reasoning_parser": "the catalog model (capacity/catalog.py reasoning_parser)",
+    "enable_force_include_usage": "serving.rate_limits.tokens (the token budget reads every response's usage)",
     "data_parallel_size_local": _LAYOUT,
     "data_parallel_rpc_port": _LAYOUT,
     "data_parallel_address": _LAYOUT,
