@@ -39,8 +39,9 @@ def short_layout(p) -> str:
 
 def catalog_table_markdown(gpus: tuple[str, ...] = DOC_GPUS, gpus_per_node: int = 8) -> str:
     """Markdown table: every catalog model on the common GPUs with default settings (no
-    RDMA: expert parallelism stays within a node). Cells: layout, nodes, tokens of KV
-    cache in one replica (over all its data-parallel engines)."""
+    RDMA: expert parallelism stays within a node, and a layout over several nodes is marked
+    "needs RDMA"). Cells: layout, nodes, tokens of KV cache in one replica (over all its
+    data-parallel engines)."""
     head = "| model | " + " | ".join(gpus) + " |"
     sep = "|---|" + "---|" * len(gpus)
     rows = [head, sep]
@@ -48,13 +49,14 @@ def catalog_table_markdown(gpus: tuple[str, ...] = DOC_GPUS, gpus_per_node: int 
         cells = []
         for g in gpus:
             p = plan(spec, GPUS[g], gpus_per_node=gpus_per_node)
-            if not p.fits:
+            rdma = bool(p.reasons) and all("needs RDMA" in r for r in p.reasons)
+            if not p.fits and not rdma:
                 sparse = any("DeepSeek Sparse Attention" in r for r in p.reasons)
                 cc = ".".join(map(str, GPUS[g].compute_capability or ()))
                 cells.append(f"no sparse-attention kernels (SM {cc})" if sparse else "does not fit")
                 continue
             cells.append(f"{short_layout(p)}, {p.nodes} node" + ("s" if p.nodes > 1 else "")
-                         + f", {_short_tokens(p.replica_kv_cache_tokens)}")
+                         + f", {_short_tokens(p.replica_kv_cache_tokens)}" + (", needs RDMA" if rdma else ""))
         rows.append(f"| {name} ({spec.native_dtype}) | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 

@@ -182,6 +182,10 @@ class Plan:
     speculative_tokens: int = 0  # MTP draft tokens per step (0: off)
     mtp_bytes_per_gpu: int = 0  # weights of the MTP modules on the GPUs that hold them
     replica_kv_cache_tokens: int = 0  # tokens of KV cache across the replica's engines
+    # the request the engine is sized for (the workload's input + output tokens; 0: not stated)
+    sequence_tokens: int = 0
+    # why each default was chosen: {"layout": ..., "max_model_len": ..., "max_num_seqs": ...}
+    why: dict[str, str] = field(default_factory=dict)
     # vLLM's --quantization when the engine quantises at load time (online FP8 of a 16-bit
     # checkpoint); None when the checkpoint's config.json carries its method (vLLM detects it)
     online_quantization: str | None = None
@@ -288,7 +292,7 @@ def _evaluate(model: ModelSpec, gpu: GPUSpec, *, tp: int, pp: int, gpus_per_node
               quant: str, requested: str | None, kv_cache_dtype: str, context: int | None, target: int,
               max_num_seqs: int | None, util: float | None, mnbt: int | None,
               block_size: int, dp: int = 1, ep: bool = False, rdma: bool = False,
-              spec_tokens: int = 0) -> Plan:
+              spec_tokens: int = 0, sequence_tokens: int | None = None) -> Plan:
     layout_problems = list(tp_problems(model, tp, quant, ep))
     reasons = list(layout_problems)
     notes: list[str] = []
@@ -350,10 +354,26 @@ def _evaluate(model: ModelSpec, gpu: GPUSpec, *, tp: int, pp: int, gpus_per_node
     ctx = context or min(model.max_context, DEFAULT_PLANNING_CONTEXT)
     ctx = min(ctx, max_len) if context is None and max_len > 0 else ctx
     concurrency = dp * (tokens // ctx) if ctx > 0 else 0
-    if max_num_seqs is None:
+    whys: dict[str, str] = {}
+    # the request the engine is sized for: the workload's, never longer than the context
+    seq = min(sequence_tokens, max_len) if sequence_tokens and max_len > 0 else 0
+    holds = tokens // seq if seq else 0
+    if max_num_seqs is None and seq:
+        seqs = max(1, min(DEFAULT_MAX_NUM_SEQS, holds))
+        whys["max_num_seqs"] = (f"{seqs}: the sequences of {seq:,} tokens (the workload's input + output) the KV "
+                               f"cache of {tokens:,} tokens per engine holds"
+                               + (f", capped at vLLM's default {DEFAULT_MAX_NUM_SEQS}"
+                                  if holds > DEFAULT_MAX_NUM_SEQS else ""))
+    elif max_num_seqs is None:
         seqs = max(1, min(DEFAULT_MAX_NUM_SEQS, tokens // 1024))
+        whys["max_num_seqs"] = f"{seqs}: min({DEFAULT_MAX_NUM_SEQS}, KV cache tokens // 1024) (no workload stated)"
     else:
         seqs = max_num_seqs
+        whys["max_num_seqs"] = f"{seqs}: given"
+    if context is not None:
+        whys["max_model_len"] = f"{max_len:,}: given"
+    else:
+        whys["max_model_len"] = f"{max_len:,}: the largest the KV cache holds (no workload stated)"
     if mnbt is not None and mnbt < max_len and context is not None:
         notes.append(f"max_num_batched_tokens={mnbt} < max_model_len={max_len}: "
                      f"long prompts are prefilled in chunks (chunked prefill)")
@@ -376,7 +396,14 @@ def _evaluate(model: ModelSpec, gpu: GPUSpec, *, tp: int, pp: int, gpus_per_node
                        "every GPU of its nodes")
     if ep and nodes > 1 and not rdma:
         reasons.append(f"expert parallelism across {nodes} nodes sends every MoE layer's tokens all-to-all "
-                       "between nodes: it needs RDMA between them (an RDMA pool); without it use TP x PP")
+                       "between nodes: it needs RDMA between them (an RDMA pool); without it, a node shape "
+                       "that holds one replica alone")
+    elif nodes > 1 and not rdma:
+        reasons.append(
+            f"TP{tp} x PP{pp} spans {nodes} nodes of {gpus_per_node} {gpu.name}: the stages pass activations "
+            "between nodes on every step, which needs RDMA between them; use an instance type with RDMA "
+            "(ecs.hpc*/ecs.ebmhpc*; `dsvolc size --rdma`), or a node shape that holds one replica alone "
+            "(`dsvolc size --compare` lists them)")
     if mtp and pp_eff > 1:
         notes.append("MTP with pipeline stages: the MTP module keeps its own embedding and LM head "
                      "(vLLM shares the target's only without PP)")
@@ -398,7 +425,7 @@ def _evaluate(model: ModelSpec, gpu: GPUSpec, *, tp: int, pp: int, gpus_per_node
         experts_per_gpu=(experts_per_rank(model, ep_size) if ep_size else
                          (model.n_routed_experts if model.is_moe else 0)),
         rdma=rdma, speculative_tokens=spec_tokens if mtp else 0, mtp_bytes_per_gpu=mtp_bytes,
-        replica_kv_cache_tokens=tokens * dp,
+        replica_kv_cache_tokens=tokens * dp, sequence_tokens=seq, why=whys,
     )
 
 
@@ -411,7 +438,7 @@ def plan(model: ModelSpec, gpu: GPUSpec, *, gpus_per_node: int = 8, context: int
          max_num_seqs: int | None = None, gpu_memory_utilization: float | None = None,
          max_num_batched_tokens: int | None = None, block_size: int = DEFAULT_BLOCK_SIZE,
          parallelism: str = "auto", data_parallel_size: int | None = None, rdma: bool = False,
-         speculative_tokens: int = 0) -> Plan:
+         speculative_tokens: int = 0, sequence_tokens: int | None = None) -> Plan:
     """Plan a vLLM deployment of ``model`` on ``gpu`` nodes.
 
     Layouts (``parallelism``; PARALLELISMS): ``tp_pp`` (tensor parallel within a node,
@@ -432,7 +459,50 @@ def plan(model: ModelSpec, gpu: GPUSpec, *, gpus_per_node: int = 8, context: int
     speculative decoding, with their weights and KV cache counted. Raises PlanError for
     malformed input; an infeasible but well-formed request returns ``fits=False`` with
     ``reasons``.
+
+    ``sequence_tokens``: the request the engine is sized for (a workload's input + output
+    tokens). Unset ``context`` is then that length (capped at the model's), unset
+    ``max_num_seqs`` the sequences of that length the KV cache holds (at most 256), and a
+    given ``max_num_seqs`` above that is refused. Without it: the largest context the KV
+    cache holds and ``min(256, KV tokens // 1024)`` sequences. ``Plan.why`` says which.
     """
+    _positive_int("sequence_tokens", sequence_tokens)
+    derived = context is None and sequence_tokens is not None and isinstance(model, ModelSpec)
+    p = _plan(model, gpu, gpus_per_node=gpus_per_node,
+              context=min(sequence_tokens, model.max_context) if derived else context,
+              quantization=quantization, kv_cache_dtype=kv_cache_dtype,
+              tensor_parallel_size=tensor_parallel_size, pipeline_parallel_size=pipeline_parallel_size,
+              max_num_seqs=max_num_seqs, gpu_memory_utilization=gpu_memory_utilization,
+              max_num_batched_tokens=max_num_batched_tokens, block_size=block_size, parallelism=parallelism,
+              data_parallel_size=data_parallel_size, rdma=rdma, speculative_tokens=speculative_tokens,
+              sequence_tokens=sequence_tokens)
+    holds = p.kv_cache_tokens // p.sequence_tokens if p.sequence_tokens else 0
+    if p.fits and max_num_seqs is not None and p.sequence_tokens and max_num_seqs > holds:
+        # checked on the layout chosen (by memory for the context), not a reason to grow it
+        p.fits = False
+        p.reasons.append(
+            f"max_num_seqs={max_num_seqs} exceeds what the KV cache holds: {p.kv_cache_tokens:,} tokens per engine "
+            f"hold {holds} sequence(s) of {p.sequence_tokens:,} tokens (the workload's input + output); expected "
+            f"at most {max(holds, 1)}, or a shorter workload, or more KV cache (more GPUs, an FP8 KV cache)")
+    if derived:
+        capped = " (capped at the model's maximum)" if sequence_tokens > model.max_context else ""
+        p.why["max_model_len"] = f"{p.max_model_len:,}: the workload's input + output tokens{capped}"
+    given = [f"{k} {v}" for k, v in (("parallelism", parallelism if parallelism != "auto" else None),
+                                      ("tensor_parallel_size", tensor_parallel_size),
+                                      ("pipeline_parallel_size", pipeline_parallel_size),
+                                      ("data_parallel_size", data_parallel_size)) if v is not None]
+    p.why["layout"] = (f"{p.describe_layout()}: given ({', '.join(given)})" if given else
+                       f"{p.describe_layout()}: the fewest GPUs whose memory holds the context (the planner's "
+                       "search, docs/planner.md Decisions)")
+    return p
+
+
+def _plan(model: ModelSpec, gpu: GPUSpec, *, gpus_per_node: int, context: int | None,
+          quantization: str | None, kv_cache_dtype: str, tensor_parallel_size: int | None,
+          pipeline_parallel_size: int | None, max_num_seqs: int | None, gpu_memory_utilization: float | None,
+          max_num_batched_tokens: int | None, block_size: int, parallelism: str,
+          data_parallel_size: int | None, rdma: bool, speculative_tokens: int,
+          sequence_tokens: int | None) -> Plan:
     if not isinstance(model, ModelSpec):
         raise PlanError(f"model: expected a ModelSpec, got {type(model).__name__}")
     if not isinstance(gpu, GPUSpec):
@@ -477,7 +547,7 @@ def plan(model: ModelSpec, gpu: GPUSpec, *, gpus_per_node: int = 8, context: int
                          kv_cache_dtype=kv_dtype, context=context, target=target,
                          max_num_seqs=max_num_seqs, util=gpu_memory_utilization,
                          mnbt=max_num_batched_tokens, block_size=block_size, dp=dp, ep=ep, rdma=rdma,
-                         spec_tokens=speculative_tokens)
+                         spec_tokens=speculative_tokens, sequence_tokens=sequence_tokens)
 
     if why := sparse_attention_problem(model, gpu):  # missing kernels, not memory: no layout helps
         valid = [t for t in range(1, gpus_per_node + 1) if not tp_problems(model, t, quant)] or [1]
@@ -558,6 +628,7 @@ def _plan_tp_pp(model: ModelSpec, quant: str, gpus_per_node: int, tensor_paralle
     else:
         pp_options = list(range(1, min(MAX_PIPELINE_STAGES, model.num_layers) + 1))
 
+    blocked: Plan | None = None  # the first layout whose memory fits but whose nodes need RDMA
     for target in targets:
         for pp in pp_options:
             # beyond one stage, stages are whole nodes: use the widest valid TP
@@ -566,8 +637,10 @@ def _plan_tp_pp(model: ModelSpec, quant: str, gpus_per_node: int, tensor_paralle
                 p = ev(tp, pp, target)
                 if p.fits:
                     return p
-    # Nothing fits: report the largest configuration tried against the preferred target.
-    return ev(tp_options[-1], pp_options[-1], targets[0])
+                if blocked is None and p.reasons and all("needs RDMA" in r for r in p.reasons):
+                    blocked = p
+    # Nothing fits: the layout that would with RDMA, else the largest tried at the preferred target.
+    return blocked or ev(tp_options[-1], pp_options[-1], targets[0])
 
 
 __all__ = [

@@ -12,17 +12,26 @@ node-hour, and says which it used.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 
-from capacity.perf import GPUPerf, Hardware, Layout, PerfDataError, Performance, estimate, load_hardware
-from capacity.planner import Plan, PlanError
-from capacity.specs import ModelSpec
+from capacity.perf import GPUPerf, Hardware, Layout, PerfDataError, Performance, estimate, gpu_perf, load_hardware
+from capacity.planner import PARALLELISMS, Plan, PlanError, plan
+from capacity.specs import GPUSpec, ModelSpec
 
 PRICING_FILE = Path(__file__).with_name("pricing.yaml")
+
+# The request a deployment is sized for when nobody states it (a stack's serving.workload,
+# `dsvolc size --input-tokens/--output-tokens`), per model class: a 2k-token prompt and an
+# answer as long as the class's max_tokens ceiling (workloads/engine/engine_args.py
+# MAX_OUTPUT_TOKENS_BY_CLASS), so the context derived from it holds a full answer. For a
+# reasoning model that is 32,768 tokens, DeepSeek-R1's own generation budget ("maximum
+# generation length of 32,768 tokens", DeepSeek-R1 paper, arXiv:2501.12948, section 3.1).
+WORKLOAD_DEFAULTS = {"chat": {"input_tokens": 2048, "output_tokens": 8192},
+                     "reasoning": {"input_tokens": 2048, "output_tokens": 32768}}
 
 
 @dataclass(frozen=True)
@@ -251,5 +260,121 @@ def cost(cap: Capacity, w: Workload, *, instance_type: str | None, price_per_hou
                 "per million input / output tokens split the hour by the share of GPU time prefill takes")
 
 
+def within_context(w: Workload, max_model_len: int) -> tuple[Workload, str | None]:
+    """``w`` shortened to what a context of ``max_model_len`` holds (the output first), and a
+    note saying so; ``w`` itself when it fits."""
+    if w.input_tokens + w.output_tokens <= max_model_len or max_model_len < 2:
+        return w, None
+    inp = min(w.input_tokens, max_model_len // 2) if w.input_tokens >= max_model_len else w.input_tokens
+    short = replace(w, input_tokens=inp, output_tokens=max_model_len - inp)
+    return short, (f"workload {w.input_tokens:,} in + {w.output_tokens:,} out is longer than max_model_len "
+                   f"{max_model_len:,}: sized for {short.input_tokens:,} in + {short.output_tokens:,} out")
+
+
+def _tp_candidates(gpus_per_node: int) -> list[int]:
+    return sorted({t for t in (1, 2, 4, 8, 16) if t <= gpus_per_node} | {gpus_per_node})
+
+
+def rank_layouts(model: ModelSpec, gpu: GPUSpec, w: Workload, *, gpus_per_node: int, rdma: bool = False,
+                 instance_type: str | None = None, max_nodes: int | None = None, hw: Hardware | None = None,
+                 admissible: Callable[[Plan], bool] | None = None, **plan_kwargs: Any) -> Plan:
+    """The default layout of a replica: of the layouts that fit (``plan`` with each
+    parallelism, and every TP within one node), on at most ``max_nodes`` nodes, the one the
+    performance model ranks best at workload ``w``: with ``w.target_rps`` the fewest GPUs
+    for the load, else the most output tokens/s per GPU at the largest concurrency meeting
+    the SLOs; only layouts meeting the SLOs count. ``plan_kwargs`` are ``plan``'s engine
+    settings (no layout: that is what is chosen); the workload's length is the plan's
+    ``sequence_tokens``; ``admissible`` drops layouts a caller cannot place (a stack's pool). When no layout fits and meets the SLOs, the planner's own choice
+    (the fewest GPUs) with the reason in ``why["layout"]``."""
+    for k in ("parallelism", "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
+        if plan_kwargs.get(k) not in (None, "auto"):
+            raise PlanError(f"{k}: rank_layouts chooses the layout; plan() takes a given one")
+        plan_kwargs.pop(k, None)
+    kw = dict(plan_kwargs, gpus_per_node=gpus_per_node, rdma=rdma,
+              sequence_tokens=w.input_tokens + w.output_tokens)
+    base = plan(model, gpu, **kw)
+    options: list[tuple[str, dict[str, Any]]] = [(par, {"parallelism": par}) for par in PARALLELISMS]
+    options += [(f"tp{t}", {"tensor_parallel_size": t, "pipeline_parallel_size": 1})
+                for t in _tp_candidates(gpus_per_node)]
+    plans, seen = [base], {_key(base)}
+    for _, extra in options:
+        try:
+            p = plan(model, gpu, **kw, **extra)
+        except PlanError:
+            continue
+        if _key(p) not in seen:
+            seen.add(_key(p))
+            plans.append(p)
+    fitting = [p for p in plans if p.fits and (max_nodes is None or p.nodes <= max_nodes)]
+    placeable = [p for p in fitting if admissible is None or admissible(p)]
+    unplaced, fitting = [p for p in fitting if p not in placeable], placeable
+    if not fitting:
+        return base
+    try:
+        hw = hw or load_hardware()
+        perf = gpu_perf(gpu.name, hw)
+    except (PerfDataError, PlanError) as exc:
+        base.why["layout"] += f"; not ranked: {exc}"
+        return base
+    rated = []
+    for p in fitting:
+        wc, _ = within_context(w, p.max_model_len)
+        try:
+            lay = Layout.from_plan(p, rdma_gb_s=hw.rdma_gb_s_per_gpu(instance_type, gpus_per_node))
+            c, pf = best_concurrency(model, perf, p, lay, wc, hw)
+        except PlanError:  # e.g. EP across nodes with no RDMA figure for the node: cannot be rated
+            continue
+        if c and pf is not None and _meets(pf, wc):
+            replicas = max(1, math.ceil(w.target_rps / pf.requests_per_s)) if w.target_rps else 1
+            rated.append((p, c, pf, replicas * p.total_gpus, wc))
+    unrated = []
+    for p in unplaced:
+        wc, _ = within_context(w, p.max_model_len)
+        try:
+            c, pf = best_concurrency(model, perf, p, Layout.from_plan(
+                p, rdma_gb_s=hw.rdma_gb_s_per_gpu(instance_type, gpus_per_node)), wc, hw)
+        except PlanError:
+            continue
+        if c and pf is not None and _meets(pf, wc):
+            unrated.append((p, pf.output_tokens_per_s_per_gpu))
+    if not rated:
+        slo = _slo_text(w)
+        base.why["layout"] += (f"; no layout that fits meets {slo} at {w.input_tokens:,} in / "
+                               f"{w.output_tokens:,} out, so none is ranked")
+        return base
+    if w.target_rps:
+        rated.sort(key=lambda r: (r[3], -r[2].output_tokens_per_s_per_gpu, r[0].total_gpus))
+    else:
+        rated.sort(key=lambda r: (-r[2].output_tokens_per_s_per_gpu, r[0].total_gpus))
+    best, c, pf, gpus, wc = rated[0]
+    by = (f"the fewest GPUs for {w.target_rps:g} req/s ({gpus:,})" if w.target_rps
+          else "the most output tokens/s per GPU")
+    why = (f"{best.describe_layout()}: ranked best of {len(rated)} layout(s) that fit and meet {_slo_text(w)} by "
+           f"the performance model (capacity/perf.py) at {wc.input_tokens:,} in / {wc.output_tokens:,} out, "
+           f"{by}: {pf.output_tokens_per_s_per_gpu:,.0f} output tok/s per GPU at {c} sequences per replica")
+    if len(rated) > 1:
+        nxt = rated[1]
+        why += f"; next {nxt[0].describe_layout()}, {nxt[2].output_tokens_per_s_per_gpu:,.0f} tok/s per GPU"
+    if base.fits and _key(base) != _key(best):
+        why += f"; the fewest GPUs would be {base.describe_layout()}"
+    for p, tps in unrated:
+        if tps > pf.output_tokens_per_s_per_gpu:
+            why += (f"; {p.describe_layout()} rates higher but the pool does not hold the replicas "
+                    f"({tps:,.0f} tok/s per GPU)")
+    best.why["layout"] = why
+    return best
+
+
+def _key(p: Plan) -> tuple:
+    return (p.parallelism, p.tensor_parallel_size, p.pipeline_parallel_size, p.data_parallel_size, p.expert_parallel)
+
+
+def _slo_text(w: Workload) -> str:
+    parts = [f"TTFT <= {w.ttft_slo_s:g} s" if w.ttft_slo_s else "",
+             f"ITL <= {w.itl_slo_s * 1e3:g} ms" if w.itl_slo_s else ""]
+    return " and ".join(x for x in parts if x) or "no SLO"
+
+
 __all__ = ["Workload", "Capacity", "Cost", "size_for_load", "best_concurrency", "max_concurrency",
-           "disaggregated", "cost", "load_pricing", "PRICING_FILE"]
+           "disaggregated", "cost", "load_pricing", "PRICING_FILE", "WORKLOAD_DEFAULTS", "rank_layouts",
+           "within_context"]

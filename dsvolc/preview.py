@@ -6,6 +6,8 @@ through pulumi_policy's analyzer servicer (dsvolc.policy_runner), and reports bo
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 from collections import Counter
 from dataclasses import dataclass, field
@@ -119,6 +121,23 @@ def _engine_entry(plan: StackPlan, workload: str, pool_name: str, p, low: int, h
     }
 
 
+@contextlib.contextmanager
+def collector_paused():
+    """Python's cyclic garbage collector off for the duration, as it was after.
+
+    A preview allocates a few hundred thousand long-lived objects (the SDK's modules and
+    types, the program's resources and their outputs); the collector, triggered by
+    allocations, walked them again and again, for about a third of the command's CPU time.
+    What a preview leaves as cyclic garbage is a few MiB, collected once it is back on."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def run_preview(stack: str, *, policies: bool = True, transforms=None, raw: dict | None = None,
                 mode: engine.Mode = "new") -> PreviewResult:
     """Validate the stack's settings, run the program, run the policies. `mode`: "new"
@@ -126,6 +145,11 @@ def run_preview(stack: str, *, policies: bool = True, transforms=None, raw: dict
 
     Raises loader.SettingsError for bad settings and policy_runner.PolicyConfigError for a
     bad policy config, both before anything runs."""
+    with collector_paused():
+        return _run_preview(stack, policies=policies, transforms=transforms, raw=raw, mode=mode)
+
+
+def _run_preview(stack: str, *, policies: bool, transforms, raw: dict | None, mode: engine.Mode) -> PreviewResult:
     from dsvolc import policy_runner
 
     name = loader.stack_name(stack)
@@ -149,8 +173,9 @@ def run_both(stack: str) -> PreviewResult:
     """The stack as deployed (deploy phase 2: every resource, "existing" mode) with its first
     `pulumi up` (phase 1, "new" mode) beside it: an offline preview cannot know which of the
     two a real `pulumi preview` would meet, so it judges both."""
-    complete = run_preview(stack, mode="existing")
-    complete.first_apply = run_preview(stack, mode="new")
+    with collector_paused():
+        complete = run_preview(stack, mode="existing")
+        complete.first_apply = run_preview(stack, mode="new")
     return complete
 
 

@@ -16,11 +16,13 @@ from rich.console import Console
 from rich.table import Table
 
 from capacity.catalog import GPUS, MODELS, GiB, get_gpu, get_model
-from capacity.instances import INSTANCE_TYPES, resolve_instance_type, suggest_instance_type
-from capacity.perf import PerfDataError
-from capacity.planner import KV_CACHE_DTYPES, QUANTIZATIONS, Plan, PlanError, plan
-from capacity.sizing import Workload
-from dsvolc import size_perf
+from capacity.instances import INSTANCE_CATALOG, INSTANCE_TYPES, resolve_instance_type, suggest_instance_type
+from capacity.perf import PerfDataError, load_hardware
+from capacity.planner import KV_CACHE_DTYPES, PARALLELISMS, QUANTIZATIONS, Plan, PlanError, plan
+from capacity.sizing import WORKLOAD_DEFAULTS, Workload, rank_layouts, within_context
+from dsvolc import size_perf, size_stack
+from stacks.loader import shipped_stacks
+from stacks.plan import infer_model_class
 
 EPILOG = (
     f"Models: {', '.join(MODELS)}. "
@@ -50,6 +52,8 @@ def plan_document(p: Plan, instance_type: str | None = None) -> dict[str, Any]:
             "pipeline_parallel_size": p.pipeline_parallel_size,
             "data_parallel_size": p.data_parallel_size,
             "expert_parallel_size": p.expert_parallel_size if p.expert_parallel else 1,
+            "speculative_tokens": p.speculative_tokens,
+            "rdma": p.rdma,
             "gpus": p.total_gpus,
             "nodes": p.nodes,
         },
@@ -57,6 +61,7 @@ def plan_document(p: Plan, instance_type: str | None = None) -> dict[str, Any]:
         "kv_cache_dtype": p.kv_cache_dtype,
         "reasons": p.reasons,
         "notes": p.notes,
+        "why": p.why,
     }
     if p.layout_problems:
         return doc
@@ -73,6 +78,7 @@ def plan_document(p: Plan, instance_type: str | None = None) -> dict[str, Any]:
     doc["kv_cache"] = {
         "bytes_per_token_per_gpu": p.kv_bytes_per_token_per_gpu,
         "tokens": p.kv_cache_tokens,
+        "replica_tokens": p.replica_kv_cache_tokens,
         "block_size": p.block_size,
     }
     doc["engine"] = {
@@ -82,6 +88,7 @@ def plan_document(p: Plan, instance_type: str | None = None) -> dict[str, Any]:
         "max_num_seqs": p.max_num_seqs,
         "max_num_batched_tokens": p.max_num_batched_tokens,
         "gpu_memory_utilization": p.gpu_memory_utilization,
+        "sequence_tokens": p.sequence_tokens,
         "vllm_args": p.vllm_args(),
     }
     doc["concurrency"] = {"context": p.context, "sequences": p.concurrency_at_context}
@@ -92,7 +99,8 @@ def render_table(p: Plan, console: Console, instance_type: str | None = None) ->
     where = f"{p.gpu} x {p.gpus_per_node} per node" + (f" ({instance_type})" if instance_type else "")
     dp = f" x DP{p.data_parallel_size}" if p.data_parallel_size > 1 else ""
     ep = f" + EP{p.expert_parallel_size}" if p.expert_parallel else ""
-    layout = (f"TP{p.tensor_parallel_size} x PP{p.pipeline_parallel_size}{dp}{ep} = {p.total_gpus} GPU(s) on "
+    mtp = f" + MTP {p.speculative_tokens}" if p.speculative_tokens else ""
+    layout = (f"TP{p.tensor_parallel_size} x PP{p.pipeline_parallel_size}{dp}{ep}{mtp} = {p.total_gpus} GPU(s) on "
               f"{p.nodes} node(s)")
     if p.layout_problems:
         console.print(f"[red]{p.model} cannot run as {layout} on {where}:[/red]")
@@ -140,6 +148,8 @@ def render_table(p: Plan, console: Console, instance_type: str | None = None) ->
             eng.add_row(k, v)
         console.print(eng)
         console.print("[green]fits[/green]: " + " ".join(p.vllm_args()), highlight=False)
+        for what, text in p.why.items():
+            console.print(f"[bold]why[/bold] {what.replace('_', ' ')}: {text}", highlight=False)
     for r in p.reasons:
         console.print(f"[red]✗[/red] {r}")
     for n in p.notes:
@@ -152,36 +162,53 @@ def _fail(message: str) -> None:
 
 
 def size(
-    model: str = typer.Option(
-        ..., "--model", "-m",
+    model: Optional[str] = typer.Option(
+        None, "--model", "-m",
         help="Catalog model (see the list below), its Hugging Face id, or a path to a config.json or model "
-             "directory."),
-    gpu: str = typer.Option(
-        ..., "--gpu", "-g",
+             "directory (required without --stack)."),
+    gpu: Optional[str] = typer.Option(
+        None, "--gpu", "-g",
         help="GPU (see the list below) or a catalogued VolcEngine instance type, which also sets "
-             "--gpus-per-node."),
+             "--gpus-per-node and --rdma (required without --stack)."),
     gpus_per_node: Optional[int] = typer.Option(
         None, "--gpus-per-node", "-n",
         help="GPUs per node (default: the instance type's count, else 8)."),
     context: Optional[int] = typer.Option(
         None, "--context", "-c",
-        help="Context the engine must hold (max_model_len); default: the largest that fits, up to the "
-             "model's."),
+        help="Context the engine must hold (max_model_len); default: --input-tokens + --output-tokens."),
     quantization: Optional[str] = typer.Option(
         None, "--quantization",
         help=f"Weights format: {', '.join(QUANTIZATIONS)} (default: the checkpoint's own)."),
-    kv_cache_dtype: str = typer.Option(
-        "auto", "--kv-cache-dtype",
-        help=f"KV cache dtype: {', '.join(KV_CACHE_DTYPES)}."),
+    kv_cache_dtype: Optional[str] = typer.Option(
+        None, "--kv-cache-dtype",
+        help=f"KV cache dtype: {', '.join(KV_CACHE_DTYPES)} (default: auto)."),
+    parallelism: Optional[str] = typer.Option(
+        None, "--parallelism",
+        help=f"Layout of a replica: auto, {', '.join(PARALLELISMS)} (docs/planner.md). Default: with no layout "
+             "option, the layout the performance model ranks best for the workload."),
     tensor_parallel_size: Optional[int] = typer.Option(
         None, "--tensor-parallel-size", "--tp",
-        help="GPUs one pipeline stage is split over (default: the smallest valid size that fits)."),
+        help="GPUs one pipeline stage (or engine) is split over (default: chosen with the layout)."),
     pipeline_parallel_size: Optional[int] = typer.Option(
         None, "--pipeline-parallel-size", "--pp",
-        help="Pipeline stages (default: 1, or the fewest whole nodes that fit)."),
+        help="Pipeline stages (default: chosen with the layout)."),
+    data_parallel_size: Optional[int] = typer.Option(
+        None, "--data-parallel-size", "--dp",
+        help="Engines (attention replicas) per replica with --parallelism tp_ep/dp_ep (default: the nodes' GPUs / TP)."),
+    speculative_tokens: Optional[int] = typer.Option(
+        None, "--speculative-tokens",
+        help="MTP speculative decoding: draft tokens per step from the model's own MTP module (default: 0, off)."),
+    rdma: Optional[bool] = typer.Option(
+        None, "--rdma/--no-rdma",
+        help="The nodes of a replica reach each other over RDMA (default: the instance type's; a GPU name: no)."),
+    stack: Optional[str] = typer.Option(
+        None, "--stack",
+        help=f"Read the model, the GPU pool and the engine settings from a stack ({', '.join(shipped_stacks())}, "
+             "or a stack file) and plan it as `dsvolc preview` does; other options override its settings."),
     max_num_seqs: Optional[int] = typer.Option(
         None, "--max-num-seqs",
-        help="Sequences the engine batches at once (default: up to 256, by the KV cache)."),
+        help="Sequences one engine batches at once (default: those of the workload's length the KV cache holds, "
+             "at most 256; more is refused)."),
     gpu_memory_utilization: Optional[float] = typer.Option(
         None, "--gpu-memory-utilization",
         help="Fraction of each GPU's memory vLLM may take (default: leave ~2 GiB, at most 0.95)."),
@@ -191,8 +218,12 @@ def size(
     concurrency: Optional[int] = typer.Option(
         None, "--concurrency",
         help="Sequences per replica for the speed figures (default: the most the SLOs and KV cache allow)."),
-    input_tokens: int = typer.Option(2048, "--input-tokens", help="Prompt tokens per request (mean)."),
-    output_tokens: int = typer.Option(1024, "--output-tokens", help="Generated tokens per request (mean)."),
+    input_tokens: Optional[int] = typer.Option(
+        None, "--input-tokens", help="Prompt tokens of the request the engine is sized for (default: 2048)."),
+    output_tokens: Optional[int] = typer.Option(
+        None, "--output-tokens",
+        help="Generated tokens of that request (default: the model class's max_tokens ceiling, chat "
+             f"{WORKLOAD_DEFAULTS['chat']['output_tokens']}, reasoning {WORKLOAD_DEFAULTS['reasoning']['output_tokens']})."),
     target_rps: Optional[float] = typer.Option(
         None, "--target-rps", help="Requests per second to serve: sizes replicas, nodes and cost."),
     ttft_slo: Optional[float] = typer.Option(None, "--ttft-slo", help="Time-to-first-token SLO, seconds."),
@@ -207,8 +238,31 @@ def size(
         None, "--pricing", help="A pricing file (the format of capacity/pricing.yaml) with prices per instance type."),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as a JSON object instead of tables."),
 ) -> None:
-    """Size a vLLM deployment: weights, reserve and KV cache per GPU; TP, PP, nodes; engine settings;
-    speed (TTFT, ITL, tokens/s per GPU), the replicas and nodes for a load, and their cost."""
+    """Size a vLLM deployment: weights, reserve and KV cache per GPU; layout, nodes; engine settings
+    and why they were chosen; speed (TTFT, ITL, tokens/s per GPU), the replicas and nodes for a
+    load, and their cost."""
+    if parallelism is not None and parallelism not in ("auto", *PARALLELISMS):
+        _fail(f"parallelism: expected auto or one of {', '.join(PARALLELISMS)}, got {parallelism!r}")
+    for name, v in (("input-tokens", input_tokens), ("output-tokens", output_tokens)):
+        if v is not None and v < 1:
+            _fail(f"{name}: expected a positive integer, got {v}")
+    engine_flags = dict(context=context, quantization=quantization, kv_cache_dtype=kv_cache_dtype,
+                        max_num_seqs=max_num_seqs, gpu_memory_utilization=gpu_memory_utilization,
+                        max_num_batched_tokens=max_num_batched_tokens)
+    layout_flags = dict(parallelism=parallelism, tensor_parallel_size=tensor_parallel_size,
+                        pipeline_parallel_size=pipeline_parallel_size, data_parallel_size=data_parallel_size)
+    if stack is not None:
+        if compare:
+            _fail("compare: lists catalogued node shapes for a model; use it without --stack (give --model)")
+        _size_stack(stack, dict(engine_flags, **layout_flags, speculative_tokens=speculative_tokens,
+                                input_tokens=input_tokens, output_tokens=output_tokens, concurrency=concurrency,
+                                ttft_slo=ttft_slo, itl_slo=itl_slo, model=model, gpu=gpu,
+                                gpus_per_node=gpus_per_node, rdma=rdma),
+                    target_rps=target_rps, price_per_hour=price_per_hour, currency=currency, pricing=pricing,
+                    as_json=as_json)
+        return
+    if model is None or gpu is None:
+        _fail(f"{'model' if model is None else 'gpu'}: required (--model and --gpu), or --stack STACK")
     try:
         spec = get_model(model)
     except KeyError as exc:
@@ -227,19 +281,23 @@ def size(
     if resolved and gpus_per_node is not None and gpus_per_node != resolved[1]:
         _fail(f"gpus-per-node: {instance_type} has {resolved[1]} GPU(s) per node, got {gpus_per_node}")
     per_node = gpus_per_node if gpus_per_node is not None else (resolved[1] if resolved else 8)
+    rec = INSTANCE_CATALOG.get(instance_type or "")
+    use_rdma = rdma if rdma is not None else bool(rec and rec.rdma)
+    defaults = WORKLOAD_DEFAULTS[infer_model_class(spec.name)]
     try:
-        workload = Workload(input_tokens=input_tokens, output_tokens=output_tokens, target_rps=target_rps,
+        workload = Workload(input_tokens=input_tokens or defaults["input_tokens"],
+                            output_tokens=output_tokens or defaults["output_tokens"], target_rps=target_rps,
                             ttft_slo_s=ttft_slo, itl_slo_s=itl_slo, concurrency=concurrency)
     except PlanError as exc:
         _fail(str(exc).replace("_slo_s", "-slo").replace("_", "-"))
+    engine_kwargs = dict(engine_flags, kv_cache_dtype=kv_cache_dtype or "auto",
+                         speculative_tokens=speculative_tokens or 0)
     if compare:
-        kwargs = dict(context=context, quantization=quantization, kv_cache_dtype=kv_cache_dtype,
-                      max_num_seqs=max_num_seqs, gpu_memory_utilization=gpu_memory_utilization,
-                      max_num_batched_tokens=max_num_batched_tokens)
         try:
             rows = size_perf.compare(spec, workload, gpu_key=gpu_spec.name, instance_type=instance_type,
-                                     per_node=per_node, plan_kwargs=kwargs, price_per_hour=price_per_hour,
-                                     currency=currency, pricing_path=pricing)
+                                     per_node=per_node, plan_kwargs=dict(
+                                         engine_kwargs, sequence_tokens=workload.input_tokens + workload.output_tokens),
+                                     price_per_hour=price_per_hour, currency=currency, pricing_path=pricing)
         except (PlanError, PerfDataError) as exc:
             _fail(str(exc))
         if as_json:
@@ -250,33 +308,72 @@ def size(
             raise typer.Exit(code=1)
         return
     try:
-        p = plan(spec, gpu_spec, gpus_per_node=per_node, context=context,
-                 quantization=quantization, kv_cache_dtype=kv_cache_dtype,
-                 tensor_parallel_size=tensor_parallel_size,
-                 pipeline_parallel_size=pipeline_parallel_size, max_num_seqs=max_num_seqs,
-                 gpu_memory_utilization=gpu_memory_utilization,
-                 max_num_batched_tokens=max_num_batched_tokens)
+        if any(v not in (None, "auto") for v in layout_flags.values()):
+            p = plan(spec, gpu_spec, gpus_per_node=per_node, rdma=use_rdma,
+                     sequence_tokens=workload.input_tokens + workload.output_tokens,
+                     tensor_parallel_size=tensor_parallel_size, pipeline_parallel_size=pipeline_parallel_size,
+                     data_parallel_size=data_parallel_size, parallelism=parallelism or "auto", **engine_kwargs)
+        else:
+            p = rank_layouts(spec, gpu_spec, workload, gpus_per_node=per_node, rdma=use_rdma,
+                             instance_type=instance_type, **engine_kwargs)
     except PlanError as exc:
         _fail(str(exc))
-    sized = None
+    _print(p, spec, workload, instance_type, price_per_hour=price_per_hour, currency=currency, pricing=pricing,
+           as_json=as_json)
+
+
+def _print(p: Plan, spec, workload: Workload, instance_type: str | None, *, price_per_hour, currency, pricing,
+           as_json: bool, extra: dict[str, Any] | None = None) -> None:
+    """The plan, its speed and cost (table or --json); exit 1 when it does not fit."""
+    sized, note, w = None, None, workload
     if p.fits:
-        try:
-            sized = size_perf.size_plan(spec, p, workload, instance_type=instance_type,
-                                        price_per_hour=price_per_hour, currency=currency, pricing_path=pricing)
-        except (PlanError, PerfDataError) as exc:
-            _fail(str(exc))
+        w, note = within_context(workload, p.max_model_len)
+        if p.gpu not in load_hardware().gpus:
+            note = f"no performance figures for {p.gpu} in capacity/hardware.yaml: speed and cost not estimated"
+        else:
+            try:
+                sized = size_perf.size_plan(spec, p, w, instance_type=instance_type, price_per_hour=price_per_hour,
+                                            currency=currency, pricing_path=pricing)
+            except (PlanError, PerfDataError) as exc:
+                _fail(str(exc))
     if as_json:
         doc = plan_document(p, instance_type)
+        if note:
+            doc["notes"] = [*doc["notes"], note]
         if sized:
-            doc.update(size_perf.documents(sized, workload))
+            doc.update(size_perf.documents(sized, w))
+        doc.update(extra or {})
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     else:
         console = Console()
+        if extra and "stack" in extra:
+            st = extra["stack"]
+            console.print(f"stack {st['name']}: pool {st['gpu_pool']} ({st['instance_type']}), planned as "
+                          "`dsvolc preview` plans it", highlight=False)
         render_table(p, console, instance_type)
+        if note:
+            console.print(f"[yellow]![/yellow] {note}", highlight=False)
         if sized:
-            size_perf.render(sized, workload, console)
+            size_perf.render(sized, w, console)
     if not p.fits:
         raise typer.Exit(code=1)
+
+
+def _size_stack(stack: str, flags: dict[str, Any], *, target_rps, price_per_hour, currency, pricing,
+                as_json: bool) -> None:
+    try:
+        s = size_stack.size_stack(stack, flags=flags, target_rps=target_rps)
+    except size_stack.StackInputError as exc:
+        _fail(str(exc))
+    except size_stack.StackRefused as exc:
+        err = Console(stderr=True, soft_wrap=True)
+        for line in exc.problems:
+            err.print(f"[red]✗[/red] {line}", highlight=False)
+        raise typer.Exit(code=1) from None
+    except PlanError as exc:
+        _fail(str(exc))
+    _print(s.engine, s.model, s.workload, s.instance_type, price_per_hour=price_per_hour, currency=currency,
+           pricing=pricing, as_json=as_json, extra={"stack": size_stack.stack_document(s)})
 
 
 __all__ = ["size", "render_table", "plan_document", "EPILOG"]

@@ -126,8 +126,8 @@ def test_infra_and_workloads_never_derive_the_plan_again():
 
 def test_one_program_run_plans_the_stack_once(monkeypatch):
     """Under the mock engine the program loads the settings, plans them once (one call of
-    the capacity planner), and builds infra and workloads from that plan."""
-    import capacity.planner
+    the engine planning, which asks the capacity planner for each layout it ranks), and
+    builds infra and workloads from that plan."""
     import stacks
     import stacks.plan
     import stacks.plan.build
@@ -135,7 +135,7 @@ def test_one_program_run_plans_the_stack_once(monkeypatch):
     from stacks import read_raw
 
     calls = {"build_plan": 0, "planner": 0}
-    real_build, real_plan = stacks.plan.build.build_plan, capacity.planner.plan
+    real_build, real_plan = stacks.plan.build.build_plan, stacks.plan.build.plan_engine
 
     def counted_build(*a, **k):
         calls["build_plan"] += 1
@@ -147,7 +147,7 @@ def test_one_program_run_plans_the_stack_once(monkeypatch):
 
     for mod in (stacks, stacks.plan, stacks.plan.build):
         monkeypatch.setattr(mod, "build_plan", counted_build)
-    monkeypatch.setattr(capacity.planner, "plan", counted_plan)
+    monkeypatch.setattr(stacks.plan.build, "plan_engine", counted_plan)
     run = getattr(engine.run, "__wrapped__", engine.run)  # a run of its own, not a shared recording (conftest)
     rec = run("dev", read_raw("dev"), mode="existing")
     assert any(r.type == "kubernetes:helm.sh/v3:Release" for r in rec.resources)  # workloads were built

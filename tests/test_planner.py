@@ -143,9 +143,23 @@ def test_v3_does_not_fit_one_h100_node_and_says_by_how_much():
 
 
 def test_v3_on_h100_uses_two_nodes():
-    p = plan(V3, get_gpu("H100"))
+    p = plan(V3, get_gpu("H100"), parallelism="tp_pp", rdma=True)
     assert p.fits
     assert (p.tensor_parallel_size, p.pipeline_parallel_size, p.nodes) == (8, 2, 2)
+
+
+def test_pipeline_stages_across_nodes_without_rdma_are_refused_with_the_fix():
+    # The same TP8 x PP2 on nodes without RDMA: the planner itself refuses it (so `dsvolc
+    # size` does too), naming the fix; memory alone would fit.
+    p = plan(V3, get_gpu("H100"), parallelism="tp_pp")
+    assert not p.fits and (p.tensor_parallel_size, p.pipeline_parallel_size, p.nodes) == (8, 2, 2)
+    assert len(p.reasons) == 1 and "needs RDMA" in p.reasons[0] and "2 nodes" in p.reasons[0]
+    assert "--rdma" in p.reasons[0] and "--compare" in p.reasons[0]
+    # one node per stage of one A10: the 32B distill over 5 nodes, V2-Lite over 2 (issue 25)
+    for model, stages in (("deepseek-r1-distill-qwen-32b", 5), ("deepseek-v2-lite", 2)):
+        p = plan(get_model(model), get_gpu("A10"), gpus_per_node=1)
+        assert not p.fits and p.pipeline_parallel_size == stages and "needs RDMA" in p.reasons[0], p.reasons
+        assert plan(get_model(model), get_gpu("A10"), gpus_per_node=1, rdma=True).fits
 
 
 def test_v3_fits_one_h200_node():

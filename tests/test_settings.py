@@ -372,8 +372,9 @@ def test_a_replica_spanning_nodes_is_refused_unless_multi_node_naming_a_pool_tha
     raw = mutated("dev", serving__model="deepseek-r1-distill-qwen-14b", serving__engine__max_model_len=8192)
     with pytest.raises(SettingsError) as info:
         parse_plan(raw, stack="dev")
-    (line,) = [p for p in info.value.problems if p.startswith("serving.multi_node")]
-    assert "needs 2 nodes of A10 x 1" in line and "set serving.multi_node: true" in line
+    # the A10 pool has no RDMA: pipeline stages across its nodes are refused, multi_node or not
+    (line,) = [p for p in info.value.problems if p.startswith("cluster.gpu_pools.a10.instance_type")]
+    assert "needs 2 nodes of A10 x 1" in line and "needs RDMA" in line and "ecs.gni2.3xlarge" in line
     # catalogued instance types come first (they can be ordered as they are): one A100 80 GB
     # of ecs.pni2.3xlarge holds the 27.6 GiB of weights and an 8k context
     assert "smallest pool on which it fits on one node is A100-80G x 1 (ecs.pni2.3xlarge): TP1" in line
@@ -382,8 +383,17 @@ def test_a_replica_spanning_nodes_is_refused_unless_multi_node_naming_a_pool_tha
     # one two-node group fills the 3-node pool; updates replace it in place (no surge)
     raw["autoscaling"] = {"max_replicas": 1}
     raw["rollout"] = {"max_surge": 0}
-    engine = parse_plan(raw, stack="dev").serving.engine
-    assert engine.nodes == 2 and engine.pipeline_parallel_size == 2
+    with pytest.raises(SettingsError) as info:
+        parse_plan(raw, stack="dev")
+    assert "needs RDMA" in str(info.value)
+    # on nodes with RDMA (the H20 pool of prod, 1 GPU per replica stated), not multi_node: named
+    raw = mutated("prod", serving__multi_node=False, serving__model="deepseek-r1-distill-llama-70b",
+                  serving__engine={"tensor_parallel_size": 8, "pipeline_parallel_size": 2,
+                                   "max_model_len": 8192})
+    with pytest.raises(SettingsError) as info:
+        parse_plan(raw, stack="prod")
+    (line,) = [p for p in info.value.problems if p.startswith("serving.multi_node")]
+    assert "needs 2 nodes of H20 x 8" in line and "set serving.multi_node: true" in line
 
 
 def test_prod_states_that_its_replicas_span_nodes():

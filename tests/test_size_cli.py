@@ -21,7 +21,7 @@ def _version() -> None:  # a second command keeps `size` a named sub-command
 
 
 runner = CliRunner()
-KEYS = {"fits", "model", "gpu", "node", "replica", "weights_format", "kv_cache_dtype", "reasons", "notes"}
+KEYS = {"fits", "model", "gpu", "node", "replica", "weights_format", "kv_cache_dtype", "reasons", "notes", "why"}
 FIT_KEYS = KEYS | {"memory_per_gpu", "kv_cache", "engine", "concurrency", "performance", "capacity", "cost"}
 
 

@@ -64,7 +64,8 @@ def _derive(s: StackSettings) -> StackPlan:
     check_pool_zones(s)
     _check_sections(s)
     model = model_of(s)
-    engine = plan_engine(s, model)
+    slo = _slo(s)
+    engine = plan_engine(s, model, slo)
     pools = plan_pools(s, engine)
     grace = termination_grace(s)
     rollout = plan_rollout(s, engine)
@@ -74,7 +75,6 @@ def _derive(s: StackSettings) -> StackPlan:
         rollout = replace(rollout, argo=False, surge=s.rollout.max_surge)
     room = replicas_per_pool(s, engine)
     check_pool_capacity(s, engine, rollout, room)
-    slo = _slo(s)
     disaggregation = plan_disaggregation(s, model, slo, rollout.surge)
     pool = pools[s.serving.gpu_pool]
     low, high = replica_bounds(s)

@@ -77,7 +77,7 @@ def plan_disaggregation(s: StackSettings, model: ModelSpec, slo: Slo, surge: int
             raise Refusal(f"{path}.pool: {pool} serves from MIG slices; a disaggregated side needs whole GPUs "
                           "(NIXL registers the KV cache of whole devices)")
         try:
-            engine = plan_engine(_phase_settings(s, role), model)
+            engine = plan_engine(_phase_settings(s, role), model, slo)
         except Refusal as exc:
             raise Refusal(f"{path}: {exc}") from None
         fig = _modelled(s, model, engine, pool, slo)

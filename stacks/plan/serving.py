@@ -7,11 +7,13 @@ from capacity import planner
 from capacity.catalog import GPUS, ModelSpec, get_gpu, get_model
 from capacity.instances import INSTANCE_TYPES
 from capacity.mig import slice_gpu
+from capacity.perf import PerfDataError
 from capacity.planner import Plan, PlanError
+from capacity.sizing import WORKLOAD_DEFAULTS, Workload, max_concurrency, rank_layouts
 from stacks.errors import Refusal
 from stacks.nodepools import instance_type_rdma
 from stacks.plan.pools import pool_hw, pool_mig
-from stacks.plan.types import RolloutPlan
+from stacks.plan.types import RolloutPlan, Slo
 from stacks.settings import StackSettings
 from stacks.vllm_flags import extra_args_problems
 
@@ -37,9 +39,28 @@ def model_of(s: StackSettings) -> ModelSpec:
         raise Refusal(f"serving.model: {exc}") from None
 
 
-def plan_engine(s: StackSettings, model: ModelSpec) -> Plan:
-    """Fill unset engine sizes from the planner; refuse settings that cannot fit."""
+def stack_workload(s: StackSettings, slo: Slo) -> Workload:
+    """The request the engine is sized for (serving.workload, else the model class's
+    defaults, capacity/sizing.py WORKLOAD_DEFAULTS) at the monitoring SLOs: TTFT at its P99
+    objective, ITL at 1 / min_tokens_per_second."""
+    wl, sv = s.serving.workload, s.serving
+    d = WORKLOAD_DEFAULTS[slo.model_class]
+    return Workload(input_tokens=wl.input_tokens or d["input_tokens"],
+                    output_tokens=wl.output_tokens or sv.max_output_tokens or d["output_tokens"],
+                    concurrency=wl.concurrency, ttft_slo_s=slo.ttft_p99_seconds,
+                    itl_slo_s=slo.max_inter_token_seconds)
+
+
+def plan_engine(s: StackSettings, model: ModelSpec, slo: Slo) -> Plan:
+    """Fill unset engine sizes from the planner, sized for the stack's workload (the layout:
+    the one the performance model ranks best when none is stated); refuse settings that
+    cannot fit. `dsvolc size --stack` and `dsvolc preview` both plan through here."""
     sv, e = s.serving, s.serving.engine
+    w = stack_workload(s, slo)
+    if e.max_model_len is not None and (s.serving.workload.input_tokens or s.serving.workload.output_tokens) \
+            and w.input_tokens + w.output_tokens > e.max_model_len:
+        raise Refusal(f"serving.workload: input_tokens + output_tokens = {w.input_tokens:,} + {w.output_tokens:,} "
+                      f"exceed serving.engine.max_model_len {e.max_model_len:,}; expected at most that in all")
     if sv.server != "triton" and (problems := extra_args_problems(e.extra_args)):
         # checked against vLLM's own parser, vendored (stacks/vllm_flags.json); Triton takes none
         raise Refusal("serving.engine.extra_args: " + "; ".join(problems))
@@ -54,26 +75,38 @@ def plan_engine(s: StackSettings, model: ModelSpec) -> Plan:
                 raise Refusal(f"serving.engine.{name}: pool {sv.gpu_pool} serves from MIG {mig.name} slices "
                               f"and a replica runs on one slice; expected 1 or unset, got {value}")
         gpu, tp, pp = slice_gpu(gpu, mig), 1, 1
+    settings = dict(
+        context=e.max_model_len,
+        quantization=e.quantization,
+        kv_cache_dtype=e.kv_cache_dtype,
+        max_num_seqs=e.max_num_seqs,
+        gpu_memory_utilization=e.gpu_memory_utilization,
+        max_num_batched_tokens=e.max_num_batched_tokens,
+        speculative_tokens=e.speculative_tokens,
+    )
+    rdma = instance_type_rdma(pool.instance_type)
+    layout_given = (mig is not None or e.parallelism != "auto"
+                    or any(v is not None for v in (tp, pp, e.data_parallel_size)))
     try:
-        p = planner.plan(
-            model,
-            gpu,
-            gpus_per_node=1 if mig is not None else per_node,
-            context=e.max_model_len,
-            quantization=e.quantization,
-            kv_cache_dtype=e.kv_cache_dtype,
-            tensor_parallel_size=tp,
-            pipeline_parallel_size=pp,
-            max_num_seqs=e.max_num_seqs,
-            gpu_memory_utilization=e.gpu_memory_utilization,
-            max_num_batched_tokens=e.max_num_batched_tokens,
-            parallelism=e.parallelism,
-            data_parallel_size=e.data_parallel_size,
-            speculative_tokens=e.speculative_tokens,
-            rdma=instance_type_rdma(pool.instance_type),
-        )
-    except PlanError as exc:
+        if layout_given:
+            p = planner.plan(model, gpu, gpus_per_node=1 if mig is not None else per_node,
+                             tensor_parallel_size=tp, pipeline_parallel_size=pp, parallelism=e.parallelism,
+                             data_parallel_size=e.data_parallel_size, rdma=rdma,
+                             sequence_tokens=w.input_tokens + w.output_tokens, **settings)
+        else:
+            p = rank_layouts(model, gpu, w, gpus_per_node=per_node, rdma=rdma, instance_type=pool.instance_type,
+                             max_nodes=pool.max_nodes if sv.multi_node else 1,
+                             admissible=lambda c: _fits_pool(s, c), **settings)
+    except (PlanError, PerfDataError) as exc:
         raise Refusal(f"serving.engine: {exc}") from None
+    if mig is not None:
+        p.why["layout"] = f"TP1 on one MIG {mig.name} slice: a CUDA process sees one MIG device"
+    if not p.fits and p.nodes > 1 and all("needs RDMA" in r for r in p.reasons):
+        raise Refusal(
+            f"cluster.gpu_pools.{sv.gpu_pool}.instance_type: one replica of {model.name} needs {p.nodes} nodes of "
+            f"{gpu_name} x {per_node} ({p.describe_layout()}), and a replica across nodes needs RDMA between them, "
+            f"which {pool.instance_type} does not have; serve it from an RDMA instance type (ecs.hpc*/ecs.ebmhpc*) "
+            f"or from a larger pool: {_single_node_hint(s, model)}")
     if not p.fits:
         where = (f"a MIG {mig.name} slice of {gpu_name} ({mig.memory_mib / 1024:.1f} GiB)" if mig is not None
                  else f"{gpu_name} x {per_node} per node")
@@ -82,6 +115,13 @@ def plan_engine(s: StackSettings, model: ModelSpec) -> Plan:
         )
     if p.nodes > 1 and not sv.multi_node:
         raise Refusal(_multi_node_refusal(s, model, gpu_name, per_node, p))
+    held = max_concurrency(p, w)
+    if w.concurrency is not None and w.concurrency > held:
+        raise Refusal(
+            f"serving.workload.concurrency: {w.concurrency} sequences of {w.input_tokens + w.output_tokens:,} tokens "
+            f"per replica, but the KV cache ({p.replica_kv_cache_tokens:,} tokens over {p.data_parallel_size} "
+            f"engine(s), max_num_seqs {p.max_num_seqs}) holds {held}; expected at most {held}, or a shorter "
+            "workload, or more KV cache per replica")
     low, _ = replica_bounds(s)
     if mig is not None:
         slices = per_node * mig.per_gpu
@@ -112,6 +152,15 @@ def plan_engine(s: StackSettings, model: ModelSpec) -> Plan:
     return p
 
 
+def _fits_pool(s: StackSettings, p: Plan) -> bool:
+    """The pool holds the stack's replicas, and a rollout's surge, in layout ``p``."""
+    try:
+        check_pool_capacity(s, p, plan_rollout(s, p), replicas_per_pool(s, p))
+    except Refusal:
+        return False
+    return True
+
+
 def _check_triton(s: StackSettings, p: Plan) -> None:
     sv = s.serving
     if p.nodes > 1:
@@ -125,9 +174,8 @@ def _check_triton(s: StackSettings, p: Plan) -> None:
                       f"engine's max_model_len {p.max_model_len}; expected at most that")
 
 
-def _multi_node_refusal(s: StackSettings, model: ModelSpec, gpu_name: str, per_node: int, p: Plan) -> str:
-    """One replica would span several nodes: say so, and name the smallest node shape on
-    which it would fit alone."""
+def _single_node_hint(s: StackSettings, model: ModelSpec) -> str:
+    """The smallest catalogued node shape on which one replica fits alone, in words."""
     e = s.serving.engine
     options = planner.single_node_options(
         model, GPUS, INSTANCE_TYPES, context=e.max_model_len, quantization=e.quantization,
@@ -141,6 +189,13 @@ def _multi_node_refusal(s: StackSettings, model: ModelSpec, gpu_name: str, per_n
                     f"gpus_per_node: {smallest.gpus_per_node})" if smallest.instance_type is None else ""))
     else:
         where = "no catalogued node shape holds it on one node"
+    return where
+
+
+def _multi_node_refusal(s: StackSettings, model: ModelSpec, gpu_name: str, per_node: int, p: Plan) -> str:
+    """One replica would span several nodes: say so, and name the smallest node shape on
+    which it would fit alone."""
+    where = _single_node_hint(s, model)
     return (f"serving.multi_node: one replica of {model.name} needs {p.nodes} nodes of {gpu_name} x "
             f"{per_node} (pool {s.serving.gpu_pool}: TP{p.tensor_parallel_size} x "
             f"PP{p.pipeline_parallel_size}" + (f", {p.describe_layout()}" if p.parallelism != "tp_pp" else "")

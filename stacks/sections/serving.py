@@ -15,8 +15,8 @@ class EngineSettings(Model):
 
     tensor_parallel_size: int | None = Field(None, ge=1, le=64, description="GPUs per pipeline stage; planner picks when unset")
     pipeline_parallel_size: int | None = Field(None, ge=1, le=16, description="pipeline stages (one per node when multi-node)")
-    max_model_len: int | None = Field(None, ge=128, description="context length; largest that fits (capped at the model's) when unset")
-    max_num_seqs: int | None = Field(None, ge=1, le=4096, description="concurrent sequences; planner picks when unset")
+    max_model_len: int | None = Field(None, ge=128, description="context length; serving.workload's input + output tokens when unset")
+    max_num_seqs: int | None = Field(None, ge=1, le=4096, description="concurrent sequences per engine; those of serving.workload's length the KV cache holds (at most 256) when unset, refused above that")
     max_num_batched_tokens: int | None = Field(None, ge=128, description="token budget of one engine step")
     gpu_memory_utilization: float | None = Field(None, ge=0.3, le=0.98, description="fraction of GPU memory vLLM may use")
     enable_prefix_caching: bool = Field(True, description="reuse KV cache across requests sharing a prefix")
@@ -29,8 +29,8 @@ class EngineSettings(Model):
         "auto",
         description="layout of a replica: tp_pp (tensor parallel in a node, pipeline stages across nodes), tp_ep "
         "(attention tensor parallel, experts split across all GPUs), dp_ep (attention data parallel, one engine "
-        "per GPU, experts split across all GPUs); auto: the fewest GPUs, preferring dp_ep > tp_ep > tp_pp (EP "
-        "across nodes only on RDMA pools); see docs/planner.md",
+        "per GPU, experts split across all GPUs); auto: the layout the performance model ranks best for "
+        "serving.workload at the monitoring SLOs (across nodes only on RDMA pools); see docs/planner.md",
     )
     data_parallel_size: int | None = Field(
         None, ge=1, le=256, description="engines (attention replicas) per replica with tp_ep/dp_ep; all GPUs of the "
@@ -60,6 +60,22 @@ class EngineSettings(Model):
             if not self.kernels:
                 raise ValueError("awq_kernel: 'dsvolc' needs kernels: true (the plugin registers dsvolc_awq)")
         return self
+
+
+class WorkloadSettings(Model):
+    """The request the engine is sized for: the context, max_num_seqs and the default layout
+    derive from it when the engine does not state them (docs/planner.md)."""
+
+    input_tokens: int | None = Field(
+        None, ge=1, le=1_048_576, description="prompt tokens of the request the engine is sized for; 2048 when unset")
+    output_tokens: int | None = Field(
+        None, ge=1, le=1_048_576,
+        description="generated tokens of that request; serving.max_output_tokens, else the model class's ceiling "
+        "(chat 8192, reasoning 32768), when unset")
+    concurrency: int | None = Field(
+        None, ge=1, le=100_000,
+        description="sequences in flight per replica the layout is ranked at (refused above what the KV cache holds "
+        "at input + output tokens); the most the SLOs and KV cache allow when unset")
 
 
 class ImageSettings(Model):
@@ -274,6 +290,12 @@ class ServingSettings(Model):
     replicas: int = Field(1, ge=1, le=100, description="serving replicas (instances of the model)")
     image: ImageSettings = Field(description="serving image")
     engine: EngineSettings = Field(default_factory=EngineSettings, description="vLLM engine arguments")
+    workload: WorkloadSettings = Field(
+        default_factory=WorkloadSettings,
+        description="the request the engine is sized for: unset max_model_len is input + output tokens, unset "
+        "max_num_seqs the sequences of that length the KV cache holds, an unset layout the one the performance "
+        "model ranks best for it at the monitoring SLOs",
+    )
     startup_timeout_seconds: int = Field(
         1800, ge=1200, le=7200, description="how long the model may take to load before the pod is restarted"
     )

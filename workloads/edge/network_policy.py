@@ -9,6 +9,8 @@
                        outside the cluster's own ranges
              :4317  -> the OpenTelemetry Collector's namespace [spans, when tracing]
     both     all    <-> the serving pods themselves           [multi-node only]
+    egress   :443, :6443 -> the cluster's own ranges, from   [the pre-warm's node label]
+                       the pre-warm pods only
 
 With the routing tier (workloads/edge/router.py):
 
@@ -21,7 +23,8 @@ With the routing tier (workloads/edge/router.py):
              UCX moves the KV over TCP on ports it picks)
 
 vLLM never calls the Kubernetes API (the pods do not even mount a token), so no policy
-admits the API server. Kubelet probes come from the pod's own node, which NetworkPolicy
+admits the API server for them; the pre-warm pods, which label their node once its cache
+holds the weights (multi-node sync stacks), reach it. Kubelet probes come from the pod's own node, which NetworkPolicy
 implementations let through regardless of policy.
 """
 
@@ -33,6 +36,7 @@ from stacks.constants import ENTRY_NAMESPACE, HTTP_PORT
 from stacks.plan.disaggregation import PD_ROLE_LABEL
 from workloads.edge import router
 from workloads.observability import telemetry
+from workloads.engine import groups
 from workloads.engine.context import ServingContext
 
 NS_LABEL = "kubernetes.io/metadata.name"  # set by the API server on every namespace (1.22+)
@@ -198,6 +202,17 @@ def kv_transfer(ctx: ServingContext) -> dict:
     })
 
 
+def egress_kube_api(ctx: ServingContext) -> dict:
+    """The pre-warm pods to the API server: the `kubernetes` Service (443, in the service
+    CIDR) and the private endpoint it forwards to (6443, in the VPC), nothing else."""
+    return _policy(ctx, f"{ctx.release}-prewarm-kube-api", {
+        "podSelector": {"matchLabels": ctx.selector("prewarm")},
+        "policyTypes": ["Egress"],
+        "egress": [{"to": [{"ipBlock": {"cidr": c}} for c in cluster_cidrs(ctx)],
+                    "ports": [{"protocol": "TCP", "port": 443}, {"protocol": "TCP", "port": 6443}]}],
+    })
+
+
 def render(ctx: ServingContext) -> list[dict]:
     objs = [default_deny(ctx), ingress_http(ctx), egress_dns(ctx), egress_https(ctx)]
     if router.enabled(ctx):
@@ -210,4 +225,6 @@ def render(ctx: ServingContext) -> list[dict]:
         objs += [group_traffic(ctx, ph.role) for ph in ctx.plan.disaggregation.phases() if ph.multi_node]
     elif ctx.multi_node:
         objs.append(group_traffic(ctx))
+    if groups.marks_nodes(ctx):
+        objs.append(egress_kube_api(ctx))
     return objs
