@@ -57,7 +57,7 @@ def test_route_weights_come_from_settings_and_add_to_100(ctx):
     split = next(r for r in route["spec"]["rules"] if r["name"] == gateway.SPLIT_RULE)
     weights = {b["name"]: b["weight"] for b in split["backendRefs"]}
     w = ctx.settings.gateway.canary_weight
-    assert weights == {ctx.stable_service: 100 - w, ctx.canary_service: w}
+    assert weights == {gateway.stable_backend(ctx): 100 - w, ctx.canary_service: w}
     assert sum(weights.values()) == 100
     assert all(b["port"] == HTTP_PORT for b in split["backendRefs"])
 
