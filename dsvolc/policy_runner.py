@@ -37,6 +37,7 @@ from pulumi.runtime.proto import analyzer_pb2 as proto
 from pulumi_policy import EnforcementLevel
 from pulumi_policy.deserialize import SPECIAL_SECRET_SIG, SPECIAL_SIG_KEY
 from pulumi_policy.policy import _PolicyAnalyzerServicer
+from pulumi_policy.proxy import _DictProxy, _ListProxy, _raise_if_unknown
 
 from dsvolc import engine
 
@@ -281,15 +282,99 @@ class ConversionCache:
     def __getattr__(self, name: str) -> Any:
         return getattr(json_format, name)
 
+    def deserialize_properties(self, props: dict, proxy_secrets: bool = False) -> dict:
+        """pulumi_policy's deserialize_properties, once per dict this cache answered: the
+        servicer deserialises the same answer for every policy, and only hands the result
+        to `unknown_checking_proxy`, which copies every dict and list of it."""
+        if proxy_secrets:  # the remediation path keeps the secret markers in its result
+            return self._deserialize(props, proxy_secrets)
+        done = self._deserialized.get(id(props))
+        if done is not None and done[0] is props:
+            return done[1]
+        out = self._deserialize(props)
+        self._deserialized[id(props)] = (props, out)
+        return out
+
     @contextlib.contextmanager
     def installed(self):
-        """Serve the servicer's `json_format` from this cache for the duration."""
-        previous = pulumi_policy.policy.json_format
-        pulumi_policy.policy.json_format = self
+        """Serve the servicer's `json_format` from this cache for the duration, with its
+        deserialisation memoised and its proxies built as read (`unknown_checking_proxy`)."""
+        module = pulumi_policy.policy
+        previous = module.json_format, module.deserialize_properties, module.unknown_checking_proxy
+        self._deserialize, self._deserialized = previous[1], {}
+        module.json_format, module.deserialize_properties, module.unknown_checking_proxy = (
+            self, self.deserialize_properties, unknown_checking_proxy)
         try:
             yield self
         finally:
-            pulumi_policy.policy.json_format = previous
+            module.json_format, module.deserialize_properties, module.unknown_checking_proxy = previous
+            self._deserialized = {}
+
+
+def unknown_checking_proxy(props: dict) -> Any:
+    """pulumi_policy.proxy.unknown_checking_proxy, built as it is read: the same
+    `_DictProxy`/`_ListProxy` a policy reads through (an unknown value raises the same
+    UnknownValueError with the same path; a write stays in this policy's copy), but a
+    nested dict or list is wrapped when a policy first reaches it, not before. pulumi_policy
+    copies every resource's whole tree for every policy, and most policies read two or
+    three fields of a few resource types: for prod that was 90,000 proxies and 290,000
+    path copies, most of the policy analysis. `__target` (pulumi_policy's own way in, used
+    when it serialises a remediation) gives the whole tree, wrapped.
+    tests/test_policy_runner.py compares the two, object for object, over every stack."""
+    return _LazyDict(props, [])
+
+
+def _child(value: Any, path: list[str]) -> Any:
+    if isinstance(value, dict):
+        return _LazyDict(value, path)
+    if isinstance(value, list):
+        return _LazyList(value, path)
+    return value
+
+
+class _LazyDict(_DictProxy):
+    def __init__(self, source: dict, path: list[str]):
+        super().__init__(dict(source), path)  # its own copy: writes stay here
+        self._source = source  # shared and never written: the deserialised properties
+
+    def __getitem__(self, key):
+        target = self._DictProxy__target
+        if key == "__target":
+            for k in list(target):
+                self._wrapped(target, k)
+            return target
+        return self._wrapped(target, key)
+
+    def _wrapped(self, target: dict, key: Any) -> Any:
+        value = target[key]
+        # still the source's own dict or list (a policy never holds one to write back)
+        if isinstance(value, (dict, list)) and value is self._source.get(key, _MISSING):
+            value = target[key] = _child(value, [*self._DictProxy__props_acc, str(key)])
+        return _raise_if_unknown(key, value, self._DictProxy__props_acc)
+
+
+class _LazyList(_ListProxy):
+    def __init__(self, source: list, path: list[str]):
+        super().__init__(list(source), path)
+        self._source = source
+
+    def __getitem__(self, key):
+        target = self._ListProxy__target
+        if key == "__target" or isinstance(key, slice):
+            for i in range(len(target)):
+                self._wrapped(target, i)
+            return target if key == "__target" else _raise_if_unknown(key, target[key], self._ListProxy__props_acc)
+        return self._wrapped(target, key)
+
+    def _wrapped(self, target: list, key: int) -> Any:
+        value = target[key]
+        if isinstance(value, (dict, list)) and value is self._source[key]:
+            index = key + len(target) if isinstance(key, int) and key < 0 else key
+            value = target[key] = _child(value, [*self._ListProxy__props_acc, str(index)])
+        return _raise_if_unknown(key, value, self._ListProxy__props_acc)
+
+
+_MISSING = object()
 
 
 # --------------------------------------------------------------------------- analyze

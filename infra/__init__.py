@@ -22,7 +22,7 @@ from infra.network import Network, NetworkArgs
 from infra.observability import Observability, ObservabilityArgs
 from infra.registry import Registry, RegistryArgs
 from infra.weights import WeightStore, WeightStoreArgs
-from stacks.constants import ENTRY_NAMESPACE, KEDA_NAMESPACE, LWS_NAMESPACE, ROLLOUTS_NAMESPACE
+from stacks.constants import ENTRY_NAMESPACE, KEDA_NAMESPACE, LWS_NAMESPACE, PREWARM_SUFFIX, ROLLOUTS_NAMESPACE
 from stacks.plan import StackPlan
 
 BOOTSTRAP_ENV = "DSVOLC_BOOTSTRAP"
@@ -164,6 +164,7 @@ def build_infra(plan: StackPlan) -> Infra:
             oidc_issuer=phase.existing.issuer if phase.irsa_ready else cluster.oidc_issuer,
             namespace=s.serving.namespace,
             service_account=s.serving.service_account,
+            also_trusted=(f"{s.serving.name}{PREWARM_SUFFIX}",) if s.resilience.prewarm.enabled else (),
             protect=c.delete_protection,
             project_name=s.project_name,
             tags=tags,

@@ -48,8 +48,10 @@ def read_policy_document(bucket: str, prefix: str) -> dict:
     }
 
 
-def irsa_trust_document(oidc_provider_trn: str, issuer: str, namespace: str, service_account: str) -> dict:
-    """Only the serving ServiceAccount of this cluster may assume the role: tokens issued by
+def irsa_trust_document(oidc_provider_trn: str, issuer: str, namespace: str, service_account: str,
+                        *also: str) -> dict:
+    """Only the serving ServiceAccount of this cluster (and `also`, the pre-warm's, which
+    syncs the same weights) may assume the role: tokens issued by
     this cluster's issuer (`oidc:iss`, the provider URL VKE shows once IRSA is on), for STS
     (`oidc:aud`), naming the ServiceAccount (`oidc:sub`); docs 6460/1324613 lists the three
     keys. Empty values are refused: a role must never trust an empty principal."""
@@ -67,7 +69,7 @@ def irsa_trust_document(oidc_provider_trn: str, issuer: str, namespace: str, ser
                     "StringEquals": {
                         "oidc:iss": [issuer],
                         "oidc:aud": [OIDC_AUDIENCE],
-                        "oidc:sub": [f"system:serviceaccount:{namespace}:{service_account}"],
+                        "oidc:sub": [f"system:serviceaccount:{namespace}:{sa}" for sa in (service_account, *also)],
                     }
                 },
             }
@@ -119,6 +121,8 @@ class WeightStoreArgs:
     protect: bool
     project_name: str
     tags: dict[str, str]
+    # other ServiceAccounts of the namespace that read the weights (the pre-warm's)
+    also_trusted: tuple[str, ...] = ()
 
 
 class WeightStore(pulumi.ComponentResource):
@@ -191,7 +195,8 @@ class WeightStore(pulumi.ComponentResource):
         # and nothing runs in the cluster yet to use either kind.
         if args.create_reader and args.irsa:
             trust = pulumi.Output.all(args.oidc_provider_trn, args.oidc_issuer).apply(
-                lambda v: json.dumps(irsa_trust_document(v[0], v[1], args.namespace, args.service_account))
+                lambda v: json.dumps(irsa_trust_document(v[0], v[1], args.namespace, args.service_account,
+                                                         *args.also_trusted))
             )
             role = volc.iam.Role(
                 f"{name}-reader-role",

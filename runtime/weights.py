@@ -7,6 +7,13 @@
                                           credentials S3 clients (runai_streamer) can use
     python -m runtime.weights verify      refuse to start when tokenizer and config.json disagree
 
+`sync --mark-node KEY=VALUE` (the pre-warm DaemonSet) also labels the node it runs on: the
+label is removed before a sync when it names another revision (the files are about to
+change under it) and set to VALUE once every file is verified, so a label on a node means
+"this revision is complete here" (workloads/engine/groups.py weights_revision; the
+multi-node groups prefer such nodes). It talks to the Kubernetes API with the pod's
+ServiceAccount token (runtime/gpu_health.py Cluster), which may get and patch nodes only.
+
 TOS speaks the S3 API on `tos-s3-<region>[.i]volces.com` (virtual-hosted bucket names), so
 the sync uses boto3 against that endpoint; with IRSA the pod's projected token is exchanged
 through STS AssumeRoleWithOIDC by the TOS SDK's provider (`tos.OIDCCredentialsProvider`,
@@ -470,6 +477,68 @@ def check_tokenizer(model_dir: Path) -> list[str]:
     return problems
 
 
+# --------------------------------------------------------------------------- node mark
+
+
+@dataclass(frozen=True)
+class NodeMark:
+    """The label the pre-warm puts on its node once the cache holds a revision."""
+
+    cluster: object  # runtime.gpu_health.Cluster (or anything with call())
+    node: str
+    key: str
+    value: str
+
+    def _labels(self) -> dict:
+        return self._call("GET", f"/api/v1/nodes/{self.node}").get("metadata", {}).get("labels") or {}
+
+    def _patch(self, value: str | None) -> None:
+        self._call("PATCH", f"/api/v1/nodes/{self.node}", {"metadata": {"labels": {self.key: value}}},
+                   "application/merge-patch+json")
+
+    def _call(self, method: str, path: str, body: dict | None = None, content_type: str = "application/json"):
+        import urllib.error
+
+        try:
+            return self.cluster.call(method, path, body, content_type)
+        except urllib.error.HTTPError as exc:
+            verb = "get" if method == "GET" else "patch"
+            hint = (f": the pre-warm's ServiceAccount may not {verb} nodes (its ClusterRole, "
+                    "workloads/engine/resilience.py)") if exc.code == 403 else ""
+            raise WeightsError(f"{method} node {self.node}: HTTP {exc.code}{hint}") from None
+        except OSError as exc:
+            raise WeightsError(f"{method} node {self.node}: the Kubernetes API is unreachable: {exc}") from None
+
+    def invalidate(self, log=print) -> None:
+        """Remove the label when it names another revision than the one about to be synced."""
+        current = self._labels().get(self.key)
+        if current is not None and current != self.value:
+            log(f"node {self.node}: {self.key}={current} names another revision; removing it before the sync")
+            self._patch(None)
+
+    def set(self, log=print) -> None:
+        if self._labels().get(self.key) != self.value:
+            self._patch(self.value)
+        log(f"node {self.node}: labelled {self.key}={self.value} (weights verified)")
+
+
+def node_mark(spec: str, node: str | None, cluster=None) -> NodeMark:
+    """`KEY=VALUE` and the node name (the downward API's spec.nodeName) -> a NodeMark."""
+    key, sep, value = spec.partition("=")
+    if not sep or not key or not value:
+        raise WeightsError(f"--mark-node: expected KEY=VALUE, got {spec!r}")
+    if not node:
+        raise WeightsError("--mark-node needs the node's name: --node or $NODE_NAME (fieldRef spec.nodeName)")
+    if cluster is None:
+        from .gpu_health import Cluster
+
+        try:
+            cluster = Cluster.in_cluster()
+        except (KeyError, OSError) as exc:
+            raise WeightsError(f"--mark-node: no Kubernetes API credentials in the pod ({exc})") from None
+    return NodeMark(cluster, node, key, value)
+
+
 # --------------------------------------------------------------------------- entry point
 
 
@@ -491,6 +560,9 @@ def main(argv: Iterable[str] | None = None) -> int:
     s.add_argument("--deep-verify", action="store_true", help="hash every cached file again, not only changed ones")
     s.add_argument("--verify", action="store_true", help="also check tokenizer against config.json")
     s.add_argument("--metadata-only", action="store_true", help="skip weight files (config and tokenizer only)")
+    s.add_argument("--mark-node", metavar="KEY=VALUE",
+                   help="label this node KEY=VALUE once every file is verified (removed first if it names another)")
+    s.add_argument("--node", default=os.environ.get("NODE_NAME"), help="the node to label (default: $NODE_NAME)")
     v = sub.add_parser("verify", help="check tokenizer against config.json")
     v.add_argument("model_dir", type=Path)
     c = sub.add_parser("credentials", help="write S3 credentials for runai_streamer")
@@ -509,10 +581,15 @@ def main(argv: Iterable[str] | None = None) -> int:
                     raise WeightsError(f"sync from the bucket needs --{', --'.join(missing)}")
                 store = S3Store(args.bucket, args.prefix, args.endpoint, args.region,
                                 connections=max(args.connections, 1), addressing_style=args.addressing_style)
+            mark = node_mark(args.mark_node, args.node) if args.mark_node else None
+            if mark is not None:
+                mark.invalidate(log=_log)
             sync(store, args.dest, metadata_only=args.metadata_only, connections=args.connections,
                  deep_verify=args.deep_verify, log=_log)
             if args.verify:
                 _verify_or_raise(args.dest)
+            if mark is not None:
+                mark.set(log=_log)
         elif args.cmd == "verify":
             _verify_or_raise(args.model_dir)
         elif args.cmd == "credentials":

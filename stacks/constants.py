@@ -17,6 +17,9 @@ POOL_LABEL = f"{LABEL_PREFIX}/pool"  # node label: which GPU pool a node belongs
 GPU_MODEL_LABEL = f"{LABEL_PREFIX}/gpu-model"  # node label: catalog GPU key (A10, H20, ...)
 GPU_COUNT_LABEL = f"{LABEL_PREFIX}/gpus-per-node"  # node label: GPUs on the node
 ROLE_LABEL = f"{LABEL_PREFIX}/role"  # pod label: leader or worker of a multi-node group
+# node label: the weights revision whose files the pre-warm verified in the node's cache
+WEIGHTS_LABEL = f"{LABEL_PREFIX}/weights"
+PREWARM_SUFFIX = "-prewarm"  # the pre-warm DaemonSet and its ServiceAccount: <serving.name>-prewarm
 TRACK_LABEL = f"{LABEL_PREFIX}/track"  # pod label: stable or canary groups of a staged multi-node release
 
 # --------------------------------------------------------------------------- GPUs

@@ -1,7 +1,7 @@
 """Local stand-ins for the APIs the gpu-health controller talks to, for its I/O tests.
 
 * `KubeAPI`: an HTTP server speaking the few Kubernetes API calls the controller makes
-  (list nodes by label, merge-patch a node, list pods by node, create an Eviction), with
+  (list nodes by label, get and merge-patch a node, list pods by node, create an Eviction), with
   the API server's behaviour that matters here: bearer-token authentication, RBAC
   authorisation from the rendered ClusterRole/Role (a missing verb is a 403, as the API
   server answers), the merge-patch content type, and resourceVersion compare-and-swap.
@@ -131,6 +131,13 @@ class KubeAPI:
             if self._authorised(h, "list", "nodes", None):
                 h._send(200, {"kind": "NodeList", "items": [n for n in self.nodes.values()
                                                             if _selects(params.get("labelSelector", ""), n)]})
+        elif len(rest) == 2 and rest[0] == "nodes" and method == "GET":
+            if not self._authorised(h, "get", "nodes", None):
+                return
+            node = self.nodes.get(rest[1])
+            if node is None:
+                return h._status(404, "NotFound", f'nodes "{rest[1]}" not found')
+            h._send(200, node)
         elif len(rest) == 2 and rest[0] == "nodes" and method == "PATCH":
             if not self._authorised(h, "patch", "nodes", None):
                 return

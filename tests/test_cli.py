@@ -260,7 +260,7 @@ def test_unknown_stack_exit_2_lists_known_stacks():
     result = runner.invoke(app, ["preview", "qa"])
     assert result.exit_code == 2
     # whatever stack files there are (a new one included), in order
-    assert f"known stacks: {', '.join(shipped_stacks())}" in result.output and "dev, mig-example, prod" in result.output
+    assert f"known stacks: {', '.join(shipped_stacks())}" in result.output and "dev, mig-example, pd-example, prod" in result.output
 
 
 def test_preview_existing_sees_what_the_program_builds_from_computed_outputs(tmp_path):

@@ -68,7 +68,9 @@ def test_later_apply_trusts_the_clusters_issuer_audience_and_service_account(lat
     assert st["Condition"]["StringEquals"] == {
         "oidc:iss": [answer["issuer"]],
         "oidc:aud": ["sts.volcengine.com"],
-        "oidc:sub": [f"system:serviceaccount:{s.serving.namespace}:{s.serving.service_account}"],
+        # the serving pods and the pre-warm, which syncs the same weights under its own identity
+        "oidc:sub": [f"system:serviceaccount:{s.serving.namespace}:{s.serving.service_account}",
+                     f"system:serviceaccount:{s.serving.namespace}:{s.serving.name}-prewarm"],
     }
     assert rec.outputs["weights_reader"] == f"trn:iam::{engine.FAKE_ACCOUNT}:role/{p.names.bucket}-reader"
 

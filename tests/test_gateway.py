@@ -57,7 +57,7 @@ def test_route_weights_come_from_settings_and_add_to_100(ctx):
     split = next(r for r in route["spec"]["rules"] if r["name"] == gateway.SPLIT_RULE)
     weights = {b["name"]: b["weight"] for b in split["backendRefs"]}
     w = ctx.settings.gateway.canary_weight
-    assert weights == {ctx.stable_service: 100 - w, ctx.canary_service: w}
+    assert weights == {gateway.stable_backend(ctx): 100 - w, ctx.canary_service: w}
     assert sum(weights.values()) == 100
     assert all(b["port"] == HTTP_PORT for b in split["backendRefs"])
 
@@ -288,7 +288,10 @@ def test_the_breaker_admits_the_planned_concurrency_with_one_proxy_down(ctx):
 
 
 def test_prod_needs_more_than_envoy_gateways_default():
-    ctx = _ctx(stacks.load("prod"))
+    # prod's engines as they ran before max_num_seqs followed the workload (256 sequences each),
+    # kept possible by a chat workload short enough for the KV cache to hold them
+    ctx = _ctx(_with(stacks.load("prod"), **{"serving.engine": {"max_num_seqs": 256},
+                                               "serving.workload": {"input_tokens": 2048, "output_tokens": 1024}}))
     assert _planned(ctx) == 3 * 16 * 256 > 2 * EG_DEFAULT_BREAKER  # the defect, in the plan's numbers
     objs = gateway.render(ctx)
     assert (_proxies(objs) - 1) * _breaker(objs)["maxConnections"] >= 2 * _planned(ctx)

@@ -122,3 +122,11 @@ def test_pods_sharing_a_node_share_its_ram():
         kv_offload.plan(gib=None, **{**kw, "node_ram_gib": None})
     assert kv_offload.engines_per_pod(8, 2, 8) == 1  # a pipeline stage per node: the engine's region on each
     assert kv_offload.engines_per_pod(1, 1, 8) == 8
+
+
+def test_offload_with_disaggregation_is_refused():
+    """vLLM would swap the P/D NixlConnector for its OffloadingConnector."""
+    raw = copy.deepcopy(read_raw("pd-example"))
+    raw["serving"]["engine"]["kv_offload"] = True
+    with pytest.raises(SettingsError, match="serving.engine.kv_offload: prefill/decode disaggregation"):
+        build_plan(parse(raw, stack="pd-example"))

@@ -51,11 +51,15 @@ def test_ingress_only_8000_from_gateway_and_monitoring(ctx):
     pol = _by_suffix(network_policy.render(ctx), "-ingress-http")
     (rule,) = pol["spec"]["ingress"]
     assert rule["ports"] == [{"protocol": "TCP", "port": HTTP_PORT}]
-    namespaces = {p["namespaceSelector"]["matchLabels"][NS] for p in rule["from"]}
+    namespaces = {p["namespaceSelector"]["matchLabels"][NS] for p in rule["from"] if "namespaceSelector" in p}
     assert namespaces == {ENTRY_NAMESPACE, ctx.settings.monitoring.namespace}
+    # besides those, only the router's pods (of the namespace itself) when the stack routes through it
+    local = [p for p in rule["from"] if "namespaceSelector" not in p]
+    assert local == ([{"podSelector": {"matchLabels": ctx.selector("router")}}] if ctx.plan.router.enabled else [])
     assert pol["spec"]["podSelector"]["matchLabels"] == ctx.selector("server")
     # From the monitoring namespace only the Prometheus server pods, by the operator's labels
-    (mon,) = [p for p in rule["from"] if p["namespaceSelector"]["matchLabels"][NS] == ctx.settings.monitoring.namespace]
+    (mon,) = [p for p in rule["from"] if p.get("namespaceSelector", {}).get("matchLabels", {}).get(NS)
+              == ctx.settings.monitoring.namespace]
     assert mon["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "prometheus",
                                                   "app.kubernetes.io/managed-by": "prometheus-operator"}}
 

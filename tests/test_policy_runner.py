@@ -224,3 +224,60 @@ def test_a_policy_changing_its_view_does_not_reach_the_next():
         servicer.Analyze(request, None)
         servicer.Analyze(request, None)
     assert seen == [("original", "original")] * 2
+
+
+# --------------------------------------------------------------------------- proxies built as read
+
+
+def _tree(proxy):
+    """A proxy tree as plain data, each dict and list with its class and its path, read
+    through `__target` (which never raises on an unknown value)."""
+    from pulumi_policy.proxy import _DictProxy, _ListProxy
+
+    if isinstance(proxy, _DictProxy):
+        return ("dict", tuple(proxy._DictProxy__props_acc), {k: _tree(v) for k, v in proxy["__target"].items()})
+    if isinstance(proxy, _ListProxy):
+        return ("list", tuple(proxy._ListProxy__props_acc), [_tree(v) for v in proxy["__target"]])
+    return proxy
+
+
+@pytest.mark.parametrize("stack", ["dev", "staging", "prod"])
+def test_proxies_built_as_read_are_the_servicers(stack):
+    """Every resource's properties, proxied as policies read them, hold the same dicts and
+    lists with the same paths as pulumi_policy's own proxies, and the same leaves."""
+    from pulumi_policy.deserialize import deserialize_properties
+    from pulumi_policy.proxy import unknown_checking_proxy as servicers
+
+    rec = engine.run(stack, read_raw(stack), mode="existing")
+    structs = policy_runner.wire_structs(rec)
+    nested = 0
+    for r in rec.resources:
+        props = deserialize_properties(json_format.MessageToDict(structs[r.urn]))
+        assert _tree(policy_runner.unknown_checking_proxy(props)) == _tree(servicers(props)), r.urn
+        nested += sum(isinstance(v, (dict, list)) for v in props.values())
+    assert nested > 100  # the comparison reached nested trees
+
+
+def test_a_proxy_built_as_read_behaves_as_the_servicers():
+    """Reads, unknowns (the error and its path), writes, slices, negative indices, `in`,
+    iteration and equality: the same answers from both proxies."""
+    from pulumi_policy.proxy import UNKNOWN_STRING_VALUE, UnknownValueError, _DictProxy
+    from pulumi_policy.proxy import unknown_checking_proxy as servicers
+
+    source = {"a": {"b": [1, {"c": UNKNOWN_STRING_VALUE}, [2, 3]], "d": "x"}, "e": UNKNOWN_STRING_VALUE}
+
+    def session(proxy):
+        out = [proxy["a"]["d"], list(proxy["a"]["b"][2]), proxy["a"]["b"][-1][0], len(proxy["a"]["b"]),
+               sorted(proxy), "d" in proxy["a"],
+               [(type(x).__name__ if not isinstance(x, _DictProxy) else "proxy") for x in proxy["a"]["b"][0:2]]]
+        for get in (lambda: proxy["e"], lambda: proxy["a"]["b"][1]["c"], lambda: proxy["a"]["b"][-2]["c"]):
+            with pytest.raises(UnknownValueError) as err:
+                get()
+            out.append((err.value.message, err.value.props))
+        proxy["a"]["d"] = {"new": 1}
+        proxy["a"]["b"][1]["c"] = "written"
+        out += [proxy["a"]["d"], type(proxy["a"]["d"]).__name__, proxy["a"]["b"][1]["c"], proxy["a"]["b"][1] == {"c": "written"}]
+        return out
+
+    assert session(policy_runner.unknown_checking_proxy(source)) == session(servicers(source))
+    assert source["a"]["d"] == "x" and source["a"]["b"][1]["c"] == UNKNOWN_STRING_VALUE  # the source is never written

@@ -198,8 +198,10 @@ def test_reader_role_trusts_only_the_serving_service_account(existing, stack):
     role = of(rec, "iam/role:Role")[0].inputs
     trust = json.loads(role["trustPolicyDocument"])["Statement"][0]
     assert trust["Action"] == ["sts:AssumeRoleWithOIDC"]
+    # and the pre-warm's, which syncs the same weights under its own identity
     assert trust["Condition"]["StringEquals"]["oidc:sub"] == [
-        f"system:serviceaccount:{s.serving.namespace}:{s.serving.service_account}"]
+        f"system:serviceaccount:{s.serving.namespace}:{s.serving.service_account}",
+        f"system:serviceaccount:{s.serving.namespace}:{s.serving.name}-prewarm"]
     attach = of(rec, "iam/rolePolicyAttachment:RolePolicyAttachment")[0].inputs
     policy = of(rec, "iam/policy:Policy")[0].inputs
     assert attach["roleName"] == role["roleName"] and attach["policyName"] == policy["policyName"]

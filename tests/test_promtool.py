@@ -149,7 +149,8 @@ def test_alert_unit_tests(promtool, stack, tmp_path):
     ctx = ctx_for(stack)
     write_rules(ctx, tmp_path, summary_only=True)
     tests = write_tests(ctx, tmp_path)
-    assert len(tests) == len(TEST_FILES)
+    # every file runs, but the routing tier's where the stack has none (workloads/edge/router.py)
+    assert len(tests) == len(TEST_FILES) - (0 if ctx.plan.router.enabled else 1)
     res = run(promtool, "test", "rules", *tests, cwd=tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
 
@@ -160,7 +161,8 @@ def test_every_alert_has_a_firing_and_a_quiet_case():
         for t in yaml.safe_load(f.read_text())["tests"]:
             for a in t.get("alert_rule_test", []):
                 (fires if a.get("exp_alerts") else quiet).add(a["alertname"])
-    shipped = set(monitoring.alert_names(ctx_for("dev")))
+    # over the shipped stacks: the routing tier's alerts exist where it is on (prod)
+    shipped = {a for stack in STACKS for a in monitoring.alert_names(ctx_for(stack))}
     assert shipped - fires == set(), "alerts without a case that fires them"
     assert shipped - quiet == set(), "alerts without a case that must not fire"
     assert (fires | quiet) - shipped == set(), "cases for alerts that do not exist"

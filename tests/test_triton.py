@@ -93,6 +93,24 @@ def test_model_json_holds_exactly_the_engine_arguments_vllm_would_get():
     assert json.loads(md["annotations"]["deepseek-volc/engine-args"]) == flags
 
 
+@pytest.mark.filterwarnings("ignore::stacks.regions.PlacementWarning")
+def test_a_tensor_parallel_engine_gets_its_size_in_model_json():
+    """The example stack runs on one GPU (TP=1, what model.json says by default, so a size
+    hard-coded to 1 passed): on a pool of 2-GPU nodes (2 x A100 80 GB) with TP=2, model.json,
+    the vLLM flags and the GPUs the pod asks for all say 2."""
+    ctx = ctx_for(STACK, cluster__gpu_pools__a10__instance_type="ecs.pni2.7xlarge",
+                  serving__engine__tensor_parallel_size=2)
+    assert not ctx.multi_node and ctx.engine.tensor_parallel_size == 2
+    doc = json.loads(repository(ctx)["data"]["model.json"])
+    assert doc["tensor_parallel_size"] == 2 and doc["pipeline_parallel_size"] == 1
+    c = container(ctx)
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    args = json.loads(deployment(ctx)["spec"]["template"]["metadata"]["annotations"]["deepseek-volc/engine-args"])
+    assert args[args.index("--tensor-parallel-size") + 1] == "2"
+    # the backend starts one process per rank from KIND_MODEL, not one instance per GPU
+    assert "kind: KIND_MODEL" in repository(ctx)["data"]["config.pbtxt"]
+
+
 def test_config_pbtxt_uses_the_vllm_backend_with_its_metrics_and_health_check():
     ctx = ctx_for(STACK)
     text = repository(ctx)["data"]["config.pbtxt"]

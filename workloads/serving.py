@@ -17,7 +17,9 @@ import pulumi_volcengine as volc
 from stacks.constants import HTTP_PORT, MANAGED_BY, PART_OF
 from stacks.plan import StackPlan
 from workloads.engine import autoscaling
+from workloads.engine import disaggregation
 from workloads.edge import gateway
+from workloads.edge import router
 from workloads.engine import manifests
 from workloads.observability import monitoring
 from workloads.platform import namespaces
@@ -53,12 +55,13 @@ class ServingArgs:
 
 def renderers(ctx: ServingContext) -> list[Renderer]:
     """Every renderer whose objects join the serving objects, in dependency order."""
-    out: list[Renderer] = [network_policy.render, gateway.render]
+    out: list[Renderer] = [network_policy.render, router.render, gateway.render]
     s = ctx.settings
     if ctx.plan.rollout.argo:
         out.append(rollout.render)
     if s.autoscaling.enabled:
-        out.append(autoscaling.render)
+        # each side of a disaggregated stack on its own signal, else the aggregated replicas
+        out.append(disaggregation.render_autoscaling if disaggregation.enabled(ctx) else autoscaling.render)
     if s.monitoring.enabled:
         out.append(monitoring.render)
     return out
@@ -67,6 +70,9 @@ def renderers(ctx: ServingContext) -> list[Renderer]:
 def render_all(ctx: ServingContext, role_trn: pulumi.Input[str] | str) -> list[dict]:
     """All Kubernetes objects of the serving stack (what the component registers)."""
     objs = manifests.render(ctx, role_trn)  # type: ignore[arg-type]
+    # prefill and decode workloads in place of the aggregated one
+    objs = [o for o in objs if not disaggregation.replaces(ctx, o)]
+    objs += disaggregation.render(ctx, role_trn)  # type: ignore[arg-type]
     objs += resilience.render(ctx, role_trn)  # type: ignore[arg-type]
     for render in renderers(ctx):
         objs.extend(render(ctx))

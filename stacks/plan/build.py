@@ -13,6 +13,7 @@ from stacks.addons import ADDONS, Addon
 from stacks.constants import ENTRY_NAMESPACE, HTTP_PORT, entry_service
 from stacks.errors import Refusal, SettingsError
 from stacks.nodepools import rdma_per_pod
+from stacks.plan.disaggregation import plan_disaggregation, plan_router
 from stacks.plan.network import plan_network
 from stacks.plan.pools import check_pool_zones, plan_pools
 from stacks.plan.serving import (
@@ -70,8 +71,13 @@ def _derive(s: StackSettings) -> StackPlan:
     pools = plan_pools(s, engine)
     grace = termination_grace(s)
     rollout = plan_rollout(s, engine)
+    if s.serving.disaggregation.enabled and rollout.argo:
+        # each side rolls out as its own Deployment/LeaderWorkerSet update; Argo's canary
+        # manages one workload, not two
+        rollout = replace(rollout, argo=False, surge=s.rollout.max_surge)
     room = replicas_per_pool(s, engine)
     check_pool_capacity(s, engine, rollout, room)
+    disaggregation = plan_disaggregation(s, model, slo, rollout.surge)
     pool = pools[s.serving.gpu_pool]
     low, high = replica_bounds(s)
     serving = ServingPlan(
@@ -86,7 +92,9 @@ def _derive(s: StackSettings) -> StackPlan:
         names=names,
         network=network,
         pools=pools,
-        addons=_addons(s, serving.rdma_per_pod),
+        # the RDMA device plugin also where only a disaggregated side's pods take NICs (KV transfer)
+        addons=_addons(s, serving.rdma_per_pod or max((ph.rdma_per_pod for ph in disaggregation.phases()), default=0)
+                       if disaggregation else serving.rdma_per_pod),
         edge=EdgePlan(zones=tuple(s.gateway.zones or s.zones[:APIG_MAX_SUBNETS]), upstreams=_upstreams(s)),
         serving=serving,
         rollout=rollout,
@@ -95,6 +103,8 @@ def _derive(s: StackSettings) -> StackPlan:
                                **s.tags}),
         policy_config=s.policy_config or f"policies/config/{s.environment_class}.json",
         trace_endpoint=_trace_endpoint(s),
+        disaggregation=disaggregation,
+        router=plan_router(s, engine, rollout, disaggregation),
     )
 
 

@@ -289,6 +289,11 @@ def plan_kv_offload(s: StackSettings, model: ModelSpec, engine: Plan, pool: Pool
     """Each serving pod's KV offload buffers, sized from the node's RAM (capacity.kv_offload);
     refused when a set size does not fit the node."""
     e = s.serving.engine
+    if e.kv_offload and s.serving.disaggregation.enabled:
+        raise Refusal("serving.engine.kv_offload: prefill/decode disaggregation connects the engines with "
+                      "NixlConnector, and vLLM 0.32's --kv-offloading-size replaces the configured connector with "
+                      "its OffloadingConnector (vllm/config/vllm.py); expected kv_offload off with "
+                      "serving.disaggregation (a MultiConnector of both is not rendered)")
     hw = pool.hardware
     if pool.mig is not None:
         pods_per_node = hw.gpus_per_node * pool.mig.per_gpu

@@ -130,6 +130,52 @@ class Slo:
 
 
 @dataclass(frozen=True)
+class PhasePlan:
+    """One side: its engine plan, pool and replica bounds."""
+
+    role: str  # prefill | decode
+    kv_role: str  # kv_producer | kv_consumer (NixlConnector deprecates kv_both)
+    engine: Plan
+    pool: str
+    min_replicas: int
+    max_replicas: int
+    modelled_replicas: int  # what the performance model asks at the design load
+    gpus_per_pod: int
+    rdma_per_pod: int  # RDMA NICs each pod attaches (the KV transfer's, and the group's when multi-node)
+
+    @property
+    def nodes(self) -> int:
+        return self.engine.nodes
+
+    @property
+    def multi_node(self) -> bool:
+        return self.engine.nodes > 1
+
+
+@dataclass(frozen=True)
+class DisaggregationPlan:
+    prefill: PhasePlan
+    decode: PhasePlan
+    side_channel_port: int
+    requests_per_second: float
+    model: Mapping[str, object]  # the performance model's figures (capacity.sizing.disaggregated)
+
+    @property
+    def ratio(self) -> str:
+        return f"{self.prefill.modelled_replicas}:{self.decode.modelled_replicas}"
+
+    def phases(self) -> tuple[PhasePlan, PhasePlan]:
+        return self.prefill, self.decode
+
+
+@dataclass(frozen=True)
+class RouterPlan:
+    enabled: bool
+    mode: str  # cache_aware (aggregated), pd (disaggregated), dp_aware (data-parallel engines)
+    data_parallel_size: int  # engines behind one API server (DP-aware routing), 1 otherwise
+
+
+@dataclass(frozen=True)
 class StackPlan:
     """What the user wrote (`settings`) and every decision derived from it, once."""
 
@@ -145,6 +191,9 @@ class StackPlan:
     tags: Mapping[str, str]  # on every taggable resource
     policy_config: str  # the policy pack config the stack is judged by, relative to the repository root
     trace_endpoint: str  # OTLP/HTTP base URL the collector exports spans to
+    # prefill/decode sides (stacks/plan/disaggregation.py), None when aggregated
+    disaggregation: DisaggregationPlan | None = None
+    router: RouterPlan | None = None  # the routing tier; None: no router
 
     @property
     def serving_pool(self) -> PoolPlan:

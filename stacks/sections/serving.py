@@ -210,6 +210,86 @@ class TritonSettings(Model):
         return self
 
 
+class PhaseSettings(Model):
+    """One side of prefill/decode disaggregation: its pool, its replica bounds, its layout."""
+
+    pool: str | None = Field(None, description="GPU pool this side runs on; serving.gpu_pool when unset (same pool)")
+    min_replicas: int | None = Field(
+        None, ge=1, le=100,
+        description="fewest groups of this side; the performance model's count at disaggregation.requests_per_second "
+        "when unset",
+    )
+    max_replicas: int | None = Field(
+        None, ge=1, le=100, description="most groups the autoscaler may run; twice min_replicas when unset",
+    )
+    parallelism: Literal["auto", "tp_pp", "tp_ep", "dp_ep"] | None = Field(
+        None, description="layout of one group (see serving.engine.parallelism); serving.engine.parallelism when unset",
+    )
+    tensor_parallel_size: int | None = Field(None, ge=1, le=64, description="GPUs per pipeline stage; planner picks when unset")
+    data_parallel_size: int | None = Field(None, ge=1, le=256, description="engines per group with tp_ep/dp_ep")
+
+    @model_validator(mode="after")
+    def _bounds(self):
+        if self.min_replicas is not None and self.max_replicas is not None and self.max_replicas < self.min_replicas:
+            raise ValueError(f"max_replicas: {self.max_replicas} is below min_replicas ({self.min_replicas})")
+        return self
+
+
+class DisaggregationSettings(Model):
+    """Prefill/decode disaggregation: prefill groups compute the prompt's KV cache, decode groups pull it
+    over NIXL (UCX, RDMA on RDMA pools) and generate; vLLM Router sends each request to both
+    (docs/serving.md, "Prefill/decode disaggregation")."""
+
+    enabled: bool = Field(False, description="run separate prefill and decode groups instead of aggregated replicas")
+    requests_per_second: float | None = Field(
+        None, gt=0, le=100000,
+        description="the design load the prefill:decode ratio is sized for (capacity/sizing.py disaggregated(), at "
+        "the stack's TTFT and ITL objectives); required when enabled",
+    )
+    input_tokens: int = Field(2048, ge=1, le=1_048_576, description="prompt length of the design load")
+    output_tokens: int = Field(1024, ge=1, le=1_048_576, description="output length of the design load")
+    side_channel_port: int = Field(
+        5600, ge=1024, le=65000,
+        description="first NIXL handshake port (VLLM_NIXL_SIDE_CHANNEL_PORT; engine i of a group listens on it + i)",
+    )
+    prefill: PhaseSettings = Field(default_factory=PhaseSettings, description="the prefill side")
+    decode: PhaseSettings = Field(default_factory=PhaseSettings, description="the decode side")
+
+    @model_validator(mode="after")
+    def _rate(self):
+        if self.enabled and self.requests_per_second is None:
+            raise ValueError("requests_per_second: required when disaggregation is enabled; expected the design "
+                             "load in requests per second the prefill:decode ratio is sized for")
+        if self.side_channel_port == HTTP_PORT:
+            raise ValueError(f"side_channel_port: {HTTP_PORT} is the OpenAI port; expected a free port")
+        return self
+
+
+class RouterSettings(Model):
+    """vLLM Router between the gateway and the engines (docs/serving.md, "Routing tier")."""
+
+    enabled: bool | None = Field(
+        None,
+        description="route through vLLM Router (cache-aware for aggregated replicas, P/D for disaggregation, "
+        "DP-aware for wide expert parallelism); unset: on unless Argo Rollouts runs the canary (the router finds "
+        "engines by label and cannot follow Argo's stable/canary split)",
+    )
+    replicas: int = Field(2, ge=2, le=20, description="router replicas (at least 2, spread over nodes and zones)")
+    policy: Literal["cache_aware", "power_of_two", "round_robin", "consistent_hash"] | None = Field(
+        None,
+        description="routing policy (both sides in P/D); unset: cache_aware, and for the decode side power_of_two "
+        "(round_robin below two decode groups: vllm-router refuses power_of_two with fewer workers)",
+    )
+    metrics_port: int = Field(29000, ge=1024, le=65535, description="the router's Prometheus port")
+    port: int = Field(8080, ge=1024, le=65535, description="the router's HTTP port")
+
+    @model_validator(mode="after")
+    def _ports(self):
+        if self.port == self.metrics_port:
+            raise ValueError(f"metrics_port: {self.metrics_port} is already the router's port; expected another")
+        return self
+
+
 class ServingSettings(Model):
     namespace: Name = Field("deepseek-serving", description="namespace of the serving workload")
     name: Name = Field("deepseek", description="release name (prefix of every serving object)")
@@ -283,6 +363,10 @@ class ServingSettings(Model):
         description="JWT authentication: the identity provider (issuer, audiences, JWKS) this stack trusts"
     )
     rate_limits: RateLimitSettings = Field(default_factory=RateLimitSettings, description="per-consumer rate limits")
+    disaggregation: DisaggregationSettings = Field(
+        default_factory=DisaggregationSettings, description="prefill/decode disaggregation over NIXL"
+    )
+    router: RouterSettings = Field(default_factory=RouterSettings, description="the routing tier (vLLM Router)")
 
     @model_validator(mode="after")
     def _token_budget(self):

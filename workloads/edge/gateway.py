@@ -262,12 +262,25 @@ def _backend(name: str, weight: int) -> dict:
     return {"group": "", "kind": "Service", "name": name, "port": HTTP_PORT, "weight": weight}
 
 
+def stable_backend(ctx: ServingContext) -> str:
+    """Where the stable share goes: the routing tier when on (workloads/edge/router.py), which
+    picks the engine, else the stable Service of the engines."""
+    return ctx.router_service if ctx.routed else ctx.stable_service
+
+
 def http_route(ctx: ServingContext) -> dict:
     ab = ctx.settings.gateway.ab_header
     stable, canary = route_weights(ctx)
     timeouts = {"request": NO_TOTAL_TIMEOUT}
     path = {"type": "PathPrefix", "value": API_PREFIX}
     rules = []
+    if ctx.plan.disaggregation is not None:
+        # every request needs a prefill and a decode group, which only the router pairs: no
+        # canary track bypasses it (the settings refuse a canary weight)
+        rules.append({"name": SPLIT_RULE, "matches": [{"path": path}],
+                      "backendRefs": [_backend(ctx.router_service, 100)], "timeouts": timeouts})
+        return {"apiVersion": GATEWAY_API, "kind": "HTTPRoute", "metadata": ctx.metadata(ctx.release, "gateway"),
+                "spec": {"parentRefs": [{"name": gateway_name(ctx), "sectionName": LISTENER}], "rules": rules}}
     if not ctx.plan.rollout.argo:
         # Requests that opt into the B variant always reach the canary track. (With Argo,
         # Argo adds this rule for the length of a rollout: see AB_RULE.)
@@ -282,7 +295,7 @@ def http_route(ctx: ServingContext) -> dict:
         "matches": [{"path": path}],
         # Both backends are always listed (weight 0 included) so a rollout only has to move
         # weights, never add a backend; Argo's header rule copies this rule's matches.
-        "backendRefs": [_backend(ctx.stable_service, stable), _backend(ctx.canary_service, canary)],
+        "backendRefs": [_backend(stable_backend(ctx), stable), _backend(ctx.canary_service, canary)],
         "timeouts": timeouts,
     })
     return {

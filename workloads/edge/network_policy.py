@@ -9,9 +9,22 @@
                        outside the cluster's own ranges
              :4317  -> the OpenTelemetry Collector's namespace [spans, when tracing]
     both     all    <-> the serving pods themselves           [multi-node only]
+    egress   :443, :6443 -> the cluster's own ranges, from   [the pre-warm's node label]
+                       the pre-warm pods only
+
+With the routing tier (workloads/edge/router.py):
+
+    router   :8080  <- Envoy proxies; :29000 <- Prometheus pods
+             -> :8000 of the serving pods; -> :443/:6443 of the cluster's own ranges (the
+                Kubernetes API: service discovery watches pods)
+    serving  :8000  <- the router pods (and the proxies for the canary track; not in a
+                       disaggregated stack, whose every request the router pairs)
+    P/D      prefill <-> decode: the NIXL handshake ports (and, without RDMA, every port:
+             UCX moves the KV over TCP on ports it picks)
 
 vLLM never calls the Kubernetes API (the pods do not even mount a token), so no policy
-admits the API server. Kubelet probes come from the pod's own node, which NetworkPolicy
+admits the API server for them; the pre-warm pods, which label their node once its cache
+holds the weights (multi-node sync stacks), reach it. Kubelet probes come from the pod's own node, which NetworkPolicy
 implementations let through regardless of policy.
 """
 
@@ -20,7 +33,10 @@ from __future__ import annotations
 import ipaddress
 
 from stacks.constants import ENTRY_NAMESPACE, HTTP_PORT
+from stacks.plan.disaggregation import PD_ROLE_LABEL
+from workloads.edge import router
 from workloads.observability import telemetry
+from workloads.engine import groups
 from workloads.engine.context import ServingContext
 
 NS_LABEL = "kubernetes.io/metadata.name"  # set by the API server on every namespace (1.22+)
@@ -57,7 +73,9 @@ def ingress_http(ctx: ServingContext) -> dict:
     """Port 8000 only, and only from the gateway hop and from the Prometheus pods."""
     s = ctx.settings
     sources: list[dict] = []
-    if s.serving.in_cluster_gateway:
+    if router.enabled(ctx):
+        sources.append({"podSelector": {"matchLabels": ctx.selector(router.COMPONENT)}})
+    if s.serving.in_cluster_gateway and ctx.plan.disaggregation is None:
         sources.append(_ns(ENTRY_NAMESPACE))
     else:
         # The APIG edge reaches the pods from its ENIs in the node subnets (infra/__init__.py
@@ -66,7 +84,7 @@ def ingress_http(ctx: ServingContext) -> dict:
     if s.monitoring.enabled:
         # Only the Prometheus servers, not every pod of the monitoring namespace: Grafana
         # (or anything else deployed there) must go through the gateway like any client.
-        sources.append({**_ns(s.monitoring.namespace), "podSelector": {"matchLabels": dict(PROMETHEUS_POD_LABELS)}})
+        sources.append(_prometheus(ctx))
     return _policy(ctx, f"{ctx.release}-ingress-http", {
         "podSelector": {"matchLabels": ctx.selector("server")},
         "policyTypes": ["Ingress"],
@@ -123,23 +141,90 @@ def egress_otlp(ctx: ServingContext) -> dict:
     })
 
 
-def group_traffic(ctx: ServingContext) -> dict:
+def group_traffic(ctx: ServingContext, role: str | None = None) -> dict:
     """Multi-node replicas: leader and workers talk on dynamic ports (torch.distributed
     store, NCCL bootstrap and sockets, Ray/gloo), so all ports, but only among the serving
-    pods. RDMA traffic bypasses the kernel network stack and is not subject to this."""
-    peers = [{"podSelector": {"matchLabels": ctx.selector("server")}}]
-    return _policy(ctx, f"{ctx.release}-group", {
-        "podSelector": {"matchLabels": ctx.selector("server")},
+    pods (of one side, when disaggregated: the other side gets only the KV transfer's ports).
+    RDMA traffic bypasses the kernel network stack and is not subject to this."""
+    sel = ctx.selector("server") if role is None else {**ctx.selector("server"), PD_ROLE_LABEL: role}
+    peers = [{"podSelector": {"matchLabels": sel}}]
+    return _policy(ctx, f"{ctx.release}-group" + (f"-{role}" if role else ""), {
+        "podSelector": {"matchLabels": sel},
         "policyTypes": ["Ingress", "Egress"],
         "ingress": [{"from": peers}],
         "egress": [{"to": peers}],
     })
 
 
+def _prometheus(ctx: ServingContext) -> dict:
+    return {**_ns(ctx.settings.monitoring.namespace), "podSelector": {"matchLabels": dict(PROMETHEUS_POD_LABELS)}}
+
+
+def router_traffic(ctx: ServingContext) -> dict:
+    """The router: requests from the proxies, scrapes from Prometheus; out to the engines'
+    HTTP port and to the Kubernetes API (its pod watch)."""
+    r = ctx.settings.serving.router
+    ingress = [{"from": [_ns(ENTRY_NAMESPACE)], "ports": [{"protocol": "TCP", "port": r.port}]}]
+    if ctx.settings.monitoring.enabled:
+        ingress.append({"from": [_prometheus(ctx)], "ports": [{"protocol": "TCP", "port": r.metrics_port}]})
+    api = [{"ipBlock": {"cidr": c}} for c in cluster_cidrs(ctx)]
+    return _policy(ctx, f"{ctx.release}-router", {
+        "podSelector": {"matchLabels": ctx.selector(router.COMPONENT)},
+        "policyTypes": ["Ingress", "Egress"],
+        "ingress": ingress,
+        "egress": [
+            {"to": [{"podSelector": {"matchLabels": ctx.selector("server")}}],
+             "ports": [{"protocol": "TCP", "port": HTTP_PORT}]},
+            # the API server's Service (443) and its endpoints in the VPC (6443 on VKE)
+            {"to": api, "ports": [{"protocol": "TCP", "port": 443}, {"protocol": "TCP", "port": 6443}]},
+        ],
+    })
+
+
+def kv_transfer(ctx: ServingContext) -> dict:
+    """Prefill and decode pods reach each other's NIXL handshake listeners; over RDMA the KV
+    itself bypasses the kernel's network stack, over TCP UCX picks its ports."""
+    d = ctx.plan.disaggregation
+    sides = {"podSelector": {"matchLabels": ctx.selector("server"), "matchExpressions": [
+        {"key": PD_ROLE_LABEL, "operator": "In", "values": ["prefill", "decode"]}]}}
+    rule: dict = {"from": [sides]}
+    out_rule: dict = {"to": [sides]}
+    if all(ph.rdma_per_pod for ph in d.phases()):
+        dp = max(ph.engine.data_parallel_size for ph in d.phases())
+        ports = [{"protocol": "TCP", "port": d.side_channel_port, **({"endPort": d.side_channel_port + dp - 1}
+                                                                     if dp > 1 else {})}]
+        rule["ports"] = out_rule["ports"] = ports
+    return _policy(ctx, f"{ctx.release}-kv-transfer", {
+        "podSelector": sides["podSelector"],
+        "policyTypes": ["Ingress", "Egress"],
+        "ingress": [rule],
+        "egress": [out_rule],
+    })
+
+
+def egress_kube_api(ctx: ServingContext) -> dict:
+    """The pre-warm pods to the API server: the `kubernetes` Service (443, in the service
+    CIDR) and the private endpoint it forwards to (6443, in the VPC), nothing else."""
+    return _policy(ctx, f"{ctx.release}-prewarm-kube-api", {
+        "podSelector": {"matchLabels": ctx.selector("prewarm")},
+        "policyTypes": ["Egress"],
+        "egress": [{"to": [{"ipBlock": {"cidr": c}} for c in cluster_cidrs(ctx)],
+                    "ports": [{"protocol": "TCP", "port": 443}, {"protocol": "TCP", "port": 6443}]}],
+    })
+
+
 def render(ctx: ServingContext) -> list[dict]:
     objs = [default_deny(ctx), ingress_http(ctx), egress_dns(ctx), egress_https(ctx)]
+    if router.enabled(ctx):
+        objs.append(router_traffic(ctx))
+    if ctx.plan.disaggregation is not None:
+        objs.append(kv_transfer(ctx))
     if telemetry.tracing_on(ctx.plan):
         objs.append(egress_otlp(ctx))
-    if ctx.multi_node:
+    if ctx.plan.disaggregation is not None:
+        objs += [group_traffic(ctx, ph.role) for ph in ctx.plan.disaggregation.phases() if ph.multi_node]
+    elif ctx.multi_node:
         objs.append(group_traffic(ctx))
+    if groups.marks_nodes(ctx):
+        objs.append(egress_kube_api(ctx))
     return objs

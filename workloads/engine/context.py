@@ -73,6 +73,16 @@ class ServingContext:
         return f"{self.release}-canary"
 
     @property
+    def router_service(self) -> str:
+        """The routing tier's Deployment and Service (workloads/edge/router.py)."""
+        return f"{self.release}-router"
+
+    @property
+    def routed(self) -> bool:
+        """The stack routes through vLLM Router (StackPlan.router)."""
+        return self.plan.router is not None and self.plan.router.enabled
+
+    @property
     def served_model_name(self) -> str:
         return self.settings.serving.served_model_name or self.model.name
 

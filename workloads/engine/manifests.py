@@ -17,6 +17,7 @@ from capacity.planner import checkpoint_bytes
 from stacks.regions import tos_internal_s3_host
 from workloads.engine import engine_args
 from workloads.engine import deepep
+from workloads.engine import groups
 from workloads.engine import rdma
 from workloads.observability import telemetry
 from workloads.engine import triton
@@ -27,7 +28,6 @@ from stacks.constants import (
     HTTP_PORT,
     MODEL_CACHE_DIR,
     MODEL_CACHE_HOST_PATH,
-    POOL_LABEL,
     ROLE_LABEL,
     SERVING_UID,
     STS_AUDIENCE,
@@ -207,7 +207,8 @@ def worker_probes(ctx: ServingContext) -> dict:
     kubelet restarts the container and the LeaderWorkerSet recreates the group."""
     check = {"exec": {"command": ["python3", "-m", "runtime.health", "workers", "--expect", str(ctx.gpus_per_pod)]}}
     return {
-        # The processes start within a minute of the container (the sync ran before it).
+        # The processes start within a minute of the container (the sync and the wait for
+        # the leader ran before it, in init containers).
         "startupProbe": {**check, "periodSeconds": 10, "timeoutSeconds": 10, "failureThreshold": 30},
         "readinessProbe": {**check, "periodSeconds": 20, "timeoutSeconds": 10, "failureThreshold": 3},
         "livenessProbe": {**check, "periodSeconds": 20, "timeoutSeconds": 10, "failureThreshold": 3},
@@ -301,6 +302,13 @@ def init_containers(ctx: ServingContext, role_trn_env: dict) -> list[dict]:
     ]
 
 
+def leader_wait_seconds(ctx: ServingContext) -> int:
+    """How long a worker waits for its leader (groups.wait_for_leader): the leader's whole
+    weights sync (it may land on an empty cache while the worker's node was warm) plus
+    groups.LEADER_START_MARGIN_SECONDS."""
+    return sync_seconds(ctx) + groups.LEADER_START_MARGIN_SECONDS
+
+
 def engine_env(ctx: ServingContext) -> list[dict]:
     env = [
         {"name": "HOME", "value": HOME_DIR},
@@ -346,7 +354,8 @@ def pre_stop_seconds(ctx: ServingContext, *, serving: bool) -> int:
     waits `drain_seconds`: its pod has left the Services' endpoints when deletion began, and
     this is the time for the gateway to stop sending to it; then vLLM drains in-flight
     requests (`--shutdown-timeout`). A headless worker of a multi-node group must outlive
-    its leader's drain (the leader's requests run through it), so it waits that long too."""
+    its leader's drain (the leader's requests run through it): it waits at most that long,
+    and only while the leader has requests to drain (groups.worker_pre_stop)."""
     sv = ctx.settings.serving
     if serving:
         return sv.drain_seconds
@@ -371,7 +380,8 @@ def engine_container(ctx: ServingContext, args: list[str], *, serving: bool, hea
         "securityContext": container_security(),
         # The gateway stops routing here before SIGTERM; in-flight generations then finish
         # (vLLM's drain) within terminationGracePeriodSeconds.
-        "lifecycle": {"preStop": {"sleep": {"seconds": pre_stop_seconds(ctx, serving=serving)}}},
+        "lifecycle": {"preStop": {"sleep": {"seconds": pre_stop_seconds(ctx, serving=True)}} if serving
+                      else groups.worker_pre_stop(ctx, pre_stop_seconds(ctx, serving=False))},
     }
     if serving:
         c["ports"] = [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"}]
@@ -385,9 +395,7 @@ def scheduling(ctx: ServingContext, component: str) -> dict:
     selector = ctx.selector(component)
     return {
         "tolerations": [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],
-        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-            {"matchExpressions": [{"key": POOL_LABEL, "operator": "In", "values": [ctx.gpu_pool]}]}
-        ]}}},
+        "affinity": {"nodeAffinity": groups.node_affinity(ctx)},
         # Spread replicas over zones so one zone's outage leaves capacity; ScheduleAnyway
         # because GPUs are scarce and an unschedulable replica helps nobody.
         "topologySpreadConstraints": [
@@ -538,7 +546,8 @@ def leader_worker_set(ctx: ServingContext, role_trn_env: dict) -> dict:
                     "metadata": {"labels": worker_labels},
                     "spec": pod_spec(ctx, [engine_container(ctx, worker_args, serving=False, headless=True,
                                                             shell_args=shell_args)],
-                                     init, "server"),
+                                     init + [groups.wait_for_leader(ctx, leader_wait_seconds(ctx),
+                                                                    container_security())], "server"),
                 }),
             },
         },
@@ -561,6 +570,7 @@ def with_rdma(ctx: ServingContext, template: dict) -> dict:
     # DeepEP's NVSHMEM transport over the same NICs (workloads/engine/deepep.py)
     engine["env"] = engine["env"] + extra.env + deepep.env(ctx, extra.nics, backend)
     engine["securityContext"]["capabilities"]["add"] = extra.capabilities
+    engine["startupProbe"] = rdma.startup_probe(ctx, engine["startupProbe"])
     return template
 
 

@@ -15,6 +15,15 @@ its VKE deployments):
 - samples/disaggregation/vllm/README.md: the resource, the annotation and NCCL_IB_GID_INDEX
   are specific to VolcEngine; samples/disaggregation/vllm/1p1d.yaml: NCCL_IB_GID_INDEX=7.
 
+NCCL is held to the RDMA NICs. Left to itself it falls back to TCP sockets when the IB
+devices it is told about do not work (a wrong NCCL_IB_HCA, no RDMA resource), and the group
+serves at a fraction of its speed with nothing failing. NCCL_NET=IB forces the IB verbs
+transport, so NCCL fails instead ("NCCL_NET: Forces NCCL to use a specific network ...
+and doesn't automatically fall back", NVIDIA/nccl docs/userguide/source/env.rst); and
+NCCL's INFO log of its start (subsystems INIT and NET) goes to one file per process under
+the container's /tmp (NCCL_DEBUG_FILE, `%h` host, `%p` pid), where the start-up probes
+(runtime/health.py) require the IB transport before the pod counts as started.
+
 Single-node replicas get nothing from here: their GPUs talk over NVLink.
 """
 
@@ -23,12 +32,17 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from stacks.constants import HTTP_PORT
 from workloads.engine.context import ServingContext
 
 RDMA_RESOURCE = "vke.volcengine.com/rdma"
 POD_NETWORKS_ANNOTATION = "k8s.volcengine.com/pod-networks"
 NCCL_IB_GID_INDEX = "7"  # RoCE v2 GID of the pod's RDMA interface on VKE (aibrix 1p1d.yaml)
 FIRST_RDMA_HCA = 1  # mlx5_0 is the VPC NIC; RDMA NICs follow it
+# NCCL's own log, one file per process in the engine container's /tmp emptyDir
+# (workloads/engine/manifests.py TMP_DIR); what the start-up check reads.
+NCCL_LOG_FILE = "/tmp/nccl.%h.%p.log"
+NCCL_LOG_GLOB = "/tmp/nccl.*.log"
 
 
 @dataclass(frozen=True)
@@ -58,9 +72,32 @@ def extras(ctx: ServingContext) -> RdmaExtras | None:
         resources={RDMA_RESOURCE: str(nics)},
         env=[
             {"name": "NCCL_IB_DISABLE", "value": "0"},
+            # IB or nothing: never a silent fall-back to TCP sockets
+            {"name": "NCCL_NET", "value": "IB"},
+            {"name": "NCCL_DEBUG", "value": "INFO"},
+            {"name": "NCCL_DEBUG_SUBSYS", "value": "INIT,NET"},
+            {"name": "NCCL_DEBUG_FILE", "value": NCCL_LOG_FILE},
             {"name": "NCCL_IB_HCA", "value": hca_list(nics)},
             {"name": "NCCL_IB_GID_INDEX", "value": NCCL_IB_GID_INDEX},
             {"name": "GLOO_SOCKET_IFNAME", "value": "eth0"},
         ],
         capabilities=["IPC_LOCK"],
     )
+
+
+def startup_probe(ctx: ServingContext, probe: dict) -> dict:
+    """The start-up probe of an engine on RDMA, which also requires NCCL's log to show the
+    IB transport (runtime/health.py): a leader's /health, or a worker's engine processes,
+    and the IB lines. A worker's probe waits up to the model load for them (its
+    communicators start with the group, after the handshake)."""
+    if "httpGet" in probe:
+        url = f"http://127.0.0.1:{HTTP_PORT}{probe['httpGet']['path']}"
+        check = ["python3", "-m", "runtime.health", "startup", "--url", url]
+        out = {k: v for k, v in probe.items() if k != "httpGet"}
+    else:
+        check = list(probe["exec"]["command"])
+        out = {k: v for k, v in probe.items() if k != "exec"}
+        out["failureThreshold"] = max(out["failureThreshold"],
+                                      -(-ctx.settings.serving.startup_timeout_seconds // out["periodSeconds"]))
+    return {"exec": {"command": check + ["--nccl-logs", NCCL_LOG_GLOB]}, **out}
+

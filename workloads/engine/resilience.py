@@ -12,7 +12,10 @@
   model cache; it then sleeps on the serving image so the kubelet's image GC keeps it. A
   node that joins (autoscaling, repair, warm capacity) is warmed before a serving pod is
   placed there; a serving pod that lands meanwhile waits on the cache lock and finds the
-  files there (runtime/weights.py).
+  files there (runtime/weights.py). For multi-node groups it then labels the node with the
+  weights revision it verified (WEIGHTS_LABEL, groups.weights_revision; the groups prefer such nodes): its
+  own ServiceAccount may get and patch nodes, nothing else, and only the sync container
+  gets the API token.
 * warm capacity: a PriorityClass below every other pod's (-1, preemptionPolicy Never) and
   placeholder pods that hold one serving pod's GPUs each. A new serving replica preempts a
   placeholder at once instead of waiting minutes for a node; the evicted placeholder goes
@@ -23,8 +26,8 @@
 
 from __future__ import annotations
 
-from stacks.constants import GPU_MODEL_LABEL, GPU_RESOURCE, POOL_LABEL
-from workloads.engine import manifests
+from stacks.constants import GPU_MODEL_LABEL, GPU_RESOURCE, POOL_LABEL, PREWARM_SUFFIX, WEIGHTS_LABEL
+from workloads.engine import groups, manifests
 from workloads.engine.context import ServingContext
 
 HEALTH_NAME = "gpu-health"
@@ -117,11 +120,39 @@ def gpu_health(ctx: ServingContext) -> list[dict]:
 # --------------------------------------------------------------------------- pre-warm
 
 
+KUBE_API_TOKEN_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"  # where in-cluster clients look
+
+
+def _kube_api_token() -> dict:
+    """What automountServiceAccountToken would mount (token, cluster CA, namespace), as a
+    volume that only the container that marks the node mounts."""
+    return {"name": "kube-api-token", "projected": {"sources": [
+        {"serviceAccountToken": {"path": "token", "expirationSeconds": 3600}},
+        {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+        {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"fieldPath": "metadata.namespace"}}]}},
+    ]}}
+
+
+def prewarm_rbac(ctx: ServingContext, name: str) -> list[dict]:
+    """Nodes get and patch for the pre-warm's ServiceAccount (its label on its own node;
+    RBAC cannot narrow a DaemonSet's nodes by name)."""
+    labels = ctx.labels("prewarm")
+    return [
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": name, "labels": labels},
+         "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+         "metadata": {"name": name, "labels": labels},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ctx.namespace}]},
+    ]
+
+
 def prewarm(ctx: ServingContext, role_env: dict) -> list[dict]:
     s = ctx.settings
     if not s.resilience.prewarm.enabled:
         return []
-    name = f"{ctx.release}-prewarm"
+    name = f"{ctx.release}{PREWARM_SUFFIX}"
+    mark = groups.marks_nodes(ctx)
     init = [{
         "name": "pull",
         "image": ctx.image,
@@ -135,9 +166,19 @@ def prewarm(ctx: ServingContext, role_env: dict) -> list[dict]:
         sync = dict(manifests.init_containers(ctx, role_env)[0])
         # Light requests: the DaemonSet pod's request stays on the node beside the server's.
         sync["resources"] = {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"cpu": "4", "memory": "8Gi"}}
+        if mark:
+            sync["command"] = sync["command"] + ["--mark-node", f"{WEIGHTS_LABEL}={groups.weights_revision(ctx)}"]
+            sync["env"] = sync["env"] + [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]
+            sync["volumeMounts"] = sync["volumeMounts"] + [
+                {"name": "kube-api-token", "mountPath": KUBE_API_TOKEN_DIR, "readOnly": True}]
         init.append(sync)
         keep.add("model-cache")
-    return [{
+    volumes = [v for v in manifests.volumes(ctx) if v["name"] in keep]
+    if mark and s.serving.weights_mode == "sync":
+        volumes.append(_kube_api_token())
+    account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": ctx.metadata(name, "prewarm"),
+               "automountServiceAccountToken": False}
+    return [account, *(prewarm_rbac(ctx, name) if mark else []), {
         "apiVersion": "apps/v1",
         "kind": "DaemonSet",
         "metadata": ctx.metadata(name, "prewarm"),
@@ -147,7 +188,8 @@ def prewarm(ctx: ServingContext, role_env: dict) -> list[dict]:
             "template": {
                 "metadata": {"labels": ctx.labels("prewarm")},
                 "spec": {
-                    "serviceAccountName": ctx.service_account,
+                    # its own identity: TOS trusts it like the serving one (infra/weights.py)
+                    "serviceAccountName": name,
                     "automountServiceAccountToken": False,
                     "securityContext": _pod_security(),
                     "affinity": _affinity(ctx.gpu_pool),
@@ -161,7 +203,7 @@ def prewarm(ctx: ServingContext, role_env: dict) -> list[dict]:
                         "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"cpu": "50m", "memory": "64Mi"}},
                         "securityContext": manifests.container_security(),
                     }],
-                    "volumes": [v for v in manifests.volumes(ctx) if v["name"] in keep],
+                    "volumes": volumes,
                 },
             },
         },

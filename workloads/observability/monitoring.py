@@ -40,10 +40,12 @@ from typing import Any
 import yaml
 
 from runtime import gpu_health
-from stacks.constants import ENTRY_NAMESPACE, GPU_MODEL_LABEL, GPU_RESOURCE, HTTP_PORT, MANAGED_BY, PART_OF
+from stacks.constants import ENTRY_NAMESPACE, GPU_MODEL_LABEL, GPU_RESOURCE, HTTP_PORT, MANAGED_BY, PART_OF, ROLE_LABEL
 from workloads.supply_chain import mirror
 from workloads.observability import telemetry
+from stacks.plan.disaggregation import PD_ROLE_LABEL
 from workloads.edge import gateway
+from workloads.edge import router
 from workloads.engine import triton
 from workloads.supply_chain import versions
 from workloads.engine.context import ServingContext
@@ -90,6 +92,7 @@ def template_values(ctx: ServingContext) -> dict[str, str]:
         "release": ctx.release,
         "monitoring_ns": m.namespace,
         "vllm": vllm_selector(ctx),
+        "router": router.selector(ctx),
         "gpu": gpu_selector(ctx),
         "dcgm": dcgm_selector(),
         "hpa": hpa_name(ctx),
@@ -175,6 +178,8 @@ def rule_groups(ctx: ServingContext) -> dict[str, list[dict]]:
             groups = [g for g in groups if g["name"] != "gateway.ratelimit"]
         if not ctx.settings.serving.in_cluster_gateway:  # no Envoy proxies to read
             groups = [g for g in groups if g["name"] not in ("gateway.recording", "gateway.slo")]
+        if not router.enabled(ctx):  # no routing tier to watch
+            groups = [g for g in groups if g["name"] != "serving.router"]
         out[name] = groups
     if triton.enabled(ctx):
         out = _for_triton(out, values)
@@ -308,6 +313,10 @@ def vllm_pod_monitor(ctx: ServingContext) -> dict:
     # The pods that answer HTTP: with a LeaderWorkerSet only the group leaders run the
     # API server; the workers have no /metrics and would show as targets down.
     selector: dict[str, Any] = {"matchLabels": serving_selector(ctx)}
+    if ctx.plan.disaggregation is not None:
+        # each side spans nodes or not on its own: every serving pod but a group's workers
+        selector = {"matchLabels": ctx.selector("server"),
+                    "matchExpressions": [{"key": ROLE_LABEL, "operator": "NotIn", "values": ["worker"]}]}
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PodMonitor",
@@ -319,7 +328,8 @@ def vllm_pod_monitor(ctx: ServingContext) -> dict:
         "spec": {
             "selector": selector,
             "jobLabel": "app.kubernetes.io/name",  # job="vllm"
-            "podTargetLabels": [ROLLOUT_HASH_POD_LABEL, "app.kubernetes.io/instance"],
+            # the side of a disaggregated stack (deepseek_volc_pd_role): each side scales on its own series
+            "podTargetLabels": [ROLLOUT_HASH_POD_LABEL, "app.kubernetes.io/instance", PD_ROLE_LABEL],
             "podMetricsEndpoints": [
                 {"portNumber": HTTP_PORT, "path": "/metrics", "interval": SCRAPE_INTERVAL,
                  # Triton labels its series `model`; vLLM (and every rule) says `model_name`.

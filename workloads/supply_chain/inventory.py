@@ -75,6 +75,8 @@ def _used_images(plan: StackPlan, rels: set[str]) -> set[str]:
     if alerting.relay(settings):
         used.add("alert-relay")
     used.add("vllm-base")
+    if plan.router is not None and plan.router.enabled:  # the routing tier (workloads/edge/router.py)
+        used.add("vllm-router")
     if ARGO in rels:
         used.add("plugin-base")
     return used

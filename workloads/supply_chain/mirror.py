@@ -138,6 +138,7 @@ IMAGES: tuple[Image, ...] = (
     Image("dcgm-exporter", versions.DCGM_EXPORTER_IMAGE, None, purpose="GPU metrics (workloads/observability/monitoring.py)"),
     Image("redis", versions.REDIS_IMAGE, None, purpose="rate-limit counters (workloads/platform/controllers.py)"),
     Image("alert-relay", versions.ALERT_RELAY_IMAGE, None, purpose="alert relay (workloads/observability/alerting.py)"),
+    Image("vllm-router", versions.VLLM_ROUTER_IMAGE, None, purpose="routing tier (workloads/edge/router.py)"),
     # Not deployed: the base of the serving image (runtime/Dockerfile), built from the mirror.
     Image("vllm-base", versions.VLLM_BASE_IMAGE, None, purpose="base of the serving image (runtime/build.sh)"),
     Image("plugin-base", versions.PLUGIN_BASE_IMAGE, None,

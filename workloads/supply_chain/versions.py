@@ -59,6 +59,11 @@ OTEL_COLLECTOR = Chart(
 )
 OTEL_COLLECTOR_IMAGE = "otel/opentelemetry-collector-k8s"
 
+# vLLM Router (vllm-project/router), the routing tier (workloads/edge/router.py): the image its
+# release pipeline publishes for each PyPI release (.buildkite/scripts/publish-release-images.sh
+# at e0c942d4: vllm/vllm-router:v<version>), the same version the tests run (pyproject's engine extra).
+VLLM_ROUTER_IMAGE = "docker.io/vllm/vllm-router:v0.1.17"
+
 # Runs the alert relay (runtime/alert_relay.py, standard library only, from a ConfigMap):
 # the Docker official Python image.
 ALERT_RELAY_IMAGE = "docker.io/library/python:3.12-slim"
