@@ -83,7 +83,7 @@ def vllm_reference() -> dict[str, str]:
 def router_reference() -> dict[str, str]:
     """name -> type of vLLM Router 0.1.17's own exporter (a real scrape, data/SOURCES.md)."""
     out = dict(line.split() for line in (DATA / "vllm-router-0.1.17-metrics.txt").read_text().splitlines() if line.strip())
-    assert "vllm_router_active_workers" in out
+    assert "vllm_router_worker_health" in out
     return out
 
 

@@ -163,6 +163,21 @@ def test_decode_computes_no_prompt_token_and_matches_the_aggregated_output(pd):
     assert [(t, toks) for t, toks, _ in through_router] == [(t, toks) for t, toks, _ in pd.aggregated]
 
 
+def test_the_router_serves_every_router_metric_the_alerts_read(pd):
+    # the vendored scrape (tests/data/vllm-router-0.1.17-metrics.txt) against the live router
+    from test_autoscaling import ctx_for
+    from test_metrics_contract import referenced
+
+    greedy(pd.router.url)  # a routed request, so the request families exist
+    live = metrics_text(f"http://127.0.0.1:{pd.router.prometheus_port}")
+    served = {line.split()[2] for line in live.splitlines() if line.startswith("# TYPE ")}
+    read = {n for n in referenced(ctx_for("prod")) if n.startswith("vllm_router_")}
+    assert read and read <= served, sorted(read - served)
+    vendored = {line.split()[0] for line in open(os.path.join(os.path.dirname(__file__), "data",
+                                                              "vllm-router-0.1.17-metrics.txt"))}
+    assert read <= vendored
+
+
 def test_smoke_against_the_router(pd):
     """Every check but auth passes; auth fails: neither the router nor these servers check a
     token (in a stack the edge's JWT check does), and smoke says so instead of passing."""
