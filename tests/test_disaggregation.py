@@ -202,6 +202,8 @@ def test_vllms_parser_takes_both_sides_command_lines(ctx, objs, tmp_path):
         t = _named(objs, "LeaderWorkerSet", f"{ctx.release}-{ph.role}")["spec"]["leaderWorkerTemplate"]
         for key, idx in (("leaderTemplate", "0"), ("workerTemplate", "1")):
             argv = final_argv(t[key]["spec"]["containers"][0], {**LWS_ENV, "LWS_WORKER_INDEX": idx}, tmp_path)
+            # one all-to-all flag per side, the phase's (a second one, appended, used to override it)
+            assert sum(a.startswith("--all2all-backend") for a in argv) == 1
             args = parser.parse_args(argv)
             validate_parsed_serve_args(args)
             ea = AsyncEngineArgs.from_cli_args(args)

@@ -23,6 +23,9 @@ class ServingContext:
     plan: StackPlan
     image: str
     weights_bucket: str
+    # the phase these engines serve: "aggregated", or one side of a prefill/decode split
+    # (workloads/engine/disaggregation.py phase_context); capacity.wide_ep decides per phase
+    phase: str = "aggregated"
 
     @property
     def settings(self) -> StackSettings:

@@ -11,7 +11,7 @@ and labelled `deepseek-volc/pd-role`. On top of the aggregated pod:
 
 * `--kv-transfer-config {"kv_connector": "NixlConnector", "kv_role": ...}` (vLLM 0.32
   config/kv_transfer.py; NixlConnector deprecates kv_both, so each side has its role), and
-  on an expert-parallel side the all-to-all of its phase (`all2all_backend`);
+  on an expert-parallel side the all-to-all of its phase (capacity.wide_ep.backend_for_phase);
 * the NIXL handshake listener (`VLLM_NIXL_SIDE_CHANNEL_HOST` = the pod's IP, so the address
   the decode side receives in `kv_transfer_params` is reachable;
   `VLLM_NIXL_SIDE_CHANNEL_PORT` + the engine's data-parallel index is each engine's port,
@@ -58,19 +58,11 @@ def kv_transfer_config(ph: PhasePlan) -> str:
     return json.dumps({"kv_connector": "NixlConnector", "kv_role": ph.kv_role}, separators=(",", ":"))
 
 
-def all2all_backend(role: str) -> str:
-    """The expert all-to-all of an expert-parallel side: DeepEP's high-throughput kernels for
-    prefill (large token batches), its low-latency kernels for decode (a few tokens per
-    sequence per step), as llm-d's wide-EP guide runs them (vLLM 0.32 --all2all-backend)."""
-    return {"prefill": "deepep_high_throughput", "decode": "deepep_low_latency"}[role]
-
-
 def phase_flags(ph: PhasePlan) -> list[str]:
-    """The flags one side adds to the aggregated engine arguments."""
-    flags = ["--kv-transfer-config", kv_transfer_config(ph)]
-    if ph.engine.expert_parallel:
-        flags += ["--all2all-backend", all2all_backend(ph.role)]
-    return flags
+    """The flags one side adds to the aggregated engine arguments. Its all-to-all backend
+    (DeepEP high-throughput for prefill, low-latency for decode) comes with the other wide-EP
+    flags from capacity.wide_ep, for the side's phase (`phase_context` sets it)."""
+    return ["--kv-transfer-config", kv_transfer_config(ph)]
 
 
 def phase_context(ctx: ServingContext, role: str) -> ServingContext:
@@ -87,7 +79,7 @@ def phase_context(ctx: ServingContext, role: str) -> ServingContext:
     serving = replace(ctx.plan.serving, engine=ph.engine, pool=ph.pool, gpu=get_gpu(pool.gpu),
                       min_replicas=ph.min_replicas, max_replicas=ph.max_replicas, rdma_per_pod=ph.rdma_per_pod)
     plan = replace(ctx.plan, settings=settings, serving=serving, pools={**ctx.plan.pools, ph.pool: pool})
-    return replace(ctx, plan=plan)
+    return replace(ctx, plan=plan, phase=role)
 
 
 def selector(ctx: ServingContext, role: str) -> dict[str, str]:

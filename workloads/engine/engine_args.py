@@ -281,7 +281,7 @@ def kv_offload_fields(ctx: ServingContext) -> dict:
     return {} if o is None else {"kv_offloading_size": o.gib_per_engine, "kv_offloading_backend": o.backend}
 
 
-def from_context(ctx: ServingContext, model_path: str, phase: str = "aggregated") -> EngineArgs:
+def from_context(ctx: ServingContext, model_path: str, phase: str | None = None) -> EngineArgs:
     """Engine arguments for the stack: sizes from the capacity plan (which honours what the
     settings fixed), switches from the engine settings; `phase` picks the wide-EP settings
     of engines that serve prefill, decode or both (capacity.wide_ep)."""
@@ -327,7 +327,7 @@ def from_context(ctx: ServingContext, model_path: str, phase: str = "aggregated"
         max_log_len=rl.max_log_len,
         json_logs=s.observability.logs.enabled,
         reasoning_parser=ctx.model.reasoning_parser,
-        **wide_ep_fields(ctx, phase),
+        **wide_ep_fields(ctx, phase or ctx.phase),
         **kv_offload_fields(ctx),
         force_include_usage=s.serving.auth.enabled and has_token_budget(s.serving.rate_limits),
         extra_args=tuple(e.extra_args),
