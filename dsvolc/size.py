@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from capacity import wide_ep
 from capacity.catalog import GPUS, MODELS, GiB, get_gpu, get_model
 from capacity.instances import INSTANCE_CATALOG, INSTANCE_TYPES, resolve_instance_type, suggest_instance_type
 from capacity.perf import PerfDataError, load_hardware
@@ -318,6 +319,8 @@ def size(
                              instance_type=instance_type, **engine_kwargs)
     except PlanError as exc:
         _fail(str(exc))
+    if p.fits:  # EPLB's redundant experts leave the KV cache, as the stack plans them (stacks/plan/serving.py)
+        p = wide_ep.with_redundant_experts(spec, p)
     _print(p, spec, workload, instance_type, price_per_hour=price_per_hour, currency=currency, pricing=pricing,
            as_json=as_json)
 
