@@ -298,7 +298,9 @@ def is_vllm(c: Any) -> bool:
     with its vLLM backend."""
     argv = container_argv(c)
     text = " ".join(argv)
-    return ("vllm" in text and "serve" in argv) or "vllm.entrypoints.openai.api_server" in text or is_triton(c)
+    # a group worker starts it from a shell (`sh -c 'exec python3 -m vllm.entrypoints.cli.main serve ...'`)
+    return (("vllm" in text and "serve" in argv) or "vllm.entrypoints.cli.main serve" in text
+            or "vllm.entrypoints.openai.api_server" in text or is_triton(c))
 
 
 def engine_argv(template: Any, c: Any) -> list[str]:

@@ -290,6 +290,19 @@ def _edge_timeout(resources) -> float | None:
     return max(found) if found else None
 
 
+def _pre_stop_seconds(c) -> float:
+    """The longest a container's preStop may take: a `sleep` hook's seconds, or the
+    `--max-seconds` bound of the worker's `runtime.health drain` exec hook."""
+    slept = number(dig(c, "lifecycle", "preStop", "sleep", "seconds"), None)
+    if slept is not None:
+        return slept
+    cmd = [str(x) for x in (dig(c, "lifecycle", "preStop", "exec", "command", default=[]) or [])]
+    if "runtime.health" in cmd and "drain" in cmd:
+        bound = engine_flag(cmd, "--max-seconds")
+        return number(bound, 0.0) if bound is not None else float("inf")  # unbounded: never fits a grace
+    return 0.0
+
+
 def _drain(args, report):
     edge = _edge_timeout(args.resources)
     for w in serving_workloads(args.resources):
@@ -300,7 +313,7 @@ def _drain(args, report):
                 if not is_vllm(c):
                     continue
                 where = f"{kind} {name_of(w.props)} ({role})"
-                pre = number(dig(c, "lifecycle", "preStop", "sleep", "seconds"), 0.0)
+                pre = _pre_stop_seconds(c)
                 if not _serving_container(c):
                     if grace <= pre:
                         report(f"{where}: the worker's preStop ({pre:g} s) uses the whole termination grace "

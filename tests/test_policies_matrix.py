@@ -53,6 +53,13 @@ PropsFn = Callable[[str, str, dict], "dict | None"]
 # --------------------------------------------------------------------------- injections
 
 
+def _unbounded_worker_drain(c):
+    """A worker's `runtime.health drain` preStop with a bound past any termination grace."""
+    cmd = c.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command")
+    if cmd and "drain" in cmd:
+        cmd[cmd.index("--max-seconds") + 1] = "99999"
+
+
 @dataclass(frozen=True)
 class Case:
     policy: str
@@ -286,6 +293,8 @@ MATRIX: list[Case] = [
              and (i == 0 or c["args"][i - 1] != "--shutdown-timeout")])))),
     Case("serving-drain", "staging", "termination grace shorter than preStop + drain",
          transform=serving(pod_specs(lambda s: s.update(terminationGracePeriodSeconds=180)))),
+    Case("serving-drain", "prod", "a worker's drain preStop bounded past its termination grace",
+         transform=serving(vllm_containers(_unbounded_worker_drain))),
     Case("serving-min-replicas", "prod", "serving.replicas: 1",
          settings=setting("serving.replicas", 1)),
     Case("no-privileged-pods", "prod", "serving pods on the host network",
