@@ -166,7 +166,7 @@ def bench_warm(stacks: list[str], runs: int) -> dict:
     results = {}
     with tempfile.TemporaryDirectory(prefix="dwb", dir="/tmp") as run_dir:
         env = {**_env(), "XDG_RUNTIME_DIR": run_dir}
-        server = subprocess.Popen([sys.executable, "-m", "dsvolc.warm", "serve", "10"], cwd=ROOT, env=env,
+        server = subprocess.Popen([sys.executable, "-m", "dsvolc.launch", "serve", "10"], cwd=ROOT, env=env,
                                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         try:
             if not server.stdout.readline().startswith("ready "):

@@ -283,15 +283,16 @@ def warm_server(
             sock.with_suffix(".log").unlink(missing_ok=True)
             print(f"stopped {sock}" + (f" (pid {pid})" if pid else ""))
         return
+    server = [sys.executable, "-m", "dsvolc.launch", "serve", str(idle_minutes)]
     if foreground:
-        raise typer.Exit(warm.serve(idle_minutes, ready=lambda p: print(f"ready: {p}", flush=True), log=sys.stderr))
+        os.chdir(warm.ROOT)
+        os.execv(sys.executable, server)
     if path.exists() and warm.server_pid(path) is not None:
         print(f"already warm: {path} (pid {warm.server_pid(path)})")
         return
     log = path.with_suffix(".log")
     with open(log, "w") as fh:
-        proc = subprocess.Popen([sys.executable, "-m", "dsvolc.warm", "serve", str(idle_minutes)],
-                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=fh,
+        proc = subprocess.Popen(server, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=fh,
                                 start_new_session=True, cwd=warm.ROOT)
     deadline = time.monotonic() + 120
     while not path.exists():

@@ -177,18 +177,6 @@ def delegate(argv: list[str]) -> int | None:
 # ----------------------------------------------------------------------------- the server
 
 
-def _run_command(argv: list[str]) -> int:
-    """The CLI in this (forked) process: the code it exits with."""
-    from dsvolc.cli import app
-
-    try:
-        app(args=argv[1:], prog_name="dsvolc", standalone_mode=True)
-    except SystemExit as exc:
-        code = exc.code
-        return code if isinstance(code, int) else (0 if code is None else 1)
-    return 0
-
-
 def _reopen_std() -> None:
     import io
 
@@ -198,7 +186,7 @@ def _reopen_std() -> None:
         setattr(sys, name, stream)
 
 
-def _child(conn: socket.socket, listener: socket.socket | None, req: dict, fds: list[int]) -> None:
+def _child(conn: socket.socket, listener: socket.socket | None, req: dict, fds: list[int], run) -> None:
     """In the fork: become the caller's command, report its exit code, never return."""
     code = 70
     try:
@@ -216,7 +204,7 @@ def _child(conn: socket.socket, listener: socket.socket | None, req: dict, fds: 
         os.environ.update(req["env"])
         sys.argv = list(req["argv"])
         before, types_before = set(sys.modules), len(_TYPES_SEEN)
-        code = _run_command(sys.argv)
+        code = run(sys.argv)
         _report_modules(before, types_before)
     except KeyboardInterrupt:
         code = 130
@@ -340,20 +328,7 @@ def import_learned(names: list[str]) -> list[str]:
     return imported
 
 
-def preload() -> None:
-    """Import what a preview imports. Annotations are evaluated as usual here: postponed
-    ones (dsvolc/lazy_annotations.py) save a cold process its import time, but every child
-    would then pay for resolving them from strings."""
-    import dsvolc.cli  # noqa: F401
-    import dsvolc.engine  # noqa: F401
-    import dsvolc.policy_runner  # noqa: F401
-    import dsvolc.preview  # noqa: F401
-    import dsvolc.report  # noqa: F401
-    import infra  # noqa: F401
-    import workloads.serving  # noqa: F401
-
-
-def learn(stack: str) -> list[str]:
+def learn(stack: str, run) -> str:
     """Modules a preview of `stack` imports beyond `preload()`: run one in a child with
     its output discarded and read back the names."""
     before = set(sys.modules)
@@ -365,7 +340,7 @@ def learn(stack: str) -> list[str]:
         for fd in (0, 1, 2):
             os.dup2(devnull, fd)
         try:
-            _run_command(["dsvolc", "preview", stack, "--quiet"])
+            run(["dsvolc", "preview", stack, "--quiet"])
             os.write(write, _learned(before, 0).encode())
         finally:
             os._exit(0)
@@ -378,16 +353,13 @@ def learn(stack: str) -> list[str]:
     return b"".join(chunks).decode()
 
 
-def warm_up(stack: str | None = None) -> list[str]:
+def warm_up(run, preload, stack: str) -> list[str]:
+    """`preload()`, then what a child running a preview of `stack` imported and resolved."""
     import threading
 
     preload()
-    if stack is None:
-        from stacks.loader import shipped_stacks
-
-        stack = shipped_stacks()[0]
     record_type_lookups()
-    names, types = _split_learned(learn(stack))
+    names, types = _split_learned(learn(stack, run))
     imported = import_learned(names)
     resolve_types(types)
     if threading.active_count() != 1:
@@ -396,13 +368,14 @@ def warm_up(stack: str | None = None) -> list[str]:
     return imported
 
 
-def serve(idle_minutes: float = 30.0, ready=None, log=None) -> int:
-    """Warm up, listen, fork a child per request; return when the code changes or idle."""
+def serve(run, preload, warm_stack: str, idle_minutes: float = 30.0, ready=None, log=None) -> int:
+    """Warm up (`preload`, then a preview of `warm_stack` in a child), listen, fork a child
+    per request that runs `run(argv) -> exit code`; return when the code changes or idle."""
     import gc
 
     gc.disable()
     fp = fingerprint()
-    warm_up()
+    warm_up(run, preload, warm_stack)
     gc.freeze()  # what the imports made stays out of every child's collections
     path = socket_path(fp)
     if fingerprint() != fp:
@@ -429,7 +402,7 @@ def serve(idle_minutes: float = 30.0, ready=None, log=None) -> int:
             if readable:
                 conn, _ = listener.accept()
                 last = time.monotonic()
-                _handle(conn, listener, children, log)
+                _handle(conn, listener, children, log, run)
             elif children:
                 last = time.monotonic()
             if fingerprint() != fp or not path.exists():
@@ -465,7 +438,7 @@ def _learn_from(pid: int) -> None:
                         "a fork would copy only one")
 
 
-def _handle(conn: socket.socket, listener: socket.socket, children: set[int], log) -> None:
+def _handle(conn: socket.socket, listener: socket.socket, children: set[int], log, run) -> None:
     try:
         head, fds, _, _ = socket.recv_fds(conn, 1 << 16, 3)
         (size,) = _LEN.unpack(head[:_LEN.size])
@@ -482,23 +455,10 @@ def _handle(conn: socket.socket, listener: socket.socket, children: set[int], lo
         return
     pid = os.fork()
     if pid == 0:
-        _child(conn, listener, req, fds)
+        _child(conn, listener, req, fds, run)
     for fd in fds:
         os.close(fd)
     children.add(pid)
     conn.close()  # the child holds its own end
     if log is not None:
         print(f"{time.strftime('%H:%M:%S')} pid {pid}: {' '.join(req['argv'][1:])}", file=log, flush=True)
-
-
-def main(argv: list[str] | None = None) -> int:  # `python -m dsvolc.warm serve [IDLE_MINUTES]`
-    argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] != "serve":
-        print("usage: python -m dsvolc.warm serve [IDLE_MINUTES]", file=sys.stderr)
-        return 2
-    idle = float(argv[1]) if len(argv) > 1 else 30.0
-    return serve(idle, ready=lambda p: print(f"ready {p}", flush=True), log=sys.stderr)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

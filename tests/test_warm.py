@@ -2,7 +2,7 @@
 as one in its own process, errors pass through, and a server never answers for code it
 did not import.
 
-The server runs for real (`python -m dsvolc.warm serve`, a Unix socket in a temporary
+The server runs for real (`python -m dsvolc.launch serve`, a Unix socket in a temporary
 XDG_RUNTIME_DIR) on a copy of the project's code, so a test can edit that copy."""
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ def server(tmp_path):
     tree = _tree(tmp_path)
     env = _env(tmp_path, tree)
     log = open(tmp_path / "server.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "dsvolc.warm", "serve", "5"], cwd=tree, env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "dsvolc.launch", "serve", "5"], cwd=tree, env=env,
                             stdout=subprocess.PIPE, stderr=log, text=True)
     line = proc.stdout.readline()  # "ready <socket>" once warm
     assert line.startswith("ready "), (tmp_path / "server.log").read_text()[-3000:]
