@@ -101,6 +101,13 @@ def stages(stack: str) -> None:
     import dsvolc.cli  # noqa: F401  (what the command imports before it runs)
     from dsvolc import engine, policy_runner, preview
 
+    try:  # as the command does, where the tree has it
+        from dsvolc import lazy_annotations
+
+        lazy_annotations.install()
+    except ImportError:
+        pass
+
     out = {"cli_imports": time.process_time() - t}
     run, analyze = engine.run, policy_runner.analyze
 

@@ -390,7 +390,7 @@ def serve(run, preload, warm_stack: str, idle_minutes: float = 30.0, ready=None,
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(SystemExit(0)))
     if ready is not None:
         ready(path)
-    last = time.monotonic()
+    last = checked = time.monotonic()
     children: set[int] = set()
     try:
         while True:
@@ -405,8 +405,10 @@ def serve(run, preload, warm_stack: str, idle_minutes: float = 30.0, ready=None,
                 _handle(conn, listener, children, log, run)
             elif children:
                 last = time.monotonic()
-            if fingerprint() != fp or not path.exists():
-                return 0
+            if time.monotonic() - checked >= POLL_S:  # walking the tree costs ~10 ms: not every 50 ms
+                checked = time.monotonic()
+                if fingerprint() != fp or not path.exists():
+                    return 0
             if time.monotonic() - last > idle_minutes * 60:
                 return 0
     finally:
@@ -440,6 +442,10 @@ def _learn_from(pid: int) -> None:
 
 def _handle(conn: socket.socket, listener: socket.socket, children: set[int], log, run) -> None:
     try:
+        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        if struct.unpack("3i", creds)[1] != os.getuid():  # the directory is the user's; and the caller
+            conn.close()
+            return
         head, fds, _, _ = socket.recv_fds(conn, 1 << 16, 3)
         (size,) = _LEN.unpack(head[:_LEN.size])
         body = head[_LEN.size:]
