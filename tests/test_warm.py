@@ -7,6 +7,7 @@ XDG_RUNTIME_DIR) on a copy of the project's code, so a test can edit that copy."
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -85,21 +86,36 @@ def _env(tmp_path: Path, tree: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-@pytest.fixture
-def server(tmp_path):
-    tree = _tree(tmp_path)
-    env = _env(tmp_path, tree)
-    log = open(tmp_path / "server.log", "w")
+@contextlib.contextmanager
+def _server(base: Path):
+    tree = _tree(base)
+    env = _env(base, tree)
+    log = open(base / "server.log", "w")
     proc = subprocess.Popen([sys.executable, "-m", "dsvolc.launch", "serve", "5"], cwd=tree, env=env,
                             stdout=subprocess.PIPE, stderr=log, text=True)
     line = proc.stdout.readline()  # "ready <socket>" once warm
-    assert line.startswith("ready "), (tmp_path / "server.log").read_text()[-3000:]
-    yield tree, env, Path(line.split(" ", 1)[1].strip()), proc, tmp_path / "server.log"
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=30)
-    log.close()
-    shutil.rmtree(_run_dir(tmp_path), ignore_errors=True)
+    assert line.startswith("ready "), (base / "server.log").read_text()[-3000:]
+    try:
+        yield tree, env, Path(line.split(" ", 1)[1].strip()), proc, base / "server.log"
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=30)
+        log.close()
+        shutil.rmtree(_run_dir(base), ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """One server for the tests that leave it as it was."""
+    with _server(tmp_path_factory.mktemp("warm")) as s:
+        yield s
+
+
+@pytest.fixture
+def own_server(tmp_path):
+    with _server(tmp_path) as s:
+        yield s
 
 
 def _dsvolc(args: list[str], tree: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -113,11 +129,12 @@ def _served(log: Path) -> list[str]:
 
 def test_a_preview_through_the_server_is_the_one_of_its_own_process(server, tmp_path):
     tree, env, sock, proc, log = server
-    assert sock.parent == _run_dir(tmp_path) / "dsvolc" and sock.exists()
+    assert sock.parent == Path(env["XDG_RUNTIME_DIR"]) / "dsvolc" and sock.exists()
+    served = len(_served(log))
     warm_run = _dsvolc(["preview", "dev", "--json", str(tmp_path / "warm.json")], tree, env)
-    assert len(_served(log)) == 1  # it ran in the server's child
+    assert len(_served(log)) == served + 1  # it ran in the server's child
     own = _dsvolc(["preview", "dev", "--json", str(tmp_path / "own.json")], tree, {**env, "DSVOLC_WARM": "0"})
-    assert len(_served(log)) == 1  # DSVOLC_WARM=0: in its own process
+    assert len(_served(log)) == served + 1  # DSVOLC_WARM=0: in its own process
     assert warm_run.returncode == own.returncode
     assert warm_run.stdout.replace("warm.json", "X") == own.stdout.replace("own.json", "X")
     assert warm_run.stderr == own.stderr
@@ -125,21 +142,22 @@ def test_a_preview_through_the_server_is_the_one_of_its_own_process(server, tmp_
     assert docs[0]["resources"] and _facts(docs[0]) == _facts(docs[1])
     # a second request: a fresh fork again, same answer
     again = _dsvolc(["preview", "dev", "--quiet"], tree, env)
-    assert len(_served(log)) == 2 and again.returncode == own.returncode
+    assert len(_served(log)) == served + 2 and again.returncode == own.returncode
     assert again.stdout.startswith("stack dev: ")
 
 
-def test_errors_and_exit_codes_pass_through(server, tmp_path):
+def test_errors_and_exit_codes_pass_through(server):
     tree, env, sock, proc, log = server
+    served = len(_served(log))
     bad = _dsvolc(["preview", "no-such-stack"], tree, env)
     own = _dsvolc(["preview", "no-such-stack"], tree, {**env, "DSVOLC_WARM": "0"})
-    assert len(_served(log)) == 1
+    assert len(_served(log)) == served + 1
     assert bad.returncode == own.returncode == 2
     assert bad.stderr == own.stderr and "error:" in bad.stderr and "Traceback" not in bad.stderr
 
 
-def test_a_server_does_not_answer_for_code_it_did_not_import(server, tmp_path):
-    tree, env, sock, proc, log = server
+def test_a_server_does_not_answer_for_code_it_did_not_import(own_server):
+    tree, env, sock, proc, log = own_server
     target = tree / "stacks" / "constants.py"
     target.write_text(target.read_text() + "\n# edited\n")
     run = _dsvolc(["preview", "dev", "--quiet"], tree, env)
