@@ -407,7 +407,7 @@ def serve(run, preload, warm_stack: str, idle_minutes: float = 30.0, ready=None,
                 last = time.monotonic()
             if time.monotonic() - checked >= POLL_S:  # walking the tree costs ~10 ms: not every 50 ms
                 checked = time.monotonic()
-                if fingerprint() != fp or not path.exists():
+                if fingerprint() != fp or _inode(path) != inode:  # stale, or another server took the name
                     return 0
             if time.monotonic() - last > idle_minutes * 60:
                 return 0
@@ -419,6 +419,13 @@ def serve(run, preload, warm_stack: str, idle_minutes: float = 30.0, ready=None,
                 path.with_suffix(".log").unlink(missing_ok=True)
         except OSError:
             pass
+
+
+def _inode(path: Path) -> int | None:
+    try:
+        return os.stat(path).st_ino
+    except OSError:
+        return None
 
 
 def _learn_from(pid: int) -> None:
