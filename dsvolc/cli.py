@@ -290,6 +290,9 @@ def warm_server(
     if path.exists() and warm.server_pid(path) is not None:
         print(f"already warm: {path} (pid {warm.server_pid(path)})")
         return
+    for old in path.parent.glob("preview-*.log"):  # of servers that are gone
+        if not old.with_suffix(".sock").exists():
+            old.unlink(missing_ok=True)
     log = path.with_suffix(".log")
     with open(log, "w") as fh:
         proc = subprocess.Popen(server, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=fh,
