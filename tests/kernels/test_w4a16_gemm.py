@@ -12,7 +12,7 @@ from kernels.reference import (
     awq_unpack,
     w4a16_reference,
 )
-from kernels.w4a16_gemm import awq_dequantize_triton, gemv_config, pick_config, w4a16_gemm
+from kernels.w4a16_gemm import awq_dequantize_triton, gemv_config, mma4_config, pick_config, w4a16_gemm
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 INTERPRET = DEVICE == "cpu"
@@ -197,3 +197,49 @@ def test_pick_config_by_shape():
         assert pick_config(64, n, k, 132)["PATH"] == "dequant"
         assert pick_config(256, n, k, 132)["PATH"] == "dequant"
     assert gemv_config(3, 5120, 27648, 132)["ROWS"] == 4
+
+
+def _mma4(split, reduce, bn=64, bk=64, bm=16, warps=4):
+    return dict(PATH="mma4", BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, REDUCE=reduce, num_warps=warps,
+                num_stages=2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize(
+    "m,k,n,config",
+    [
+        (3, 640, 72, _mma4(3, "atomic")),  # 10 K blocks / 3 -> 3 splits of 4 + 4 + 2; N tail (72 = 64 + 8)
+        (5, 384, 136, _mma4(4, "ws")),  # 6 blocks / 4 -> 3 splits of 2: fp32 partials + reduce kernel
+        (1, 256, 128, _mma4(1, "atomic", bk=128)),  # one split: the output dtype stored directly, N % BLOCK_N == 0
+        (17, 512, 64, _mma4(5, "atomic", bm=16)),  # two row blocks, the second holding one row
+        (2, 1152, 200, _mma4(9, "atomic", bn=128, bk=128)),  # one K block per split; N tail 200 = 128 + 72
+    ],
+    ids=["atomic_uneven_ntail", "ws_split", "nosplit_even", "atomic_two_mblocks", "atomic_bk128"],
+)
+def test_w4a16_mma4(m, k, n, config, dtype):
+    check(m, k, n, dtype, config=config, seed=k + n + m)
+
+
+def test_w4a16_mma4_atomic_workspace_left_zero():
+    # the last program of each tile zeroes its part of the shared fp32 workspace and resets
+    # the tile counter: a second call (and a call of another shape) sees a clean workspace
+    import kernels.w4a16_gemm as wg
+
+    cfg = _mma4(3, "atomic")
+    check(4, 640, 72, torch.bfloat16, config=cfg, seed=1)
+    ws, cnt = wg._ATOMIC_WS[torch.device(DEVICE) if DEVICE == "cpu" else torch.device("cuda", 0)]
+    assert int(torch.count_nonzero(ws)) == 0 and int(torch.count_nonzero(cnt)) == 0
+    check(4, 640, 72, torch.bfloat16, config=cfg, seed=2)
+    check(2, 384, 136, torch.float16, config=cfg, seed=3)
+    assert int(torch.count_nonzero(ws)) == 0 and int(torch.count_nonzero(cnt)) == 0
+
+
+def test_mma4_config_fills_the_gpu():
+    # split-K until ~waves x SMs programs, never more splits than K blocks
+    for k, n in ((5120, 27648), (27648, 5120), (4096, 4096), (2048, 7168)):
+        for m in (1, 4, 16):
+            c = mma4_config(m, n, k, 132, block_n=128, block_k=64, waves=4)
+            tiles = -(-n // 128)
+            assert c["PATH"] == "mma4" and c["BLOCK_M"] == 16
+            assert 1 <= c["SPLIT_K"] <= k // 64
+            assert tiles * c["SPLIT_K"] >= 4 * 132 or c["SPLIT_K"] == k // 64
