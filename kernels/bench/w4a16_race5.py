@@ -35,13 +35,14 @@ SHAPES = [(5120, 27648), (27648, 5120), (8192, 28672), (28672, 8192), (5120, 716
 assert sorted(SHAPES) == sorted(RACE_SHAPES)
 
 # (BLOCK_N, BLOCK_K, warps, stages, waves, reduce) of the v4 tile kernel. sm_90 builds (Triton
-# 3.9, compile-only, atomic reduction): registers 128 (256 x 64, 4 warps), 159 (256 x 64, 8),
-# 243 (128 x 64, 4), 127 (64 x 64, 4), 166 (64 x 128, 4), 172 (256 x 128, 8); 128 x 128 spills
-# with 4 or 8 warps (255 registers + 8 / 16 bytes of stack), so it is left out.
-MMA4 = [(256, 64, 4, 3, 4, "atomic"), (256, 64, 4, 4, 4, "atomic"), (128, 64, 4, 4, 4, "atomic"),
-        (128, 64, 4, 4, 8, "atomic"), (128, 64, 4, 4, 4, "ws"), (64, 128, 4, 4, 4, "atomic"),
-        (128, 64, 2, 4, 4, "atomic"), (256, 64, 8, 4, 4, "atomic"), (256, 128, 8, 3, 4, "atomic"),
-        (128, 64, 4, 5, 2, "atomic"), (64, 64, 4, 4, 8, "atomic"), (256, 64, 4, 3, 8, "ws")]
+# 3.9, compile-only, atomic reduction), registers: 128 (256 x 64, 4 warps; 256 x 32, 4; 512 x 32,
+# 8), 166 (512 x 64, 8; 64 x 128, 4), 172 (256 x 128, 8); where BLOCK_N / 8 / warps < 8 (the mma
+# is n8 per warp) operands are replicated: 243 (128 x 64 or 128 x 32, 4 warps), 255 (128 x 64,
+# 2 warps), and 128 x 128 spills (255 + 8 / 16 bytes of stack with 4 / 8 warps): left out but one.
+MMA4 = [(256, 64, 4, 3, 4, "atomic"), (256, 64, 4, 4, 4, "atomic"), (256, 64, 4, 3, 8, "atomic"),
+        (256, 64, 4, 3, 2, "atomic"), (256, 64, 4, 3, 4, "ws"), (256, 32, 4, 4, 4, "atomic"),
+        (256, 32, 4, 6, 8, "atomic"), (256, 128, 8, 3, 4, "atomic"), (512, 64, 8, 3, 4, "atomic"),
+        (512, 32, 8, 4, 4, "atomic"), (64, 128, 4, 4, 4, "atomic"), (128, 64, 4, 4, 4, "atomic")]
 
 
 def mma4_name(bn, bk, w, st, wv, red):
