@@ -144,17 +144,23 @@ def mma_config(m: int, n: int, k: int, num_sms: int) -> dict:
                 num_stages=stages)
 
 
-def mma4_config(m: int, n: int, k: int, num_sms: int, block_n: int = 128, block_k: int = 128, num_warps: int = 4,
-                num_stages: int = 4, waves: float = 4, reduce: str = "atomic") -> dict:
+def mma4_config(m: int, n: int, k: int, num_sms: int, block_n: int = 256, block_k: int = 64, num_warps: int = 4,
+                num_stages: int = 3, waves: float = 4, reduce: str = "atomic", deq: str = "plain",
+                maxnreg: int | None = None) -> dict:
     """The v4 tile kernel (`_mma4_kernel`): BLOCK_M 16 (M <= 16), K split until the
     programs number ~waves x SMs (at most one per K block). reduce: "atomic" (one kernel,
-    fp32 atomics into a zeroed workspace) or "ws" (fp32 partials, a second kernel sums)."""
-    assert reduce in ("atomic", "ws")
+    fp32 atomics into a zeroed workspace) or "ws" (fp32 partials, a second kernel sums).
+    deq: "plain" (shift, LOP3 and a PRMT pack per weight) or "asm" (one PRMT + LOP3 per
+    pair of weights, `_nib_pair_asm`). maxnreg: a register cap (Triton option), or None."""
+    assert reduce in ("atomic", "ws") and deq in ("plain", "asm")
     bm = 16 if m <= 16 else 32 if m <= 32 else 64
     tiles = triton.cdiv(n, block_n) * triton.cdiv(m, bm)
     split = max(1, min(k // block_k, triton.cdiv(int(waves * num_sms), tiles)))
-    return dict(PATH="mma4", BLOCK_M=bm, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split, REDUCE=reduce,
-                num_warps=num_warps, num_stages=num_stages)
+    cfg = dict(PATH="mma4", BLOCK_M=bm, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split, REDUCE=reduce, DEQ=deq,
+               num_warps=num_warps, num_stages=num_stages)
+    if maxnreg:
+        cfg["maxnreg"] = maxnreg
+    return cfg
 
 
 # OR-ing a nibble into the mantissa of 2^23 (0x4B000000) gives 2^23 + nibble exactly.
@@ -199,6 +205,8 @@ def _run_mma4(x2, qweight, qzeros, scales, out, cfg):
     split = triton.cdiv(n_kb, k_iters)  # no empty splits
     grid = (triton.cdiv(n, bn), triton.cdiv(m, cfg["BLOCK_M"]), split)
     reduce = cfg.pop("REDUCE", "atomic")
+    # the PRMT unpack is inline PTX, which the interpreter cannot run: there it is the plain one
+    deq_asm = cfg.pop("DEQ", "plain") == "asm" and not _INTERPRET
     ws = cnt = out
     mode = 0
     if split > 1:
@@ -210,7 +218,7 @@ def _run_mma4(x2, qweight, qzeros, scales, out, cfg):
             ws = torch.empty(split, m, n, dtype=torch.float32, device=x2.device)
             mode = 1
     _mma4_kernel[grid](x2, qweight, qzeros, scales, out, ws, cnt, m, n, n // 8, x2.stride(0), out.stride(0),
-                       k_iters, n_kb, split, GROUP=GROUP_SIZE, EVEN_N=n % bn == 0, REDUCE=mode,
+                       k_iters, n_kb, split, GROUP=GROUP_SIZE, EVEN_N=n % bn == 0, REDUCE=mode, DEQ_ASM=deq_asm,
                        **_dtype_consts(x2.dtype), **cfg)
     if mode == 1:
         block = 1024
@@ -262,10 +270,10 @@ def w4a16_gemm(
         if cfg.pop("PREFETCH", False):
             scale_each, block_k = cfg.pop("SCALE_EACH", False), cfg.pop("BLOCK_K")
             assert rows == 1 and not scale_each and block_k == GROUP_SIZE // 4
-            _gemv_pf_kernel[grid](x2, qweight, qzeros, scales, dst, m, n, k, n // 8, x2.stride(0), n, m * n, g_iters,
+            _gemv_pf_kernel[grid](x2, qweight, qzeros, scales, dst, m, n, k, x2.stride(0), n, m * n, g_iters,
                                   _MAGIC_F32, GROUP=GROUP_SIZE, **cfg)
         else:
-            _gemv_kernel[grid](x2, qweight, qzeros, scales, dst, m, n, k, n // 8, x2.stride(0), n, m * n, g_iters,
+            _gemv_kernel[grid](x2, qweight, qzeros, scales, dst, m, n, k, x2.stride(0), n, m * n, g_iters,
                                _MAGIC_F32, GROUP=GROUP_SIZE, ROWS=rows, **cfg)
     else:
         assert path == "mma", path

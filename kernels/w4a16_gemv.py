@@ -4,10 +4,11 @@ entry point and says when they run).
 No tensor cores and no shared-memory round trip: each program owns BLOCK_N columns
 (BLOCK_N / 8 packed words per row, loaded as [BLOCK_K, BLOCK_N / 8] int32 tiles with the
 words of a row contiguous) and a range of scale groups (split-K), unpacks nibbles in
-registers and multiply-accumulates in fp32 on the CUDA cores. The packed row length
-N / 8 is an argument: the JIT then knows it is a multiple of 16 and the tiles move as
-16-byte loads (computed as N // 8 in the kernel only divisibility by 2 was known, and
-the loads were 8-byte ones).
+registers and multiply-accumulates in fp32 on the CUDA cores. The packed row length is
+computed here as N // 8, so the JIT knows it only as even and the tiles move as 8-byte
+loads; passed as an argument (known as a multiple of 16: 16-byte loads) the same kernel ran
+1.4-2.0x slower on the H200 (race 5, kernels/bench/results/2026-12-01_h200_race5_w4a16*),
+so it stays so.
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ def _store8(out, o0, o1, o2, o3, o4, o5, o6, o7, mask):
 @triton.jit
 def _gemv_kernel(
     x_ptr, qw_ptr, qz_ptr, sc_ptr, out_ptr,
-    M, N, K, NP, stride_xm, stride_om, stride_os, g_iters, magic,
+    M, N, K, stride_xm, stride_om, stride_os, g_iters, magic,
     GROUP: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SCALE_EACH: tl.constexpr,
 ):
@@ -98,7 +99,8 @@ def _gemv_kernel(
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
-    NP64 = tl.cast(NP, tl.int64)
+    NP = N // 8
+    NP64 = NP.to(tl.int64)
     offs_p = pid_n * BP + tl.arange(0, BP)
     offs_k = tl.arange(0, BLOCK_K)
     mask_p = offs_p < NP
@@ -286,7 +288,7 @@ def _gemv_sub(a0, a1, a2, a3, a4, a5, a6, a7, t, qz, xptr, magic):
 @triton.jit
 def _gemv_pf_kernel(
     x_ptr, qw_ptr, qz_ptr, sc_ptr, out_ptr,
-    M, N, K, NP, stride_xm, stride_om, stride_os, g_iters, magic,
+    M, N, K, stride_xm, stride_om, stride_os, g_iters, magic,
     GROUP: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """_gemv_kernel for one row with a software prefetch: the next group's four
@@ -299,7 +301,8 @@ def _gemv_pf_kernel(
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
-    NP64 = tl.cast(NP, tl.int64)
+    NP = N // 8
+    NP64 = NP.to(tl.int64)
     offs_p = pid_n * BP + tl.arange(0, BP)
     offs_k = tl.arange(0, BK)
     mask_p = offs_p < NP

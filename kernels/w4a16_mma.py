@@ -144,9 +144,91 @@ def _scales8(srow, mask_p, EVEN_N: tl.constexpr):
             _ld_masked(srow + 5, mask_p, EVEN_N, 0.0).to(tl.float32), _ld_masked(srow + 7, mask_p, EVEN_N, 0.0).to(tl.float32))
 
 
+def _asm_text(i: int, magic: int) -> str:
+    j = i // 2
+    sel = j | (j << 4) | ((4 + j) << 8) | ((4 + j) << 12)
+    shift = "shr.u32 t, t, 4; " if i % 2 else ""
+    return (f"{{ .reg .b32 t; prmt.b32 t, $1, $2, {sel:#x}; {shift}"
+            f"lop3.b32 $0, t, 0x000F000F, {magic | magic << 16:#x}, 0xEA; }}")  # (t & mask) | magic
+
+
+_ASM_BF16_0 = tl.constexpr(_asm_text(0, 0x4300))
+_ASM_F16_0 = tl.constexpr(_asm_text(0, 0x6400))
+_ASM_BF16_1 = tl.constexpr(_asm_text(1, 0x4300))
+_ASM_F16_1 = tl.constexpr(_asm_text(1, 0x6400))
+_ASM_BF16_2 = tl.constexpr(_asm_text(2, 0x4300))
+_ASM_F16_2 = tl.constexpr(_asm_text(2, 0x6400))
+_ASM_BF16_3 = tl.constexpr(_asm_text(3, 0x4300))
+_ASM_F16_3 = tl.constexpr(_asm_text(3, 0x6400))
+_ASM_BF16_4 = tl.constexpr(_asm_text(4, 0x4300))
+_ASM_F16_4 = tl.constexpr(_asm_text(4, 0x6400))
+_ASM_BF16_5 = tl.constexpr(_asm_text(5, 0x4300))
+_ASM_F16_5 = tl.constexpr(_asm_text(5, 0x6400))
+_ASM_BF16_6 = tl.constexpr(_asm_text(6, 0x4300))
+_ASM_F16_6 = tl.constexpr(_asm_text(6, 0x6400))
+_ASM_BF16_7 = tl.constexpr(_asm_text(7, 0x4300))
+_ASM_F16_7 = tl.constexpr(_asm_text(7, 0x6400))
+
+
 @triton.jit
-def _ndot(acc, x, xsum, qw, qz, s, I: tl.constexpr, MAGIC: tl.constexpr, BASE: tl.constexpr, UPCAST_DOT: tl.constexpr):
-    w = (((qw >> (4 * I)) & 0xF) | MAGIC).to(tl.int16).to(x.dtype, bitcast=True)
+def _asm_pair(qw, ASM: tl.constexpr, BF16: tl.constexpr):
+    if BF16:
+        return tl.inline_asm_elementwise(ASM, "=r,r,r", [qw], dtype=tl.bfloat16, is_pure=True, pack=2)
+    else:
+        return tl.inline_asm_elementwise(ASM, "=r,r,r", [qw], dtype=tl.float16, is_pure=True, pack=2)
+
+
+@triton.jit
+def _nib_pair_asm(qw, I: tl.constexpr, MAGIC: tl.constexpr):
+    """BASE + nibble I of each word, two words per instance (pack=2): one PRMT gathers byte
+    I // 2 of both words into the low bytes of the two halves, one LOP3 masks the nibble
+    and ORs in BASE's bits (odd I: one shift before). Each output depends on its own word
+    only, so the result is elementwise whatever words are paired; in the mma operand layout
+    a thread's consecutive words are the k, k + 1 pair that shares a register, and the pair
+    costs 2-3 instructions instead of 4-5 (shift, LOP3 per word, PRMT to pack)."""
+    if MAGIC == 0x4300:
+        if I == 0:
+            return _asm_pair(qw, _ASM_BF16_0, True)
+        elif I == 1:
+            return _asm_pair(qw, _ASM_BF16_1, True)
+        elif I == 2:
+            return _asm_pair(qw, _ASM_BF16_2, True)
+        elif I == 3:
+            return _asm_pair(qw, _ASM_BF16_3, True)
+        elif I == 4:
+            return _asm_pair(qw, _ASM_BF16_4, True)
+        elif I == 5:
+            return _asm_pair(qw, _ASM_BF16_5, True)
+        elif I == 6:
+            return _asm_pair(qw, _ASM_BF16_6, True)
+        elif I == 7:
+            return _asm_pair(qw, _ASM_BF16_7, True)
+    else:
+        if I == 0:
+            return _asm_pair(qw, _ASM_F16_0, False)
+        elif I == 1:
+            return _asm_pair(qw, _ASM_F16_1, False)
+        elif I == 2:
+            return _asm_pair(qw, _ASM_F16_2, False)
+        elif I == 3:
+            return _asm_pair(qw, _ASM_F16_3, False)
+        elif I == 4:
+            return _asm_pair(qw, _ASM_F16_4, False)
+        elif I == 5:
+            return _asm_pair(qw, _ASM_F16_5, False)
+        elif I == 6:
+            return _asm_pair(qw, _ASM_F16_6, False)
+        elif I == 7:
+            return _asm_pair(qw, _ASM_F16_7, False)
+
+
+@triton.jit
+def _ndot(acc, x, xsum, qw, qz, s, I: tl.constexpr, MAGIC: tl.constexpr, BASE: tl.constexpr, UPCAST_DOT: tl.constexpr,
+          DEQ_ASM: tl.constexpr = False):
+    if DEQ_ASM:
+        w = _nib_pair_asm(qw, I, MAGIC)
+    else:
+        w = (((qw >> (4 * I)) & 0xF) | MAGIC).to(tl.int16).to(x.dtype, bitcast=True)
     if UPCAST_DOT:
         part = tl.dot(x.to(tl.float32), w.to(tl.float32))
     else:
@@ -193,7 +275,7 @@ def _mma4_kernel(
     M, N, NP, stride_xm, stride_om, k_iters, n_kb, nsplit,
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     MAGIC: tl.constexpr, BASE: tl.constexpr, UPCAST_DOT: tl.constexpr, EVEN_N: tl.constexpr,
-    REDUCE: tl.constexpr,
+    REDUCE: tl.constexpr, DEQ_ASM: tl.constexpr = False,
 ):
     """REDUCE 0: one split, the output dtype stored directly; 1: fp32 partials to
     ws_ptr[pid_k] (summed by `_splitk_reduce_kernel`); 2: `_atomic_tile`."""
@@ -231,14 +313,14 @@ def _mma4_kernel(
         gn = (tl.minimum(kb + 1, kb_end - 1) * BLOCK_K) // GROUP
         qzn = _ld_masked(qz_ptr + gn * NP + offs_p, mask_p, EVEN_N, 0)
         n0, n1, n2, n3, n4, n5, n6, n7 = _scales8(sc_ptr + gn * N + offs_p * 8, mask_p, EVEN_N)
-        a0 = _ndot(a0, x, xsum, qw, qz, s0, 0, MAGIC, BASE, UPCAST_DOT)
-        a1 = _ndot(a1, x, xsum, qw, qz, s1, 1, MAGIC, BASE, UPCAST_DOT)
-        a2 = _ndot(a2, x, xsum, qw, qz, s2, 2, MAGIC, BASE, UPCAST_DOT)
-        a3 = _ndot(a3, x, xsum, qw, qz, s3, 3, MAGIC, BASE, UPCAST_DOT)
-        a4 = _ndot(a4, x, xsum, qw, qz, s4, 4, MAGIC, BASE, UPCAST_DOT)
-        a5 = _ndot(a5, x, xsum, qw, qz, s5, 5, MAGIC, BASE, UPCAST_DOT)
-        a6 = _ndot(a6, x, xsum, qw, qz, s6, 6, MAGIC, BASE, UPCAST_DOT)
-        a7 = _ndot(a7, x, xsum, qw, qz, s7, 7, MAGIC, BASE, UPCAST_DOT)
+        a0 = _ndot(a0, x, xsum, qw, qz, s0, 0, MAGIC, BASE, UPCAST_DOT, DEQ_ASM)
+        a1 = _ndot(a1, x, xsum, qw, qz, s1, 1, MAGIC, BASE, UPCAST_DOT, DEQ_ASM)
+        a2 = _ndot(a2, x, xsum, qw, qz, s2, 2, MAGIC, BASE, UPCAST_DOT, DEQ_ASM)
+        a3 = _ndot(a3, x, xsum, qw, qz, s3, 3, MAGIC, BASE, UPCAST_DOT, DEQ_ASM)
+        a4 = _ndot(a4, x, xsum, qw, qz, s4, 4, MAGIC, BASE, UPCAST_DOT, DEQ_ASM)
+        a5 = _ndot(a5, x, xsum, qw, qz, s5, 5, MAGIC, BASE, UPCAST_DOT, DEQ_ASM)
+        a6 = _ndot(a6, x, xsum, qw, qz, s6, 6, MAGIC, BASE, UPCAST_DOT, DEQ_ASM)
+        a7 = _ndot(a7, x, xsum, qw, qz, s7, 7, MAGIC, BASE, UPCAST_DOT, DEQ_ASM)
         qz = qzn
         s0, s1, s2, s3, s4, s5, s6, s7 = n0, n1, n2, n3, n4, n5, n6, n7
     omask = mask_m[:, None] & mask_p[None, :]

@@ -234,7 +234,7 @@ def test_w4a16_mma4_atomic_workspace_left_zero():
     assert int(torch.count_nonzero(ws)) == 0 and int(torch.count_nonzero(cnt)) == 0
 
 
-def test_mma4_config_fills_the_gpu():
+def test_w4a16_mma4_config_fills_the_gpu():
     # split-K until ~waves x SMs programs, never more splits than K blocks
     for k, n in ((5120, 27648), (27648, 5120), (4096, 4096), (2048, 7168)):
         for m in (1, 4, 16):
@@ -243,3 +243,43 @@ def test_mma4_config_fills_the_gpu():
             assert c["PATH"] == "mma4" and c["BLOCK_M"] == 16
             assert 1 <= c["SPLIT_K"] <= k // 64
             assert tiles * c["SPLIT_K"] >= 4 * 132 or c["SPLIT_K"] == k // 64
+
+
+def _emulate_pair_asm(text, a, b):
+    """The PTX of `_asm_text` on two words: prmt.b32 (selector nibble i picks byte i of the
+    result from the 8 bytes of {b, a}), an optional shr.u32 by 4, lop3 (t & mask) | magic."""
+    import re
+
+    sel = int(re.search(r"prmt\.b32 t, \$1, \$2, (0x[0-9a-f]+);", text).group(1), 16)
+    mask, magic, lut = (int(v, 16) for v in re.search(r"lop3\.b32 \$0, t, (0x[0-9A-Fa-f]+), (0x[0-9a-f]+), (0x[0-9A-F]+);",
+                                                        text).groups())
+    assert lut == 0xEA  # (a & b) | c
+    src = (a & 0xFFFFFFFF) | (b & 0xFFFFFFFF) << 32
+    t = sum(((src >> (8 * ((sel >> (4 * i)) & 7))) & 0xFF) << (8 * i) for i in range(4))
+    if "shr.u32 t, t, 4;" in text:
+        t >>= 4
+    return (t & mask) | magic
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_w4a16_pair_unpack_asm_text(dtype):
+    # one instance unpacks nibble I of two words into the two halves of a 32-bit register:
+    # the low half from the first word (BASE + q), the high half from the second
+    from kernels import w4a16_mma as mm
+
+    magic, base = (0x4300, 128.0) if dtype == torch.bfloat16 else (0x6400, 1024.0)
+    gen = torch.Generator().manual_seed(9)
+    words = torch.randint(-(2**31), 2**31 - 1, (64, 2), generator=gen, dtype=torch.int64).tolist()
+    for i in range(8):
+        text = mm._asm_text(i, magic)
+        for a, b in words:
+            r = _emulate_pair_asm(text, a, b)
+            halves = torch.tensor([r & 0xFFFF, r >> 16], dtype=torch.int32).to(torch.int16).view(dtype).float()
+            want = torch.tensor([base + ((a >> (4 * i)) & 0xF), base + ((b >> (4 * i)) & 0xF)])
+            assert torch.equal(halves, want), (i, hex(a), hex(b), text)
+
+
+def test_w4a16_mma4_asm_config_runs_everywhere():
+    # deq="asm" is inline PTX; under the interpreter the launcher runs the plain unpack
+    cfg = dict(_mma4(2, "atomic"), DEQ="asm")
+    check(3, 384, 72, torch.bfloat16, config=cfg, seed=4)
