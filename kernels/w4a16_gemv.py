@@ -7,7 +7,7 @@ words of a row contiguous) and a range of scale groups (split-K), unpacks nibble
 registers and multiply-accumulates in fp32 on the CUDA cores. The packed row length is
 computed here as N // 8, so the JIT knows it only as even and the tiles move as 8-byte
 loads; passed as an argument (known as a multiple of 16: 16-byte loads) the same kernel ran
-1.4-2.0x slower on the H200 (race 5, kernels/bench/results/2026-12-01_h200_race5_w4a16*),
+1.13-2.04x slower on the H200 at M <= 2 (race 5, kernels/bench/results/2026-12-01_h200_race5_w4a16*),
 so it stays so.
 """
 
