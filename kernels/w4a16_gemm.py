@@ -107,21 +107,43 @@ def gemv_config(m: int, n: int, k: int, num_sms: int, block_n: int = 256, block_
                 SCALE_EACH=scale_each, num_warps=num_warps, num_stages=1)
 
 
+# K x N below which M <= 2 runs the v4 tile kernel and M 3-8 splits K for 2 waves (race 5)
+SMALL_KN = 50_000_000
+
+
 def pick_config(m: int, n: int, k: int, num_sms: int) -> dict:
-    """Kernel path and block sizes by shape, from the H200 runs in bench/results/
-    (2026-11-29_h200_v3_sweep.json, 2026-11-29_h200_v3_final.json).
-    PATH: "gemv" (CUDA-core GEMV, no tensor cores), "mma" (tensor-core split-K tile
-    kernel), "dequant" (dequantise to the activation dtype once, then cuBLAS).
-    Crossovers on the four model shapes: the GEMV beats the tile kernel at M = 1 (43-75 vs
-    65-107 us) and M = 2 (52-85 vs 66-109 us) and loses from M = 4 (4-row GEMV 83-134 vs
-    67-111 us); the tile kernel beats dequantise + cuBLAS up to M = 32 (within 4% on two
-    shapes) and loses from M = 64 on three of the four shapes (M = 256: 203-378 vs 527-774 us)."""
+    """Kernel path and block sizes by shape class, from the H200 race 5 (run 2:
+    bench/results/2026-12-01_h200_race5_w4a16_run2.json, 20 candidates per point on the 13
+    race shapes at M = 1, 2, 4, 8, 16; `python -m kernels.bench.w4a16_race5 --defaults`
+    prints this rule's measured time per point beside the best candidate's and the peers').
+    PATH: "gemv" (CUDA-core GEMV), "mma4" (v4 tensor-core tile kernel), "mma" (v2 tile
+    kernel, M 17-32, from the 2026-11-29 v3 runs), "dequant" (dequantise once, then cuBLAS).
+    - M <= 2: main's GEMV where K x N >= SMALL_KN (1.00-1.08x the best candidate's time at
+      M = 1, 1.00-1.17x at M = 2); below, the v4 kernel, which is faster on the five smaller
+      shapes (1.00-1.13x / 1.00-1.19x the best; 0.78-1.04x / 0.84-1.09x the GEMV's time).
+    - M 3-16: the v4 kernel (256 x 64 tiles, 4 warps, 3 stages, the PRMT unpack), K split
+      for 4 waves of programs at M 3-8 from SMALL_KN (atomic split-K to M = 4, the fp32
+      workspace above), else for 2 with the workspace: 1.00-1.20x the best candidate's
+      time, 0.38-1.03x main's tile kernel's.
+    The per-class choice maximised the points that beat the best peer, then the geometric
+    mean of the time over the best candidate's."""
+    small = k * n < SMALL_KN
     if m == 1:
+        if small:
+            return mma4_config(m, n, k, num_sms, block_n=256, block_k=32, num_stages=4, waves=4, reduce="atomic",
+                               deq="asm")
         # 3 CTAs of 167 registers fit an SM; ~6 x 132 programs, K split over scale groups
         return gemv_config(m, n, k, num_sms, block_n=256, block_k=16, num_warps=4, waves=6)
     if m == 2:
+        if small:
+            return mma4_config(m, n, k, num_sms, block_n=256, block_k=64, num_stages=3, waves=2, reduce="atomic",
+                               deq="asm")
         return gemv_config(m, n, k, num_sms, rows=2, block_n=128, block_k=16, num_warps=4, waves=6,
                            scale_each=True)
+    if m <= 16:
+        if small or m > 8:
+            return mma4_config(m, n, k, num_sms, waves=2, reduce="ws", deq="asm")
+        return mma4_config(m, n, k, num_sms, waves=4, reduce="atomic" if m <= 4 else "ws", deq="asm")
     if m <= 32:
         return mma_config(m, n, k, num_sms)
     return dict(PATH="dequant", BLOCK_N=512, BLOCK_K=16, num_warps=4)

@@ -231,3 +231,53 @@ def smoke():
     ok, _ = run_race5(4000.0, print, rows, lambda: None, shapes=[(256, 128)], ms=[1, 2, 5], smoke=True)
     print(table(H.smoke_meta(), rows))
     return ok
+
+
+def defaults_rows(rows, sms):
+    """Per point: the candidate that `pick_config` now chooses (matched by its config), its
+    measured time, the best candidate's and the peers' from the same run."""
+    out = []
+    for r in rows:
+        want = pick_config(r["M"], r["N"], r["K"], sms)
+        hit = [(name, v) for name, v in r["cand"].items() if v.get("cfg") == want and "us" in v and "error" not in v]
+        if not hit:
+            raise ValueError(f"{r['K']}x{r['N']} M={r['M']}: pick_config {want} was not a measured candidate")
+        name, v = hit[0]
+        peers = {p: d["us"] for p, d in r["peers"].items() if "us" in d}
+        bp = min(peers.items(), key=lambda t: t[1])
+        out.append(dict(K=r["K"], N=r["N"], M=r["M"], chosen=name, us=v["us"], roofline_us=r["roofline_us"],
+                        best=r["best"], main_us=r["cand"]["default"]["us"], peers=peers, best_peer=bp,
+                        peer_errors={p: d["error"] for p, d in r["peers"].items() if "error" in d}))
+    return out
+
+
+def defaults_table(meta, rows):
+    """The shipped defaults against the peers, each point's goal (no slower than the best of
+    tinygemm, gemlite and bf16 cuBLAS) marked met or missed."""
+    d = defaults_rows(rows, meta["sms"])
+    met = sum(r["us"] <= r["best_peer"][1] for r in d)
+    L = [H.header(meta) + ".", "",
+         f"W4A16 defaults (pick_config) in race 5 run 2, CUDA-graph replays, us. Goal: no slower than the best peer; "
+         f"met at {met} of {len(d)} points. main = main's pick_config in the same run.", "",
+         "| K x N | M | ours: path | us | of roofline | x best candidate | main us | cuBLAS bf16 | tinygemm | gemlite "
+         "| best peer | ours / best peer speed | goal |",
+         "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---|"]
+    f = lambda v: f"{v:.1f}" if v is not None else "-"  # noqa: E731
+    for r in d:
+        gl = r["peers"].get("gemlite")
+        gl_s = f(gl) if gl is not None else ("fails check" if "gemlite" in r["peer_errors"] else "-")
+        L.append(f"| {r['K']} x {r['N']} | {r['M']} | {r['chosen']} | {r['us']:.1f} | {r['roofline_us'] / r['us']:.0%} "
+                 f"| {r['us'] / r['best'][0]:.2f} | {r['main_us']:.1f} | {f(r['peers'].get('cublas_bf16'))} "
+                 f"| {f(r['peers'].get('tinygemm'))} | {gl_s} | {r['best_peer'][0]} | {r['best_peer'][1] / r['us']:.2f}x "
+                 f"| {'met' if r['us'] <= r['best_peer'][1] else 'missed'} |")
+    return "\n".join(L)
+
+
+if __name__ == "__main__":
+    import argparse
+    import json
+
+    ap = argparse.ArgumentParser(prog="python -m kernels.bench.w4a16_race5")
+    ap.add_argument("--defaults", required=True, help="a race-5 results.json: print the shipped defaults' table")
+    res = json.load(open(ap.parse_args().defaults))
+    print(defaults_table(res["meta"], res["w4a16_race5"]))

@@ -180,8 +180,9 @@ def test_w4a16_dequant_path(dtype):
 
 
 def test_pick_config_by_shape():
-    # H200: 132 SMs. M <= 2 runs the CUDA-core GEMV with K split over scale groups to fill
-    # the GPU; M = 3..32 the tensor-core tile kernel; M >= 64 dequantises once and calls cuBLAS.
+    # H200: 132 SMs. M <= 2 on the large shapes runs main's CUDA-core GEMV with K split over
+    # scale groups to fill the GPU; M <= 2 on the small ones and M = 3..16 the v4 tile kernel;
+    # M 17-32 the v2 tile kernel; M >= 64 dequantises once and calls cuBLAS.
     for k, n in ((5120, 27648), (27648, 5120), (8192, 28672), (7168, 18432)):
         dec = pick_config(1, n, k, 132)
         assert dec["PATH"] == "gemv" and dec["ROWS"] == 1
@@ -191,11 +192,33 @@ def test_pick_config_by_shape():
         assert progs >= 132
         two = pick_config(2, n, k, 132)
         assert two["PATH"] == "gemv" and two["ROWS"] == 2
-        assert pick_config(3, n, k, 132)["PATH"] == "mma"
-        assert pick_config(4, n, k, 132)["PATH"] == "mma"
+        for m in (3, 4, 8, 16):
+            c = pick_config(m, n, k, 132)
+            assert c["PATH"] == "mma4" and c["DEQ"] == "asm" and c["BLOCK_M"] == 16
+            assert c["REDUCE"] == ("atomic" if m <= 4 else "ws")
         assert pick_config(32, n, k, 132)["PATH"] == "mma"
         assert pick_config(64, n, k, 132)["PATH"] == "dequant"
         assert pick_config(256, n, k, 132)["PATH"] == "dequant"
+    for k, n in ((4096, 4096), (2048, 7168), (5120, 5120)):  # below SMALL_KN
+        assert pick_config(1, n, k, 132)["PATH"] == "mma4"
+        assert pick_config(2, n, k, 132)["PATH"] == "mma4"
+        assert pick_config(8, n, k, 132)["REDUCE"] == "ws"
+
+
+def test_w4a16_pick_config_follows_race5():
+    # every default at the race's points is a candidate that the H200 run measured, and
+    # none is more than 1.25x the best candidate's time there (the worst: 1.20x)
+    import json
+    from pathlib import Path
+
+    from kernels.bench.w4a16_race5 import defaults_rows
+
+    res = json.loads((Path(__file__).resolve().parents[2] / "kernels/bench/results/2026-12-01_h200_race5_w4a16_run2.json")
+                     .read_text())
+    rows = defaults_rows(res["w4a16_race5"], res["meta"]["sms"])
+    assert len(rows) == 65
+    worst = max(r["us"] / r["best"][0] for r in rows)
+    assert worst <= 1.25, worst
     assert gemv_config(3, 5120, 27648, 132)["ROWS"] == 4
 
 
