@@ -7,25 +7,19 @@ Layout (AutoAWQ GEMM format, as read by vLLM's AWQ loader):
 - ``scales``  fp16  [K/G, N]; G = 128.
 W[k, n] = (q[k, n] - z[k // G, n]) * s[k // G, n].
 
-Three paths, chosen by `pick_config` from the activation rows M (H200 sweeps in
-kernels/bench/results/2026-11-29_h200_v3_*):
-- M <= 2, "gemv": CUDA-core GEMV, no tensor cores and no shared-memory round trip
-  (`_gemv_kernel`). Each program owns BLOCK_N columns and a range of scale groups (split-K
-  into an fp32 workspace reduced by a second small kernel); nibbles are unpacked in
-  registers with one LOP3 and one FADD per weight (see `_nib_q`) and multiply-accumulated
-  in fp32. 1.3-1.6x faster than bf16 cuBLAS at M = 1, 32-38% of the 4-bit roofline.
-- 3 <= M <= 32, "mma": the tensor-core split-K tile kernel (`_w4a16_kernel`). Dequantisation
-  works per nibble position: nibble i of each packed int32 across the tile is a
-  [BLOCK_K, BLOCK_N / 8] sub-tile of whole columns, so the kernel runs 8 dots per K step and
-  never reshapes or interleaves the unpacked tile (a first version that did ran at ~20% of
-  the copy bandwidth; kernels/bench/results/*_v1_*). Each weight costs a shift and one logic
-  op: the nibble is OR-ed into the mantissa of 128.0 in the activation dtype (1024.0 for
-  fp16), giving 128 + q exactly, and the zero point, the offset and the group scale are
-  applied to the [BLOCK_M, BLOCK_N / 8] dot result (BLOCK_K divides the group size, so a K
-  step sees one scale/zero row).
-- M >= 64, "dequant": `awq_dequantize_triton` writes W in the activation dtype once (one
-  read of the packed weights, one write, ~3.3 TB/s), then cuBLAS multiplies. W is rounded
-  to the activation dtype once, as any dequantise-then-GEMM path does.
+Paths, chosen by `pick_config` from M and K x N (H200 race 5,
+kernels/bench/results/2026-12-01_h200_race5_w4a16_*; kernels/README.md has the tables):
+- "gemv" (`w4a16_gemv.py`): CUDA-core split-K GEMV, no tensor cores and no shared-memory
+  round trip; nibbles unpacked in registers with one LOP3 and one FADD per weight and
+  multiply-accumulated in fp32. M <= 2 on shapes of at least 50M weights.
+- "mma4" (`w4a16_mma.py` `_mma4_kernel`): the v4 tensor-core split-K tile kernel, per-nibble
+  dots on the unpacked tile (no reshape), 16-byte packed-tile copies, scales one step ahead,
+  the PRMT pair unpack, split-K through an fp32 workspace or fp32 atomics. M 3-16, and
+  M <= 2 on the smaller shapes.
+- "mma" (`_w4a16_kernel`): the v2 tile kernel, M 17-32 (2026-11-29 v3 runs).
+- "dequant": `awq_dequantize_triton` writes W in the activation dtype once (one read of the
+  packed weights, one write, ~3.3 TB/s), then cuBLAS multiplies; M > 32. W is rounded to
+  the activation dtype once, as any dequantise-then-GEMM path does.
 """
 
 from __future__ import annotations
@@ -188,20 +182,22 @@ def mma4_config(m: int, n: int, k: int, num_sms: int, block_n: int = 256, block_
 # OR-ing a nibble into the mantissa of 2^23 (0x4B000000) gives 2^23 + nibble exactly.
 _MAGIC_F32 = 0x4B000000
 
-# Zeroed fp32 workspaces and tile counters of the atomic split-K reduction, per device. The
-# kernel that used a region leaves it zero, so calls on one stream share it; it grows only
-# outside CUDA-graph capture (a capture that needs more falls back to the two-kernel form).
+# Zeroed fp32 workspaces and tile counters of the atomic split-K reduction, per device and
+# stream. The kernel that used a region leaves it zero, so the calls of one stream share it
+# (two streams never do); it grows only outside CUDA-graph capture (a capture that needs
+# more falls back to the two-kernel form).
 _ATOMIC_WS: dict = {}
 
 
 def _atomic_workspace(device, mn: int, tiles: int):
-    ws, cnt = _ATOMIC_WS.get(device, (None, None))
+    key = (device, torch.cuda.current_stream(device).cuda_stream) if device.type == "cuda" else (device, 0)
+    ws, cnt = _ATOMIC_WS.get(key, (None, None))
     if ws is None or ws.numel() < mn or cnt.numel() < tiles:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             return None
         ws = torch.zeros(max(mn, 0 if ws is None else ws.numel()), dtype=torch.float32, device=device)
         cnt = torch.zeros(max(tiles, 0 if cnt is None else cnt.numel()), dtype=torch.int32, device=device)
-        _ATOMIC_WS[device] = (ws, cnt)
+        _ATOMIC_WS[key] = (ws, cnt)
     return ws, cnt
 
 
