@@ -8,6 +8,7 @@
   dsvolc manifests STACK DIR            every Kubernetes object of the stack as YAML (kubectl diff, scanners)
   dsvolc smoke URL_OR_STACK --token T   check a live endpoint: auth, a completion, a stream, reasoning, metrics
   dsvolc bench STACK --token T          load a live endpoint (vllm bench serve), measured beside the model's prediction
+  dsvolc warm [--stop]                  a warm preview server: each `dsvolc preview` runs in a fork of it
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import gc
 if __name__ == "__main__":  # `python -m dsvolc.cli`: a process of seconds (main() says why)
     gc.disable()
 
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -144,6 +146,9 @@ def preview(
     from pulumi import RunError
 
     from dsvolc.policy_runner import PolicyConfigError
+    from dsvolc import lazy_annotations
+
+    lazy_annotations.install()  # before the program imports the providers' SDKs
     from dsvolc.preview import _plan_line, phase_line, render, run_both, run_preview, verdict_line, write_json
 
     console = Console()
@@ -210,6 +215,9 @@ def manifests(
     DIR/<namespace or _cluster>/<kind>-<name>.yaml. Helm releases and Secrets are left out
     (docs/preview.md); values the cloud computes are the offline run's stand-ins. Exit 2:
     invalid settings."""
+    from dsvolc import lazy_annotations
+
+    lazy_annotations.install()
     from dsvolc import export
 
     err = Console(stderr=True, soft_wrap=True)
@@ -238,6 +246,66 @@ def policy_config(
         Console(stderr=True, soft_wrap=True).print(f"error: {exc}", highlight=False, markup=False)
         raise typer.Exit(2) from None
     print(plan.policy_config)
+
+
+@app.command("warm")
+def warm_server(
+    stop: bool = typer.Option(False, "--stop", help="stop this tree's warm preview servers"),
+    idle_minutes: float = typer.Option(30.0, "--idle-minutes", min=0.1,
+                                       help="the server exits after this long without a request"),
+    foreground: bool = typer.Option(False, "--foreground", help="serve in this process (log on stderr) "
+                                    "until stopped, idle or the code changes"),
+) -> None:
+    """Start a warm preview server for this tree: it imports what a preview imports once, and
+    each `dsvolc preview` then runs in a fork of it (same output and exit code, a fraction of
+    the CPU time: docs/preview.md). It serves only the code it imported: after an edit of the
+    project's Python files or a `pip install`, previews run in their own process again and
+    the server exits; run `dsvolc warm` again."""
+    import signal
+    import subprocess
+    import time
+
+    from dsvolc import warm
+
+    err = Console(stderr=True, soft_wrap=True)
+    try:
+        sockets = warm.servers()
+        path = warm.socket_path()
+    except warm.WarmError as exc:
+        err.print(f"error: {exc}", highlight=False, markup=False)
+        raise typer.Exit(2) from None
+    if stop:
+        for sock in sockets:
+            pid = warm.server_pid(sock)
+            if pid is not None:
+                os.kill(pid, signal.SIGTERM)
+            sock.unlink(missing_ok=True)
+            sock.with_suffix(".log").unlink(missing_ok=True)
+            print(f"stopped {sock}" + (f" (pid {pid})" if pid else ""))
+        return
+    server = [sys.executable, "-m", "dsvolc.launch", "serve", str(idle_minutes)]
+    if foreground:
+        os.chdir(warm.ROOT)
+        os.execv(sys.executable, server)
+    if path.exists() and warm.server_pid(path) is not None:
+        print(f"already warm: {path} (pid {warm.server_pid(path)})")
+        return
+    for old in path.parent.glob("preview-*.log"):  # of servers that are gone
+        if not old.with_suffix(".sock").exists():
+            old.unlink(missing_ok=True)
+    log = path.with_suffix(".log")
+    with open(log, "w") as fh:
+        proc = subprocess.Popen(server, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=fh,
+                                start_new_session=True, cwd=warm.ROOT)
+    deadline = time.monotonic() + 120
+    while not path.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            err.print(f"error: the warm server did not start (exit {proc.poll()}); its log: {log}",
+                      highlight=False, markup=False)
+            raise typer.Exit(1)
+        time.sleep(0.1)
+    print(f"warm: pid {proc.pid}, {path}; `dsvolc preview` runs in it until the code changes or "
+          f"{idle_minutes:g} min without a request (`dsvolc warm --stop` stops it)")
 
 
 def main() -> None:  # pragma: no cover - console entry point

@@ -19,6 +19,7 @@ Two modes answer the registrations:
 from __future__ import annotations
 
 import base64
+import contextlib
 import inspect
 import json
 import runpy
@@ -31,6 +32,7 @@ import pulumi
 from pulumi.runtime import mocks as pulumi_mocks
 from pulumi.runtime import rpc
 from pulumi.runtime import known_types
+from pulumi.runtime import resource as pulumi_resource
 from pulumi.runtime.resource import register_resource_outputs
 from pulumi.runtime.settings import get_root_resource, reset_options
 from pulumi.runtime.stack import run_pulumi_func
@@ -383,6 +385,24 @@ def _mask_paths(value: Any, paths: list[tuple]) -> Any:
 
 Transform = Callable[[pulumi.ResourceTransformArgs], pulumi.ResourceTransformResult | None]
 
+_EMPTY_TRACE = pulumi_resource.source_pb2.StackTrace()
+
+
+@contextlib.contextmanager
+def stack_traces_skipped():
+    """The SDK captures the Python stack of every registration (`traceback.extract_stack`,
+    each frame's source line and file URI: about a fifth of the registration work) for the
+    engine's `stackTrace` and `sourcePosition` fields. The recording monitor reads neither,
+    so while the program runs under it the SDK gets an empty trace, as it does when it finds
+    no constructor frame. tests/test_lazy_annotations.py checks that the SDK still has the
+    function, and that the recording is the same with it left alone."""
+    original = pulumi_resource._get_stack_trace
+    pulumi_resource._get_stack_trace = lambda: _EMPTY_TRACE
+    try:
+        yield
+    finally:
+        pulumi_resource._get_stack_trace = original
+
 
 def run(stack: str, raw_settings: dict[str, Any], transforms: list[Transform] | None = None, *,
         mode: Mode = "new") -> Recording:
@@ -415,5 +435,6 @@ def run(stack: str, raw_settings: dict[str, Any], transforms: list[Transform] | 
         if known_types.is_stack(root):
             register_resource_outputs(root, dict(root.outputs))
 
-    _sync_await(run_pulumi_func(program))
+    with stack_traces_skipped():
+        _sync_await(run_pulumi_func(program))
     return recording

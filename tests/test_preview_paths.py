@@ -1,7 +1,9 @@
 """The preview's speed-ups change nothing it reports: for every shipped stack, `--json`'s
 document (both deploy phases: resources, violations, verdicts, findings) is the same as
 with pulumi_policy's servicer left to its own conversions and proxies and Python's
-collector left running, the code path before them."""
+collector left running and the SDK capturing each registration's stack trace, the code
+path before them. (tests/test_lazy_annotations.py does the same for the providers' SDKs
+imported with postponed annotations, which needs fresh processes.)"""
 
 from __future__ import annotations
 
@@ -11,13 +13,14 @@ import json
 
 import pytest
 
-from dsvolc import policy_runner, preview
+from dsvolc import engine, policy_runner, preview
 from stacks.loader import shipped_stacks
 
 
 def _plain_path(monkeypatch) -> None:
     monkeypatch.setattr(policy_runner.ConversionCache, "installed", lambda self: contextlib.nullcontext())
     monkeypatch.setattr(preview, "collector_paused", contextlib.nullcontext)
+    monkeypatch.setattr(engine, "stack_traces_skipped", contextlib.nullcontext)  # the SDK captures them
 
 
 def _facts(doc: dict) -> str:

@@ -221,7 +221,9 @@ def _for_triton(files: dict[str, list[dict]], values: dict[str, str]) -> dict[st
 def rule_file_content(ctx: ServingContext) -> str:
     """All groups as one Prometheus rule file (the format VMP's RuleFile takes)."""
     groups = [g for gs in rule_groups(ctx).values() for g in gs]
-    return yaml.safe_dump({"groups": groups}, sort_keys=False, width=1000)
+    # libyaml's emitter when PyYAML has it (the same text, a tenth of the time)
+    return yaml.dump({"groups": groups}, Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper),
+                     sort_keys=False, width=1000)
 
 
 def alert_names(ctx: ServingContext) -> list[str]:
