@@ -67,3 +67,13 @@ def test_smoke_runs_prefill_attention_and_mla_decode():
     # each MLA case with a bf16 and an fp8 cache
     assert len(_rows(out, "| smoke_h3 |")) == 2 and len(_rows(out, "| smoke_h20 |")) == 2
     assert "MISMATCH" not in out
+
+
+@pytest.mark.slow  # Triton interpreter: about a minute
+@pytest.mark.timeout(900)
+def test_smoke_runs_w4a16_race5():
+    out = _smoke("--only", "w4a16_race5")
+    assert "W4A16 race 5 (AutoAWQ group 128" in out
+    # M = 1, 2, 5 on the one smoke shape, every candidate checked before its time
+    assert len(_rows(out, "| 256 x 128 |")) == 3
+    assert "MISMATCH" not in out and "race5 ERROR" not in out

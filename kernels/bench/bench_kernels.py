@@ -5,6 +5,8 @@
     PYTHONUNBUFFERED=1 python -m kernels.bench.bench_kernels --only w4a16_v3_final --out DIR  # defaults
     PYTHONUNBUFFERED=1 python -m kernels.bench.bench_kernels --only race [--parts fp8,router_race,w4a16_race] --out DIR
     TRITON_INTERPRET=1 python -m kernels.bench.bench_kernels --smoke   # CPU, tiny shapes, no timing
+    PYTHONUNBUFFERED=1 python -m kernels.bench.bench_kernels --only w4a16_race5 --budget-s 400 --out DIR
+        # W4A16 M <= 16: v4 tile kernel / GEMV candidates vs cuBLAS, tinygemm (bench/w4a16_race5.py)
     PYTHONUNBUFFERED=1 python -m kernels.bench.bench_kernels --only attn_mla [--sweep] --out DIR
         # prefill attention vs torch SDPA (flash / cuDNN / efficient) and varlen_attn; MLA
         # decode vs vLLM's Triton MLA decode ($DSVOLC_BENCH_PEERS) and a torch gather + bmm
@@ -26,10 +28,10 @@ import traceback
 
 import torch
 
-from kernels.bench import attention, fp8, harness, mla, router, sm90, w4a16
+from kernels.bench import attention, fp8, harness, mla, router, sm90, w4a16, w4a16_race5
 
 ONLY = ["router", "w4a16", "w4a16_v3", "w4a16_v3_final", "attn", "mla", "attn_mla",
-        "fp8", "router_race", "w4a16_race", "race"]
+        "fp8", "router_race", "w4a16_race", "race", "w4a16_race5"]
 RACES = ("fp8", "router_race", "w4a16_race")
 
 
@@ -165,12 +167,17 @@ def run_first(run, args):
 MODES = {None: run_first, "router": run_first, "w4a16": run_first,
          "w4a16_v3": run_w4a16_v3, "w4a16_v3_final": run_w4a16_v3,
          "attn": run_attn_mla, "mla": run_attn_mla, "attn_mla": run_attn_mla,
-         "fp8": run_races, "router_race": run_races, "w4a16_race": run_races, "race": run_races}
+         "fp8": run_races, "router_race": run_races, "w4a16_race": run_races, "race": run_races,
+         "w4a16_race5": w4a16_race5.run}
 
 
 def smoke(args):
     """Every family's code path on the CPU under the Triton interpreter, tiny shapes."""
     harness.use_cpu()
+    if args.only == "w4a16_race5":
+        ok = w4a16_race5.smoke()
+        print("smoke correctness:", ok)
+        return 0 if ok else 1
     if args.only in ("attn", "mla", "attn_mla"):
         ok = True
         meta = harness.smoke_meta()
