@@ -203,7 +203,7 @@ def run_race5(copy_gbs, log, rows, on_shape, shapes=SHAPES, ms=MS, smoke=False, 
 def table(meta, rows):
     L = [H.header(meta) + ".", "",
          "W4A16 race 5 (AutoAWQ group 128, bf16 x, CUDA-graph replays, us). roofline = packed weights, scales "
-         "and zeros read once at the measured copy rate. default = main's pick_config (GEMV at M <= 2, v2 tile kernel from M = 3).", "",
+         "and zeros read once at the measured copy rate. default = pick_config as shipped at the run (run 1, 2: main's before race 5; run 3: race 5's rule).", "",
          "| K x N | M | best ours | us | of roofline | default us | cuBLAS bf16 us | tinygemm us | best peer | ours / best peer speed |",
          "|---|---:|---|---:|---:|---:|---:|---:|---|---:|"]
     for r in rows:
@@ -218,7 +218,9 @@ def table(meta, rows):
 def run(run_, args):
     run_.res["w4a16_race5"] = []
     t0 = run_.t_start
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.w4_shapes.split(",") if s] or SHAPES
     ok, glv = run_race5(run_.copy_gbs, run_.log, run_.res["w4a16_race5"], run_.dump, deadline=t0 + args.budget_s,
+                        shapes=shapes,
                         gemlite_shapes=[(7168, 18432)] if not args.no_gemlite else (),
                         gemlite_deadline=t0 + args.gemlite_deadline_s)
     run_.meta["gemlite"] = glv
