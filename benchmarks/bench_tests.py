@@ -81,7 +81,8 @@ def from_ci_log(path: Path) -> dict:
                        "--dist loadgroup)",
             "wall_s": wall, "cpu_s_including_install": cpu,
             "load_average_before": float(load.rsplit(" ", 1)[1]), "exit_code": exit_code,
-            "summary": summary.strip("= "), "goal_s": GOALS_S["full"], "within_goal": wall < GOALS_S["full"]}
+            "summary": summary.strip("= "), "goal_s": GOALS_S["full"], "within_goal": wall < GOALS_S["full"],
+            "commit": next((ln.split()[-1] for ln in lines if ln.startswith("ci: commit ")), None)}
 
 
 def main() -> int:
