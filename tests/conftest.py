@@ -33,7 +33,9 @@ for p in (str(_ROOT), str(_TESTS)):
         sys.path.insert(0, p)
 
 from server_scheduling import (  # noqa: E402,F401  - hooks: the server files' scheduling, timeouts
+    pytest_runtest_logreport,
     pytest_runtest_protocol,
+    pytest_terminal_summary,
     pytest_timeout_set_timer,
     pytest_xdist_make_scheduler,
     timeout_paused,

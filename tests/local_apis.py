@@ -15,7 +15,6 @@ from __future__ import annotations
 import copy
 import json
 import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -24,13 +23,11 @@ import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from ports import free_port
+
 TOKEN = "test-token"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def merge_patch(target, patch):

@@ -16,15 +16,13 @@ import time
 import urllib.request
 from pathlib import Path
 
+from ports import free_port as _free_port
+
 REGION = "cn-beijing"
 ACCESS_KEY = "test-reader"
 SECRET_KEY = "test-secret"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class S3Server:

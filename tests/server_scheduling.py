@@ -16,6 +16,10 @@ file lock while one runs). Two things keep that lock from costing a test its tim
   machine), the wait is not the test's: pytest-timeout's timer is stopped while the pool
   waits and started again, with the time that was left, once the lock is held. A test
   that hangs after that still times out.
+
+At the end of a parallel run the terminal summary prints each worker's busy time and when it
+finished, and the server unit's: whether the server unit is the run's critical path (and so
+what a cut of the full run's time must shorten) reads from there.
 """
 
 from __future__ import annotations
@@ -104,3 +108,43 @@ def timeout_paused(config: pytest.Config) -> Iterator[None]:
         left = max(settings.timeout - (paused - started), 0.001)
         hook.pytest_timeout_set_timer(item=item, settings=settings._replace(timeout=left))
         item.stash[_TIMER] = (started + (time.monotonic() - paused), settings)
+
+
+# -- where the run's time went ------------------------------------------------------------
+
+_SPANS = pytest.StashKey[dict]()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    node = getattr(report, "node", None)  # set on the controller of an xdist run
+    config = getattr(node, "config", None)
+    if config is None or not hasattr(report, "start"):
+        return
+    spans = config.stash.setdefault(_SPANS, {})
+    worker = node.gateway.id
+    unit = work_unit(report.nodeid)
+    spans.setdefault(("worker", worker), []).append((report.start, report.stop))
+    if unit == SERVER_GROUP:
+        spans.setdefault(("unit", SERVER_GROUP), []).append((report.start, report.stop))
+
+
+def timeline_lines(spans: dict, t0: float) -> list[str]:
+    """One line per worker (and the server unit): busy seconds, first start and last stop from t0."""
+    out = []
+    for (kind, name), items in sorted(spans.items()):
+        busy = sum(b - a for a, b in items)
+        first, last = min(a for a, _ in items) - t0, max(b for _, b in items) - t0
+        out.append(f"{kind} {name}: busy {busy:.0f} s, from {first:.0f} s to {last:.0f} s")
+    return out
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    spans = config.stash.get(_SPANS, None)
+    if not spans:
+        return
+    t0 = min(a for items in spans.values() for a, _ in items)
+    terminalreporter.write_sep("-", "time per worker (tests/server_scheduling.py)")
+    for line in timeline_lines(spans, t0):
+        terminalreporter.write_line(line)

@@ -18,7 +18,6 @@ import copy
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -40,6 +39,7 @@ from workloads.observability import monitoring
 from workloads.platform import controllers as platform
 from stacks.plan import build_plan
 from workloads.engine.context import build_context
+from ports import free_port as _free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -191,10 +191,6 @@ def test_amtool_sees_a_critical_going_nowhere_when_no_pager_is_named(tmp_path):
 # --------------------------------------------------------------------------- a real Alertmanager
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class _Sink:

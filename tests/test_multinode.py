@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 
 import local_apis
+from ports import free_port
 from runtime import gpu_health, health, weights
 from stacks import read_raw
 from stacks.constants import WEIGHTS_LABEL
@@ -56,12 +57,6 @@ def with_flag(cmd: list[str], flag: str, value: str) -> list[str]:
     out = list(cmd)
     out[out.index(flag) + 1] = value
     return out
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # --------------------------------------------------------------------------- start: wait for the leader

@@ -41,7 +41,7 @@ from dsvolc import smoke
 from dsvolc.cli import app
 from router_harness import (VllmRouter, machine_server_lock, metric_sum, metrics_text, nixl_available,
                             nixl_kv_transfer_config, router_binary, running)
-from vllm_harness import VllmServer, free_port, make_tiny_model
+from vllm_harness import VllmServer, make_tiny_model
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 
@@ -110,10 +110,12 @@ def _server(model, role: str, log_dir, *, port: int | None = None, core: str, n:
         model,
         ["--kv-transfer-config", nixl_kv_transfer_config(), "--served-model-name", SERVED,
          "--reasoning-parser", "deepseek_r1"],
-        env={"VLLM_CPU_KVCACHE_SPACE": "1",
-             # each engine's NIXL handshake listener; one OpenMP core each, so the two
-             # engines do not spin against each other on a 2-core machine
-             "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port()), "VLLM_CPU_OMP_THREADS_BIND": core},
+        # one OpenMP core each, so the two engines do not spin against each other on a 2-core
+        # machine
+        env={"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": core},
+        # each engine's NIXL handshake listener: picked when the server starts (after the
+        # machine-wide lock), again if it was taken
+        port_env=("VLLM_NIXL_SIDE_CHANNEL_PORT",),
         port=port, log_path=os.path.join(log_dir, f"{role}-{n}.log"))
 
 

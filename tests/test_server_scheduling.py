@@ -186,3 +186,14 @@ def test_waiting_for_the_server_lock_is_not_a_tests_time_but_a_hang_is(tmp_path)
     failure = hung.find("failure")
     assert failure is not None and "Timeout" in (failure.get("message", "") + (failure.text or "")), out.stdout[-3000:]
     assert float(hung.get("time")) < 10
+
+
+def test_the_timeline_sums_each_workers_busy_time_from_the_first_start():
+    from server_scheduling import timeline_lines
+    spans = {("worker", "gw0"): [(100.0, 130.0), (140.0, 150.0)], ("worker", "gw1"): [(101.0, 200.0)],
+             ("unit", "vllm-servers"): [(100.0, 130.0)]}
+    assert timeline_lines(spans, 100.0) == [
+        "unit vllm-servers: busy 30 s, from 0 s to 30 s",
+        "worker gw0: busy 40 s, from 0 s to 50 s",
+        "worker gw1: busy 99 s, from 1 s to 100 s",
+    ]

@@ -103,3 +103,78 @@ def test_every_file_that_starts_a_vllm_server_is_in_the_vllm_group():
              if p.name not in STAND_IN_ONLY and starts.search(p.read_text())}
     assert users, "no test starts a vLLM server: the pattern is stale"
     assert users <= vllm_harness.VLLM_SERVER_FILES, sorted(users - vllm_harness.VLLM_SERVER_FILES)
+
+
+# --------------------------------------------------------------------------- ports taken under a start
+
+# A stand-in for vLLM's two listeners: NIXL's handshake thread on the port in $SIDE (it dies on
+# a taken port and the process goes on waiting, as vLLM's engine did in a CI run) and the HTTP
+# server with /health on the harness's port.
+_FAKE = r"""
+import http.server, os, socket, sys, time
+side = socket.socket()
+try:
+    side.bind(("127.0.0.1", int(os.environ["SIDE"])))
+except OSError as e:
+    print("zmq.error.ZMQError: Address already in use", e, flush=True)
+    while True:
+        time.sleep(1)
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers()
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+class _FakeVllm(vllm_harness.VllmServer):
+    @property
+    def command(self):
+        return [vllm_harness.sys.executable, "-c", _FAKE, str(self.port)]
+
+
+def test_a_taken_listener_port_is_picked_again_at_once(tmp_path, monkeypatch):
+    import socket
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    real = vllm_harness.free_port
+    picks = iter([taken.getsockname()[1]])
+    monkeypatch.setattr(vllm_harness, "free_port", lambda: next(picks, None) or real())
+    server = _FakeVllm(tmp_path, port=real(), port_env=("SIDE",), log_path=tmp_path / "fake.log",
+                       startup_timeout=120)
+    try:
+        server.start()
+        assert int(server.env["SIDE"]) != taken.getsockname()[1]
+        assert server.startup_seconds < 60  # not the 120 s timeout
+        first = tmp_path / "fake.log.port-in-use-1"
+        assert "Address already in use" in first.read_text()  # the failed attempt's log is kept
+    finally:
+        server.stop()
+        taken.close()
+
+
+def test_a_port_in_use_fails_fast_without_ports_to_pick(tmp_path):
+    import socket
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    server = _FakeVllm(tmp_path, env={"SIDE": str(taken.getsockname()[1])}, log_path=tmp_path / "f.log",
+                       startup_timeout=120)
+    t0 = vllm_harness.time.monotonic()
+    try:
+        with pytest.raises(vllm_harness.VllmPortInUse, match="port taken"):
+            server.start()
+        assert vllm_harness.time.monotonic() - t0 < 60
+        assert server.proc.poll() is not None  # stopped, not left waiting
+    finally:
+        server.stop()
+        taken.close()
+
+
+def test_free_ports_lie_below_the_ephemeral_range_and_are_not_repeated():
+    from ports import ephemeral_low, free_port
+    ports = [free_port() for _ in range(50)]
+    assert len(set(ports)) == 50
+    assert all(1024 <= p < ephemeral_low() for p in ports)

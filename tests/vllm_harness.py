@@ -22,7 +22,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterable, Mapping, Sequence
+
+from ports import free_port
 
 # Test files that start real vLLM servers. Only one server runs at a time (SERVER_LOCK
 # below), so under `-n 2 --dist loadgroup` these files share one worker (one xdist group)
@@ -311,10 +312,6 @@ def make_tiny_model(tmp_dir: str | os.PathLike[str], arch: str = "deepseek_v2", 
 # Server
 # ---------------------------------------------------------------------------
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class VllmStartupError(RuntimeError):
@@ -325,14 +322,31 @@ class VllmStartupError(RuntimeError):
         self.log_path = log_path
 
 
+class VllmPortInUse(VllmStartupError):
+    """A listener of the server found its port taken (the log says "Address already in use")."""
+
+
+# what vLLM's log shows when a listener it starts (uvicorn, NIXL's handshake thread, ZMQ)
+# finds its port taken; NIXL's thread dies with it while the engine waits on it for ever
+PORT_IN_USE = re.compile(r"Address already in use|EADDRINUSE")
+PORT_ATTEMPTS = 3
+
+
 class VllmServer:
-    """A real ``vllm.entrypoints.openai.api_server`` process (context manager)."""
+    """A real ``vllm.entrypoints.openai.api_server`` process (context manager).
+
+    ``port_env`` names environment variables that hold ports of the server's own listeners
+    (``VLLM_NIXL_SIDE_CHANNEL_PORT``, say): each start picks them afresh, and a start whose log
+    says a port was taken is retried with new ones (``PORT_ATTEMPTS`` in all) at once instead of
+    waiting out ``startup_timeout``. The HTTP port stays what it was made with: callers hand
+    ``url`` to routers before the start."""
 
     def __init__(self, model: str | os.PathLike[str], args: Sequence[str] = (),
                  env: Mapping[str, str] | None = None, *, port: int | None = None,
                  log_path: str | os.PathLike[str] | None = None,
                  startup_timeout: float = STARTUP_TIMEOUT_S,
-                 default_args: Sequence[str] = DEFAULT_SERVER_ARGS) -> None:
+                 default_args: Sequence[str] = DEFAULT_SERVER_ARGS,
+                 port_env: Sequence[str] = ()) -> None:
         self.model = str(model)
         self.port = port or free_port()
         self.host = "127.0.0.1"
@@ -342,6 +356,7 @@ class VllmServer:
             defaults += ["--dtype", self._config_dtype(self.model)]
         self.args = self._without_reasoning_parser(self._merge_args(defaults, list(args)), self.model)
         self.env = {**os.environ, **DEFAULT_SERVER_ENV, **(env or {})}
+        self.port_env = tuple(port_env)
         self.startup_timeout = startup_timeout
         if log_path is None:
             fd, name = tempfile.mkstemp(prefix="vllm-", suffix=".log")
@@ -399,23 +414,43 @@ class VllmServer:
                 *self.args]
 
     def start(self) -> "VllmServer":
-        log = open(self.log_path, "wb")
         t0 = time.monotonic()
-        self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT,
-                                     env=self.env, start_new_session=True)
-        log.close()
-        try:
-            self._wait_healthy(t0)
-        except BaseException:
-            self.stop()
-            raise
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            for name in self.port_env:
+                self.env[name] = str(free_port())
+            log = open(self.log_path, "wb")
+            self.proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT,
+                                         env=self.env, start_new_session=True)
+            log.close()
+            try:
+                self._wait_healthy(time.monotonic())
+            except VllmPortInUse:
+                self.stop()
+                if attempt == PORT_ATTEMPTS or not self.port_env:
+                    raise
+                self._keep_log(f"port-in-use-{attempt}")
+                continue
+            except BaseException:
+                self.stop()
+                raise
+            break
         self.startup_seconds = time.monotonic() - t0
         return self
+
+    def _keep_log(self, tag: str) -> None:
+        """The failed attempt's log, beside the next one's (never overwritten)."""
+        if self.log_path.exists():
+            self.log_path.replace(self.log_path.with_name(f"{self.log_path.name}.{tag}"))
 
     def _wait_healthy(self, t0: float) -> None:
         assert self.proc is not None
         while time.monotonic() - t0 < self.startup_timeout:
             code = self.proc.poll()
+            if PORT_IN_USE.search(self.log_text()):
+                where = ", ".join(f"{n}={self.env[n]}" for n in self.port_env)
+                raise VllmPortInUse(f"a listener of vLLM found its port taken (HTTP {self.port}"
+                                    f"{', ' + where if where else ''}); log {self.log_path}:\n"
+                                    f"{self.log_tail()}", self.log_path)
             if code is not None:
                 raise VllmStartupError(f"vLLM exited with code {code} during startup; "
                                        f"log {self.log_path}:\n{self.log_tail()}", self.log_path)
@@ -583,6 +618,6 @@ class ServerPool:
             self._lock_fd = None
 
 
-__all__ = ["make_tiny_model", "tiny_config", "VllmServer", "VllmStartupError", "ServerPool",
+__all__ = ["make_tiny_model", "tiny_config", "VllmServer", "VllmStartupError", "VllmPortInUse", "ServerPool",
            "parse_kv_cache_tokens", "free_port", "DEFAULT_SERVER_ARGS", "DEFAULT_SERVER_ENV",
            "VLLM_SERVER_FILES"]
