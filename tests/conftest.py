@@ -33,6 +33,7 @@ for p in (str(_ROOT), str(_TESTS)):
         sys.path.insert(0, p)
 
 from server_scheduling import (  # noqa: E402,F401  - hooks: the server files' scheduling, timeouts
+    order_server_files,
     pytest_runtest_logreport,
     pytest_runtest_protocol,
     pytest_terminal_summary,
@@ -142,7 +143,9 @@ ENGINE_FIXTURES = frozenset({"tiny_models_dir", "vllm_server"})
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # Which worker runs which file under -n 2 --dist loadgroup: tests/server_scheduling.py.
+    # Which worker runs which file under -n 2 --dist loadgroup: tests/server_scheduling.py;
+    # the server files in the order that lets the pool share servers (SERVER_FILE_ORDER).
+    order_server_files(items)
     for item in items:
         in_kernels = _KERNELS in Path(str(item.path)).parents
         # The kernels' tests run Triton's interpreter on the CPU: correct, but slow.

@@ -30,7 +30,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from vllm_harness import VLLM_SERVER_FILES
+from vllm_harness import SERVER_FILE_ORDER, VLLM_SERVER_FILES
 
 SERVER_GROUP = "vllm-servers"
 
@@ -43,6 +43,19 @@ def work_unit(nodeid: str) -> str:
     if nodeid.rfind("@") > nodeid.rfind("]"):  # xdist's own suffix, where pytest keeps it
         return nodeid.rsplit("@", 1)[1]
     return path
+
+
+def order_server_files(items: list) -> None:
+    """Sort, in place, the server files' tests into SERVER_FILE_ORDER (each file's own order
+    kept), in the slots they held; every other test stays where it was."""
+    def name(item) -> str:
+        return item.nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+
+    slots = [i for i, item in enumerate(items) if name(item) in VLLM_SERVER_FILES]
+    rank = {f: r for r, f in enumerate(SERVER_FILE_ORDER)}
+    ordered = sorted((items[i] for i in slots), key=lambda it: rank.get(name(it), len(rank)))  # stable
+    for i, item in zip(slots, ordered):
+        items[i] = item
 
 
 def _scheduler_class():

@@ -101,18 +101,18 @@ class PD:
 
     def new_prefill(self) -> VllmServer:
         """A prefill server on the first one's address (the router's static --prefill URL)."""
-        return _server(self.model, "prefill", self.log_dir, port=self.prefill.port, core="0",
-                       n=len(self.extra) + 2)
+        return _server(self.model, "prefill", self.log_dir, port=self.prefill.port, n=len(self.extra) + 2)
 
 
-def _server(model, role: str, log_dir, *, port: int | None = None, core: str, n: int = 1) -> VllmServer:
+def _server(model, role: str, log_dir, *, port: int | None = None, n: int = 1) -> VllmServer:
     return VllmServer(
         model,
         ["--kv-transfer-config", nixl_kv_transfer_config(), "--served-model-name", SERVED,
          "--reasoning-parser", "deepseek_r1"],
-        # one OpenMP core each, so the two engines do not spin against each other on a 2-core
-        # machine
-        env={"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": core},
+        # the harness's engines run their worker in the engine core (vllm_harness.DEFAULT_SERVER_ENV),
+        # one torch thread each: the two engines do not spin OpenMP threads against each other
+        # on a 2-core machine (two threads each slowed a request to a minute)
+        env={"VLLM_CPU_KVCACHE_SPACE": "1"},
         # each engine's NIXL handshake listener: picked when the server starts (after the
         # machine-wide lock), again if it was taken
         port_env=("VLLM_NIXL_SIDE_CHANNEL_PORT",),
@@ -130,8 +130,8 @@ def pd(tmp_path_factory, vllm_server):
     # outputs mean the same KV (at 0.02 every prompt gives the same token)
     model = make_tiny_model(d, "deepseek_v2", reasoning=True, initializer_range=0.3)
     log_dir = str(d)
-    prefill = _server(model, "prefill", log_dir, core="0")
-    decode = _server(model, "decode", log_dir, core="1")
+    prefill = _server(model, "prefill", log_dir)
+    decode = _server(model, "decode", log_dir)
     router = VllmRouter(["--vllm-pd-disaggregation", "--prefill", prefill.url, "--decode", decode.url,
                          "--policy", "round_robin", "--request-timeout-secs", str(REQUEST_TIMEOUT_S),
                          "--health-check-interval-secs", "2", "--cb-timeout-duration-secs", "5"],

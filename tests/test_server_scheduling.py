@@ -197,3 +197,21 @@ def test_the_timeline_sums_each_workers_busy_time_from_the_first_start():
         "worker gw0: busy 40 s, from 0 s to 50 s",
         "worker gw1: busy 99 s, from 1 s to 100 s",
     ]
+
+
+def test_the_server_files_run_in_the_order_that_shares_servers():
+    from types import SimpleNamespace
+
+    from server_scheduling import order_server_files
+    from vllm_harness import SERVER_FILE_ORDER, VLLM_SERVER_FILES
+
+    assert set(SERVER_FILE_ORDER) == VLLM_SERVER_FILES  # every server file has its place
+    ids = ["tests/a_test.py::x", "tests/test_serving_vllm.py::t1", "tests/test_bench_vllm.py::b",
+           "tests/kernels/test_vllm_plugin.py::p1", "tests/z_test.py::y", "tests/test_metrics_contract.py::m",
+           "tests/kernels/test_vllm_plugin.py::p2", "tests/test_serving_vllm.py::t2"]
+    items = [SimpleNamespace(nodeid=i) for i in ids]
+    order_server_files(items)
+    assert [i.nodeid for i in items] == [
+        "tests/a_test.py::x", "tests/kernels/test_vllm_plugin.py::p1", "tests/kernels/test_vllm_plugin.py::p2",
+        "tests/test_serving_vllm.py::t1", "tests/z_test.py::y", "tests/test_serving_vllm.py::t2",
+        "tests/test_metrics_contract.py::m", "tests/test_bench_vllm.py::b"]

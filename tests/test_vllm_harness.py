@@ -56,6 +56,17 @@ def test_one_server_at_a_time_and_reuse_of_the_same_one(tmp_path, fake_servers):
     assert stopped == [a, b]
 
 
+def test_a_default_asked_for_explicitly_is_the_same_server(tmp_path, fake_servers):
+    started, _, _ = fake_servers
+    pool = ServerPool(tmp_path / "logs", lock_path=tmp_path / "lock")
+    a = pool.get(tmp_path / "model-a")
+    kv = vllm_harness.DEFAULT_SERVER_ENV["VLLM_CPU_KVCACHE_SPACE"]
+    assert pool.get(tmp_path / "model-a", env={"VLLM_CPU_KVCACHE_SPACE": kv}) is a and len(started) == 1
+    b = pool.get(tmp_path / "model-a", env={"VLLM_CPU_KVCACHE_SPACE": str(int(kv) + 1)})
+    assert b is not a and len(started) == 2
+    pool.stop_all()
+
+
 def test_a_failed_start_keeps_its_log_and_the_retry_writes_a_new_one(tmp_path, fake_servers):
     _, _, fail = fake_servers
     fail.append(True)

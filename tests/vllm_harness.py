@@ -46,6 +46,18 @@ VLLM_SERVER_FILES = frozenset({
     "test_pd_nixl.py", "test_routing_vllm.py", "test_bench_vllm.py",
 })
 
+# The order the server unit runs its files in (tests/conftest.py sorts them so): files whose
+# servers the pool can share sit next to each other, since it keeps one server at a time. The
+# plugin's last test and the first KV-capacity case ask for the same tiny DeepSeek-V2 server;
+# test_metrics_contract.py asks for test_serving_vllm.py's. Every other start is a server of
+# its own arguments.
+SERVER_FILE_ORDER = (
+    "test_vllm_plugin.py", "test_vllm_kv_capacity.py", "test_vllm_mla.py",
+    "test_serving_vllm.py", "test_metrics_contract.py", "test_tracing_vllm.py", "test_gateway_vllm.py",
+    "test_drain_vllm.py", "test_readonly_root_vllm.py", "test_pd_nixl.py", "test_routing_vllm.py",
+    "test_bench_vllm.py",
+)
+
 # Default engine arguments for a 2-core CPU box: short context, no graph capture.
 # ``--dtype`` defaults to the model's config.json ``torch_dtype``.
 DEFAULT_SERVER_ARGS: tuple[str, ...] = (
@@ -60,6 +72,12 @@ DEFAULT_SERVER_ENV: dict[str, str] = {
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
     "TOKENIZERS_PARALLELISM": "false",
+    # The engine core runs its one worker in its own process (vLLM's uni executor, what a
+    # one-GPU engine runs) instead of spawning a third Python process that imports vLLM again:
+    # about 13 s of every start on a 2-core machine. The CPU platform keeps its multiprocess
+    # executor only while this is 1 (vllm/platforms/cpu.py); the API server's engine core stays
+    # a process of its own either way. Tests that bind OpenMP threads per engine set it back.
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
 }
 STARTUP_TIMEOUT_S = float(os.environ.get("VLLM_HARNESS_STARTUP_TIMEOUT", "600"))
 # Held while a test process runs a vLLM server: one server per machine at a time.
@@ -493,6 +511,14 @@ class VllmServer:
         rx = re.compile(pattern)
         return [ln for ln in self.log_text().splitlines() if rx.search(ln)]
 
+    def model_runner_pid(self) -> str:
+        """The pid of the process that loads and runs the model (the engine core's worker: a
+        process of its own under vLLM's multiprocess executor, the engine core under ``uni``)."""
+        lines = self.log_lines_matching(r"\(\S+ pid=\d+\).*Starting to load model")
+        if not lines:
+            raise AssertionError(f"no model load in {self.log_path}:\n{self.log_tail()}")
+        return re.search(r"pid=(\d+)", lines[0]).group(1)
+
     def kv_cache_tokens(self) -> int:
         """The engine's "<device> KV cache size: N tokens" figure."""
         return parse_kv_cache_tokens(self.log_text())
@@ -556,7 +582,9 @@ class ServerPool:
 
     def get(self, model: str | os.PathLike[str], args: Iterable[str] = (),
             env: Mapping[str, str] | None = None, **kwargs: Any) -> VllmServer:
-        key = (str(model), tuple(args), tuple(sorted((env or {}).items())),
+        # the environment the server gets (the harness's defaults under the caller's): asking
+        # for a default explicitly is the same server
+        key = (str(model), tuple(args), tuple(sorted({**DEFAULT_SERVER_ENV, **(env or {})}.items())),
                tuple(sorted(kwargs.items())))
         srv = self._server
         if key == self._key and srv is not None and srv.proc is not None and srv.proc.poll() is None:
@@ -620,4 +648,4 @@ class ServerPool:
 
 __all__ = ["make_tiny_model", "tiny_config", "VllmServer", "VllmStartupError", "VllmPortInUse", "ServerPool",
            "parse_kv_cache_tokens", "free_port", "DEFAULT_SERVER_ARGS", "DEFAULT_SERVER_ENV",
-           "VLLM_SERVER_FILES"]
+           "VLLM_SERVER_FILES", "SERVER_FILE_ORDER"]

@@ -178,7 +178,10 @@ def check_router_peer(peer, log):
     return ok
 
 
-def run_router_race(peer, log, ts=ROUTER_RACE_T, smoke=False):
+def run_router_race(peer, log, ts=ROUTER_RACE_T, smoke=False, sweep_from=256):
+    """Ours (shipped pick and the previous kernel) and vLLM's per token count; the BLOCK_T x
+    warps sweep from ``sweep_from`` tokens (the smoke lowers it: the interpreter takes about
+    5 s per call per 100 tokens)."""
     L = ROUTER_LAYOUTS["v3"]
     rows = []
     timer = TIMER["graph"]
@@ -194,7 +197,7 @@ def run_router_race(peer, log, ts=ROUTER_RACE_T, smoke=False):
             r["vllm_us"] = timer([lambda x=x: peer(x, L["g"], L["tg"], L["k"], L["renorm"], L["scale"], bias, 1)
                                   for x in xs])
         r["sweep"] = {}
-        if t >= 256:
+        if t >= sweep_from:
             for bt, nw in [c for c in ROUTER_RACE_CFGS if c not in ROUTER_BAD_CFGS]:
                 fns = [lambda x=x, bt=bt, nw=nw: grouped_topk(*router_args(L, x, bias), block_t=bt, num_warps=nw)
                        for x in xs]
