@@ -6,8 +6,9 @@ check must be covered by an entry of tests/data/checkov-skips.yaml (check id, re
 the reason it stays), and every entry must still cover a finding.
 
 checkov runs from its own virtualenv (its dependencies clash with the project's): the
-`DSVOLC_CHECKOV` environment variable names the executable, else `.venv-checkov/bin/checkov`
-in the repository (what .ci/run creates), else `checkov` on the PATH.
+`DSVOLC_CHECKOV` environment variable names the executable, else the virtualenv .ci/run
+creates outside the checkout (`$XDG_CACHE_HOME/dsvolc/checkov-3.3.30`, `~/.cache` by default),
+else `checkov` on the PATH.
 """
 
 from __future__ import annotations
@@ -35,8 +36,14 @@ VERSION = "3.3.30"
 STACKS = loader.shipped_stacks()
 
 
+def default_venv() -> Path:
+    """Where .ci/run puts checkov's virtualenv (its CHECKOV_VENV default)."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "dsvolc" / f"checkov-{VERSION}"
+
+
 def checkov() -> str | None:
-    for candidate in (os.environ.get("DSVOLC_CHECKOV"), str(ROOT / ".venv-checkov" / "bin" / "checkov"),
+    for candidate in (os.environ.get("DSVOLC_CHECKOV"), str(default_venv() / "bin" / "checkov"),
                       shutil.which("checkov")):
         if candidate and os.access(candidate, os.X_OK):
             return candidate
@@ -68,10 +75,10 @@ def findings(tmp_path_factory) -> list[tuple[str, str, str, str]]:
     """(stack, check id, resource, file) of every failed check."""
     exe = checkov()
     if exe is None:
-        # CI creates .venv-checkov (.ci/run): there a missing checkov is a failure, not a skip.
+        # CI creates checkov's virtualenv (.ci/run): there a missing checkov is a failure, not a skip.
         if os.environ.get("CI"):
-            pytest.fail("checkov is not installed in CI: .ci/run creates .venv-checkov")
-        pytest.skip("checkov is not installed: run .ci/run (it creates .venv-checkov) or set DSVOLC_CHECKOV")
+            pytest.fail(f"checkov is not installed in CI: .ci/run creates {default_venv()}")
+        pytest.skip(f"checkov is not installed: run .ci/run (it creates {default_venv()}) or set DSVOLC_CHECKOV")
     version = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=120).stdout.strip()
     assert version == VERSION, f"checkov {version}; the skips were judged with {VERSION}"
     root = tmp_path_factory.mktemp("manifests")

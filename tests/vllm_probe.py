@@ -81,4 +81,15 @@ def run_cases(cases: Mapping[str, Case], preload: Sequence[str], *, timeout: flo
     return {k: r["stdout"] for k, r in results.items()}
 
 
-__all__ = ["Case", "run_cases"]
+def registrations(cases: Mapping[str, Case], preload: Sequence[str]):
+    """A module-scoped fixture: each case's stdout, from one probe run per test module."""
+    import pytest
+
+    @pytest.fixture(scope="module")
+    def registered() -> dict[str, str]:
+        return run_cases(cases, preload)
+
+    return registered
+
+
+__all__ = ["Case", "run_cases", "registrations"]

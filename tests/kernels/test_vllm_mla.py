@@ -12,7 +12,7 @@ require("torch", "triton", "vllm")
 import torch  # noqa: E402
 
 from kernels.reference import mla_decode_reference, varlen_attention_reference  # noqa: E402
-from vllm_probe import Case, run_cases  # noqa: E402
+from vllm_probe import Case, registrations  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
@@ -42,10 +42,7 @@ CASES = {
 PRELOAD = ("vllm.plugins", "vllm.config.attention", "vllm.v1.attention.backends.registry",
            "vllm.v1.attention.backends.mla.prefill.registry")
 
-
-@pytest.fixture(scope="module")
-def registered():
-    return run_cases(CASES, PRELOAD)
+registered = registrations(CASES, PRELOAD)
 
 
 def test_mla_backends_off_by_default(registered):

@@ -11,7 +11,7 @@ require("torch", "triton", "vllm")
 import torch  # noqa: E402
 
 from kernels.reference import grouped_topk_reference  # noqa: E402
-from vllm_probe import Case, run_cases  # noqa: E402
+from vllm_probe import Case, registrations  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
@@ -54,10 +54,7 @@ PRELOAD = ("vllm.plugins", "vllm.model_executor.custom_op", "vllm.model_executor
            "vllm.model_executor.layers.fused_moe.router.grouped_topk_router", "vllm.model_executor.kernels.linear",
            "vllm.platforms")
 
-
-@pytest.fixture(scope="module")
-def registered():
-    return run_cases(CASES, PRELOAD)
+registered = registrations(CASES, PRELOAD)
 
 
 def test_entry_point_registers_our_classes(registered):
