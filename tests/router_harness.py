@@ -28,7 +28,8 @@ import urllib.request
 from pathlib import Path
 from typing import Iterator, Mapping, Sequence
 
-from vllm_harness import SERVER_LOCK, VllmStartupError, free_port
+from ports import free_port
+from vllm_harness import SERVER_LOCK, VllmStartupError
 
 
 def router_binary() -> str | None:

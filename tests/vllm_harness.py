@@ -76,7 +76,7 @@ DEFAULT_SERVER_ENV: dict[str, str] = {
     # one-GPU engine runs) instead of spawning a third Python process that imports vLLM again:
     # about 13 s of every start on a 2-core machine. The CPU platform keeps its multiprocess
     # executor only while this is 1 (vllm/platforms/cpu.py); the API server's engine core stays
-    # a process of its own either way. Tests that bind OpenMP threads per engine set it back.
+    # a process of its own either way. Each engine then runs one torch thread, unbound.
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
 }
 STARTUP_TIMEOUT_S = float(os.environ.get("VLLM_HARNESS_STARTUP_TIMEOUT", "600"))
@@ -329,8 +329,6 @@ def make_tiny_model(tmp_dir: str | os.PathLike[str], arch: str = "deepseek_v2", 
 # ---------------------------------------------------------------------------
 # Server
 # ---------------------------------------------------------------------------
-
-
 
 class VllmStartupError(RuntimeError):
     """A server that did not come up; ``log_path`` is its whole log, where there is one."""
