@@ -42,6 +42,8 @@ def build_parser():
     ap.add_argument("--budget-s", type=float, default=float("inf"),
                     help="attn/mla: stop timing sweep variants after this many seconds (defaults still run)")
     ap.add_argument("--parts", default=",".join(RACES), help="with --only race: which races")
+    ap.add_argument("--fp8-dense-only", action="store_true",
+                    help="fp8: the dense shapes only (the grouped race times the Triton kernel alone)")
     ap.add_argument("--sm90-report", action="store_true",
                     help="compile the attention kernels for sm_90 here (no GPU) and print their resources")
     mla.add_args(ap)
@@ -110,7 +112,8 @@ def run_races(run, args):
     def fp8_part():
         meta["fp8_tflops"], meta["fp8_ceiling_detail"] = harness.fp8_ceiling(log)
         res["fp8"], res["fp8_grouped"] = [], []
-        f_ok = fp8.run_fp8(run.copy_gbs, run.mm_tflops, meta["fp8_tflops"], log, res["fp8"], res["fp8_grouped"], run.dump)
+        f_ok = fp8.run_fp8(run.copy_gbs, run.mm_tflops, meta["fp8_tflops"], log, res["fp8"], res["fp8_grouped"], run.dump,
+                           grouped=[] if args.fp8_dense_only else fp8.FP8_GROUPED)
         log(f"fp8 correctness: {'OK' if f_ok else 'FAILED'}")
         return f_ok
 

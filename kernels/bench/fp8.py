@@ -4,7 +4,7 @@ cuBLAS, torch._scaled_mm (per-tensor and DeepSeek's blockwise scaling) and
 torch._grouped_mm, with DeepGEMM's published H800 figures alongside.
 
 Every candidate is checked against the reference (TF32 off) before it is timed; all
-timings are do_bench medians. The run's FP8 ceiling is `harness.fp8_ceiling`.
+timings are CUDA-graph replays with the L2 scrubbed before each call (`harness.graph_cold_us`). The run's FP8 ceiling is `harness.fp8_ceiling`.
 """
 
 from __future__ import annotations
@@ -52,6 +52,17 @@ def fp8_candidates(m, n, k, sms):
     return dedupe(c)
 
 
+def sm90_candidates(m, n, k, sms):
+    """The Gluon sm_90 kernel's shipped default first, then the tiles and pipeline depths
+    raced beside it (kernels/fp8_gemm_sm90.py: 128-row tiles take two warpgroups)."""
+    from kernels.fp8_gemm_sm90 import pick_config as sm90_pick
+
+    c = {"default": sm90_pick(m, n, k, sms)}
+    for bm, bn, w, st in [(128, 128, 8, 4), (128, 128, 8, 5), (64, 128, 4, 4), (64, 128, 4, 6), (128, 64, 4, 4)]:
+        c[f"g{bm}x{bn}_w{w}_s{st}"] = dict(BLOCK_M=bm, BLOCK_N=bn, GROUP_M=8, STAGES=st, num_warps=w)
+    return dedupe(c)
+
+
 def fp8_scaled_mm_blockwise(qa, sa, qw, sw):
     """torch._scaled_mm with DeepSeek's block scaling (BlockWise1x128 activations,
     BlockWise128x128 weights; cuBLASLt on CUDA 12.9+). Returns (callable, layout) for the
@@ -81,6 +92,7 @@ def run_fp8(copy_gbs, mm_tflops, fp8_tflops, log, rows, grows, on_shape, dense=F
             grouped=FP8_GROUPED, smoke=False):
     """Dense then grouped; every candidate is checked against the fp32 reference of the
     dequantised operands (TF32 off) before it is timed."""
+    from kernels import fp8_gemm_sm90 as sm90
     from kernels.fp8_gemm import GROUPED_M_ALIGN, fp8_gemm, fp8_grouped_gemm
     from kernels.reference import fp8_block_dequant, per_block_quant_fp8, per_token_group_quant_fp8
 
@@ -129,6 +141,28 @@ def run_fp8(copy_gbs, mm_tflops, fp8_tflops, log, rows, grows, on_shape, dense=F
                 except Exception as ex:  # noqa: BLE001 - a config that fails to build is a result
                     r["sweep"][name] = dict(error=f"{type(ex).__name__}: {str(ex)[:160]}", cfg=c)
                     log(f"FP8 ERROR M={m} N={n} K={k} {name}: {r['sweep'][name]['error']}")
+            if sm90.supported(qa, qw, torch.bfloat16):
+                # the Gluon kernel (Hopper only): promotion overlapped with the next block's wgmma
+                r["sm90"] = {}
+                for name, c in sm90_candidates(m, n, k, sms).items():
+                    try:
+                        y = sm90.fp8_gemm_sm90(qa, sa, qw, sw, config=c)
+                        rel, ok = _fp8_ok(y, ref)
+                        log(f"fp8 sm90 check M={m} N={n} K={k} {name}: rel {rel:.2e} {'OK' if ok else 'MISMATCH'}")
+                        if not ok:
+                            all_ok = False
+                            r["sm90"][name] = dict(error=f"mismatch rel {rel:.2e}", cfg=c)
+                            continue
+                        t = timer([lambda c=c: sm90.fp8_gemm_sm90(qa, sa, qw, sw, config=c)])
+                        r["sm90"][name] = dict(us=t, rel_err=rel, tflops=flop / t / 1e6, cfg=c)
+                    except Exception as ex:  # noqa: BLE001 - a config that fails to build is a result
+                        r["sm90"][name] = dict(error=f"{type(ex).__name__}: {str(ex)[:160]}", cfg=c)
+                        log(f"FP8 SM90 ERROR M={m} N={n} K={k} {name}: {r['sm90'][name]['error']}")
+                ok_sm90 = [(v["us"], kk) for kk, v in r["sm90"].items() if "us" in v]
+                r["sm90_us"] = r["sm90"].get("default", {}).get("us", float("nan"))
+                r["sm90_best"] = min(ok_sm90) if ok_sm90 else None
+                if "scaled_mm_blockwise_us" in r:
+                    r["sm90_x_blockwise_time"] = r["sm90_us"] / r["scaled_mm_blockwise_us"]
             if m >= 4096 and not smoke:
                 # diagnostic: the same tiles with no scales and no promotion (one fp8
                 # accumulation over K; wrong numerics, timed only): what the promotion costs
@@ -149,7 +183,8 @@ def run_fp8(copy_gbs, mm_tflops, fp8_tflops, log, rows, grows, on_shape, dense=F
             log(f"fp8 M={m} N={n} K={k}: ours {r['ours_us']:.1f} us {r['tflops']:.0f} TF/s "
                 f"({r['frac_fp8_ceiling']:.0%} of fp8 ceiling, {r['x_cublas_bf16']:.2f}x bf16) bf16 {r['cublas_bf16_us']:.1f} "
                 f"blockwise _scaled_mm {r.get('scaled_mm_blockwise_us', float('nan')):.1f} "
-                f"tensorwise {r.get('scaled_mm_tensorwise_us', float('nan')):.1f} no-promote {r.get('no_promote_us', float('nan')):.1f} best {r['best']}; "
+                f"tensorwise {r.get('scaled_mm_tensorwise_us', float('nan')):.1f} sm90 {r.get('sm90_us', float('nan')):.1f} "
+                f"(best {r.get('sm90_best')}) no-promote {r.get('no_promote_us', float('nan')):.1f} best {r['best']}; "
                 + json.dumps({kk: (round(v["us"], 1) if "us" in v else "ERR") for kk, v in r["sweep"].items()}))
         del qw, sw, dw, wb
         if not smoke:
@@ -223,10 +258,13 @@ def race_lines(fp8, fp8g):
     """`run_fp8`'s dense and grouped rows: the FP8 sections of the race table."""
     L = []
     if fp8:
-        L += ["FP8 block-scaled GEMM, dense (bf16 out; do_bench medians, L2 flushed). DeepGEMM = its README's H800 figure.",
+        L += ["FP8 block-scaled GEMM, dense (bf16 out; CUDA-graph replays, L2 scrubbed before each call). DeepGEMM = its README's H800 figure.",
               "",
-              "| M | N | K | ours us | ours TFLOP/s | of fp8 ceiling | x bf16 cuBLAS | _scaled_mm blockwise us | _scaled_mm per-tensor us | bf16 cuBLAS us | ours without promotion us | best candidate | best us | DeepGEMM H800 TFLOP/s |",
-              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
+              "\"ours\" is the Triton kernel (kernels/fp8_gemm.py); \"sm90\" the Gluon kernel (kernels/fp8_gemm_sm90.py), "
+              "its default and its best candidate; \"/ blockwise\" is its time over _scaled_mm blockwise's (cuBLASLt).",
+              "",
+              "| M | N | K | ours us | ours TFLOP/s | of fp8 ceiling | x bf16 cuBLAS | _scaled_mm blockwise us | _scaled_mm per-tensor us | bf16 cuBLAS us | ours without promotion us | best candidate | best us | sm90 us | sm90 TFLOP/s | sm90 / blockwise | sm90 best | DeepGEMM H800 TFLOP/s |",
+              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---|---:|"]
         for r in fp8:
             best = r.get("best") or (float("nan"), "-")
             dg = r.get("deepgemm_h800")
@@ -234,7 +272,11 @@ def race_lines(fp8, fp8g):
                      f"| {r['x_cublas_bf16']:.2f}x | {r.get('scaled_mm_blockwise_us', float('nan')):.1f} "
                      f"| {r.get('scaled_mm_tensorwise_us', float('nan')):.1f} | {r['cublas_bf16_us']:.1f} "
                      f"| {r.get('no_promote_us', float('nan')):.1f} | {best[1]} "
-                     f"| {best[0]:.1f} | {dg[0] if dg else '-'} |")
+                     f"| {best[0]:.1f} | {r.get('sm90_us', float('nan')):.1f} "
+                     f"| {2 * r['M'] * r['N'] * r['K'] / r.get('sm90_us', float('nan')) / 1e6:.0f} "
+                     f"| {r.get('sm90_x_blockwise_time', float('nan')):.2f} "
+                     f"| {(r.get('sm90_best') or (0, '-'))[1]} {(r.get('sm90_best') or (float('nan'), ''))[0]:.1f} "
+                     f"| {dg[0] if dg else '-'} |")
         L.append("")
     if fp8g:
         L += ["FP8 grouped (MoE contiguous layout). bf16 baseline: one cuBLAS GEMM of the same total M (same FLOPs).",

@@ -1,0 +1,264 @@
+"""FP8 block-scaled GEMM for Hopper (sm_90) in Gluon: the promotion overlapped with the next
+block's tensor-core products.
+
+Same contract as ``kernels.fp8_gemm.fp8_gemm`` (dense only): C = (A * sa) @ (B * sb)^T with A
+e4m3 [M, K], sa fp32 [M, K / 128], B e4m3 [N, K], sb fp32 [ceil(N / 128), K / 128].
+
+Why a second kernel: each 128-wide K block's product must land in a fresh fp32 tile that is
+scaled and added to the accumulator (the "promotion"). Triton 3.6's pipeliner keeps a
+``wgmma`` in flight only when its result feeds the next product's accumulator, so in the
+Triton kernel every warp waits for its product and then runs the promotion's FFMAs while the
+tensor cores idle (kernels/README.md, "What limits it"). Gluon (Triton's lower-level
+language, ``triton.experimental.gluon``) states the schedule directly:
+
+- TMA loads of A [BLOCK_M, 128] and B [BLOCK_N, 128] tiles into a ring of ``STAGES`` shared
+  buffers, each completing on its own mbarrier: all stages filled first, then each buffer
+  refilled as soon as the block it held is retired;
+- block k's ``wgmma`` is issued asynchronously into a fresh tile (``use_acc=False``) *before*
+  waiting for block k - 1's (``warpgroup_mma_wait(num_outstanding=1)``), and block k - 1's
+  tile is promoted (``acc += tile * sa[m] * sb``) while block k's products run;
+- the buffer block k - 1 used is refilled (block k + STAGES - 1) once both warpgroups have
+  passed that wait (a CTA barrier: one thread issues the copy for the CTA).
+
+128-wide (or 64-wide) N tiles lie in one weight scale block, so the weight scale is one scalar
+per K block. Tails: TMA zero-fills rows past M and N on load and clips them on store; the
+activation scales are loaded masked. Needs N * 2 bytes (the bf16 output's row) to be a
+multiple of 16 and 16-byte-aligned bases (TMA's rules): ``supported`` says when.
+
+Gluon kernels compile only for a GPU (no interpreter): the interpreter tests cover the Triton
+kernel that shares this contract, and tests/kernels/test_fp8_gemm_sm90.py checks this one
+against the fp32 reference on a Hopper GPU (the H200 run is committed under
+kernels/bench/results/).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+try:  # Gluon ships with Triton >= 3.4; the Hopper modules exist only in the CUDA build
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        mbarrier,
+        tma,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    # Triton 3.6 (the H200's) names the TMA copies async_copy_global_to_shared /
+    # async_copy_shared_to_global; later releases renamed them async_load / async_store
+    _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+    _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+    _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier  # renamed after 3.6
+    HAVE_GLUON = True
+except ImportError:  # pragma: no cover - depends on the Triton build
+    HAVE_GLUON = False
+
+BLOCK_K = 128  # the format's scale block along K
+
+
+def supported(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> bool:
+    """Whether this kernel can run these operands: a Hopper GPU, Gluon, a dense weight, row
+    strides and bases TMA accepts, and a 16-bit output."""
+    if not (HAVE_GLUON and a.is_cuda and b.is_cuda and b.dim() == 2):
+        return False
+    if torch.cuda.get_device_capability(a.device) != (9, 0):
+        return False
+    if out_dtype not in (torch.bfloat16, torch.float16):
+        return False
+    m, k = a.shape
+    n = b.shape[0]
+    return (
+        m > 0
+        and n % 8 == 0
+        and k % BLOCK_K == 0
+        and a.stride(1) == 1
+        and b.stride(1) == 1
+        and a.stride(0) % 16 == 0
+        and b.stride(0) % 16 == 0
+        and a.data_ptr() % 16 == 0
+        and b.data_ptr() % 16 == 0
+    )
+
+
+if HAVE_GLUON:
+
+    @gluon.jit
+    def _issue_load(a_desc, b_desc, bars, a_bufs, b_bufs, off_m, off_n, kb, STAGES: gl.constexpr, pred):
+        s = kb % STAGES
+        bar = bars.index(s)
+        mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes, pred=pred)
+        _tma_load(a_desc, [off_m, kb * 128], bar, a_bufs.index(s), pred)
+        _tma_load(b_desc, [off_n, kb * 128], bar, b_bufs.index(s), pred)
+
+    @gluon.jit
+    def _mma_block(a_bufs, b_bufs, bars, kb, regs, STAGES: gl.constexpr):
+        """Wait for block kb's tiles and issue its products into a fresh fp32 tile (async), in
+        the registers of ``regs`` (their values are not read)."""
+        s = kb % STAGES
+        mbarrier.wait(bars.index(s), (kb // STAGES) & 1)
+        return warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), regs, use_acc=False, is_async=True)
+
+    @gluon.jit
+    def _scale(as_ptrs, bs_ptrs, mask_m, kb, stride_ask, stride_bsk):
+        """Block kb's combined scale per row: activation group scale x weight block scale."""
+        return gl.load(as_ptrs + kb * stride_ask, mask=mask_m, other=0.0) * gl.load(bs_ptrs + kb * stride_bsk)
+
+    @gluon.jit
+    def _promote(acc, tile, scale):
+        """acc + tile * scale[:, None] as FFMAs that keep their place in the program: inline
+        assembly with side effects is not moved across the wgmma issue that follows (plain
+        arithmetic was sunk past it, which kept the tile's registers alive and made the next
+        product into the same set copy them)."""
+        return gl.inline_asm_elementwise(
+            "fma.rn.f32 $0, $1, $2, $3;", "=f,f,f,f", [tile, scale[:, None], acc],
+            dtype=gl.float32, is_pure=False, pack=1)
+
+    @gluon.jit
+    def _refill(a_desc, b_desc, bars, a_bufs, b_bufs, off_m, off_n, kb, n_k, STAGES: gl.constexpr):
+        """Load block kb into the buffer the block STAGES before it used, once every warpgroup
+        has retired that block's products (one thread issues the CTA's copy)."""
+        _cta_barrier()
+        _issue_load(a_desc, b_desc, bars, a_bufs, b_bufs, off_m, off_n, kb, STAGES, kb < n_k)
+
+    @gluon.jit
+    def _fp8_gemm_sm90_kernel(
+        a_desc,
+        b_desc,
+        c_desc,
+        as_ptr,
+        bs_ptr,
+        M,
+        N,
+        K,
+        stride_asm,
+        stride_ask,
+        stride_bsn,
+        stride_bsk,
+        GROUP_M: gl.constexpr,
+        STAGES: gl.constexpr,
+        num_warps: gl.constexpr,
+    ):
+        BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
+        BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
+        BK: gl.constexpr = a_desc.block_type.shape[1]
+        gl.static_assert(BK == 128, "one K block per scale")
+        gl.static_assert(128 % BLOCK_N == 0, "an N tile lies in one weight scale block")
+
+        pid = gl.program_id(0)
+        num_m = gl.cdiv(M, BLOCK_M)
+        num_n = gl.cdiv(N, BLOCK_N)
+        # grouped ordering: GROUP_M row tiles walk the N tiles together (weight tiles reused from L2)
+        per_group = GROUP_M * num_n
+        first_m = (pid // per_group) * GROUP_M
+        gm = gl.minimum(num_m - first_m, GROUP_M)
+        pid_m = first_m + (pid % per_group) % gm
+        pid_n = (pid % per_group) // gm
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        n_k = K // BK
+
+        # warps stacked along M: a warpgroup owns 64 rows, one wgmma instruction spans BLOCK_N
+        mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 32]
+        )
+        a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, BK], a_desc.layout)
+        b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BK], b_desc.layout)
+        bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(bars.index(i), count=1)
+        # fill every stage: block kb + STAGES - 1 is loaded once block kb - 1 retires (at kb = 1
+        # that is block STAGES), so blocks 0 .. STAGES - 1 must all come from here
+        for i in gl.static_range(STAGES):
+            _issue_load(a_desc, b_desc, bars, a_bufs, b_bufs, off_m, off_n, i, STAGES, i < n_k)
+
+        offs_m = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, mma_layout))
+        mask_m = offs_m < M
+        as_ptrs = as_ptr + offs_m * stride_asm
+        bs_ptrs = bs_ptr + (off_n // 128) * stride_bsn
+        acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma_layout)
+
+        # Two register sets (A, B) alternate between blocks: the block in flight and the one
+        # being promoted must not share registers. Each block's products are issued into the
+        # registers its set's previous block was promoted from (``use_acc=False`` ignores their
+        # values): the wgmma's accumulator operand is tied to its result, so the promotion's
+        # reads are ordered before the next product into the same set and no copy of an
+        # in-flight accumulator is made (ptxas serialises every wgmma when a non-wgmma
+        # instruction reads an in-flight accumulator: info C7514). The loop takes blocks in
+        # pairs so that each set keeps its registers across the back edge.
+        spare_a = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma_layout)
+        tok_b = _mma_block(a_bufs, b_bufs, bars, 0, gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma_layout), STAGES)
+        scale_b = _scale(as_ptrs, bs_ptrs, mask_m, 0, stride_ask, stride_bsk)
+        for kb in range(1, n_k - 1, 2):
+            tok_a = _mma_block(a_bufs, b_bufs, bars, kb, spare_a, STAGES)
+            scale_a = _scale(as_ptrs, bs_ptrs, mask_m, kb, stride_ask, stride_bsk)
+            done_b = warpgroup_mma_wait(num_outstanding=1, deps=(tok_b,))  # block kb - 1 finished
+            _refill(a_desc, b_desc, bars, a_bufs, b_bufs, off_m, off_n, kb + STAGES - 1, n_k, STAGES)
+            acc = _promote(acc, done_b, scale_b)  # while block kb's products run
+            tok_b = _mma_block(a_bufs, b_bufs, bars, kb + 1, done_b, STAGES)
+            scale_b = _scale(as_ptrs, bs_ptrs, mask_m, kb + 1, stride_ask, stride_bsk)
+            spare_a = warpgroup_mma_wait(num_outstanding=1, deps=(tok_a,))  # block kb finished
+            _refill(a_desc, b_desc, bars, a_bufs, b_bufs, off_m, off_n, kb + STAGES, n_k, STAGES)
+            acc = _promote(acc, spare_a, scale_a)
+        if n_k % 2 == 0:  # one block left after the pairs
+            tok_a = _mma_block(a_bufs, b_bufs, bars, n_k - 1, spare_a, STAGES)
+            scale_a = _scale(as_ptrs, bs_ptrs, mask_m, n_k - 1, stride_ask, stride_bsk)
+            done_b = warpgroup_mma_wait(num_outstanding=1, deps=(tok_b,))
+            acc = _promote(acc, done_b, scale_b)
+            done_a = warpgroup_mma_wait(num_outstanding=0, deps=(tok_a,))
+            acc = _promote(acc, done_a, scale_a)
+        else:
+            done_b = warpgroup_mma_wait(num_outstanding=0, deps=(tok_b,))
+            acc = _promote(acc, done_b, scale_b)
+        for i in gl.static_range(STAGES):
+            mbarrier.invalidate(bars.index(i))
+
+        c_smem = gl.allocate_shared_memory(c_desc.dtype, [BLOCK_M, BLOCK_N], c_desc.layout)
+        c_smem.store(acc.to(c_desc.dtype))
+        fence_async_shared()
+        _tma_store(c_desc, [off_m, off_n], c_smem)
+        tma.store_wait(pendings=0)
+
+
+_GL_DTYPES = {}
+
+
+def _gl_dtype(dtype: torch.dtype):
+    if not _GL_DTYPES:
+        _GL_DTYPES.update({torch.float8_e4m3fn: gl.float8e4nv, torch.bfloat16: gl.bfloat16,
+                           torch.float16: gl.float16})
+    return _GL_DTYPES[dtype]
+
+
+def pick_config(m: int, n: int, k: int, num_sms: int) -> dict:
+    """Tile by shape (see kernels/README.md for the race that set it): 128 x 128 tiles over two
+    warpgroups (8 warps) by default; 64 x 128 over one warpgroup when 128-row tiles would not
+    fill the SMs."""
+    if triton.cdiv(m, 128) * triton.cdiv(n, 128) < num_sms:
+        return dict(BLOCK_M=64, BLOCK_N=128, GROUP_M=8, STAGES=4, num_warps=4)
+    return dict(BLOCK_M=128, BLOCK_N=128, GROUP_M=8, STAGES=4, num_warps=8)
+
+
+def fp8_gemm_sm90(a, a_scale, b, b_scale, out_dtype=torch.bfloat16, config: dict | None = None) -> torch.Tensor:
+    """Dense block-scaled FP8 GEMM on Hopper: [M, K] x [N, K]^T -> [M, N] (``supported`` must
+    hold; shapes and scales as ``kernels.fp8_gemm.fp8_gemm`` checks them)."""
+    m, k = a.shape
+    n = b.shape[0]
+    out = torch.empty(m, n, dtype=out_dtype, device=a.device)
+    cfg = dict(config or pick_config(m, n, k, torch.cuda.get_device_properties(a.device).multi_processor_count))
+    bm, bn = cfg.pop("BLOCK_M"), cfg.pop("BLOCK_N")
+    fp8 = gl.float8e4nv
+    a_desc = TensorDescriptor.from_tensor(a, [bm, BLOCK_K], gl.NVMMASharedLayout.get_default_for([bm, BLOCK_K], fp8))
+    b_desc = TensorDescriptor.from_tensor(b, [bn, BLOCK_K], gl.NVMMASharedLayout.get_default_for([bn, BLOCK_K], fp8))
+    c_desc = TensorDescriptor.from_tensor(
+        out, [bm, bn], gl.NVMMASharedLayout.get_default_for([bm, bn], _gl_dtype(out_dtype)))
+    grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
+    _fp8_gemm_sm90_kernel[grid](
+        a_desc, b_desc, c_desc, a_scale, b_scale, m, n, k,
+        a_scale.stride(0), a_scale.stride(1), b_scale.stride(0), b_scale.stride(1),
+        **cfg,
+    )
+    return out
