@@ -27,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import fp8_gemm_sm90 as _sm90
 from kernels.w4a16_gemm import _splitk_reduce_kernel
 
 BLOCK = 128  # the format's scale block along K (and N for the weights)
@@ -138,17 +139,19 @@ def pick_config(m: int, n: int, k: int, num_sms: int) -> dict:
     (5%) and K <= 2048 up to M = 2048 (5-8%). They lost 12-20% on K >= 7168 with N >= 4096
     and 16% on the grouped K = 2048 shapes (M = 32768), which keep 128 x 128.
     M < 256: 64-row tiles over 4 warps; K split over programs (fp32 partials reduced by a
-    second kernel) only when the tiles fill under half the SMs and K >= 16384 (M = 64 on
-    7168 x 16384: 54 us split, 81 us not). Elsewhere the split was slower or within the
-    run-to-run spread, which at these 10-100 us sizes reached 2x between the two races."""
+    second kernel, at least 4 K blocks each) when the tiles fill under half the SMs and
+    K >= 4096. Races 1-2 (eager timings, which moved 2x between races at these sizes) kept
+    the split to K >= 16384; the CUDA-graph races 6/6b measured it at K = 7168 too: M = 64 /
+    128 on 2112 x 7168 14.0 / 17.9 us split against 33.6 / 33.9 unsplit (2026-12-01_h200_
+    race6b_fp8_sm90_persistent.json, "race1_bm64_split")."""
     if m >= 256:
         if n <= 2560 or k <= 512 or (k <= 2048 and m <= 2048):
             return dict(BLOCK_M=128, BLOCK_N=64, SPLIT_K=1, GROUP_M=8, num_warps=4, num_stages=4)
         return dict(BLOCK_M=128, BLOCK_N=128, SPLIT_K=1, GROUP_M=8, num_warps=8, num_stages=4)
     tiles = triton.cdiv(m, 64) * triton.cdiv(n, 128)
     split = 1
-    if 2 * tiles < num_sms and k >= 16384:
-        split = max(1, min(4, triton.cdiv(num_sms, tiles)))
+    if 2 * tiles < num_sms and k >= 4096:
+        split = max(1, min(k // BLOCK // 4, triton.cdiv(num_sms, tiles)))
     return dict(BLOCK_M=64, BLOCK_N=128, SPLIT_K=split, GROUP_M=8, num_warps=4, num_stages=4)
 
 
@@ -211,8 +214,27 @@ def _launch(a, a_scale, b, b_scale, m_indices, out_dtype, config, grouped):
     return out
 
 
+def use_sm90(m: int, n: int, k: int, num_sms: int) -> bool:
+    """Whether ``fp8_gemm`` takes the Gluon sm_90 kernel over this one on Hopper (H200 race 6c,
+    kernels/bench/results/2026-12-01_h200_race6c_fp8_defaults.json): everywhere but where this
+    kernel splits K four or more ways (small M on few tiles with a long K): M 64 / 128 on
+    2112 x 7168 0.62x / 0.73x cuBLASLt's time against the Gluon kernel's 0.83x / 0.82x, M 64
+    on 4096 x 7168 0.85x against 0.90x. A split of 2-3 ways lost to it (M 128 on 4096 x 7168:
+    1.00x against 0.92x; M 64 on 7168 x 16384: 0.99x against 0.93x)."""
+    return pick_config(m, n, k, num_sms)["SPLIT_K"] < 4
+
+
 def fp8_gemm(a, a_scale, b, b_scale, out_dtype=torch.bfloat16, config: dict | None = None) -> torch.Tensor:
-    """Dense block-scaled FP8 GEMM: [M, K] x [N, K]^T -> [M, N] in out_dtype (see module doc)."""
+    """Dense block-scaled FP8 GEMM: [M, K] x [N, K]^T -> [M, N] in out_dtype (see module doc).
+
+    With no ``config``, on a Hopper GPU the Gluon kernel (``kernels.fp8_gemm_sm90``) runs
+    where its race says it is faster (``use_sm90``), this Triton kernel elsewhere; a
+    ``config`` always means this kernel with those tiles."""
+    if config is None and len(b.shape) == 2 and _sm90.supported(a, b, out_dtype):
+        m, k = a.shape
+        if use_sm90(m, b.shape[0], k, _num_sms(a.device)):
+            _check(a, a_scale, b, b_scale, grouped=False)
+            return _sm90.fp8_gemm_sm90(a, a_scale, b, b_scale, out_dtype)
     return _launch(a, a_scale, b, b_scale, None, out_dtype, config, grouped=False)
 
 

@@ -87,19 +87,41 @@ def supported(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> bool:
 if HAVE_GLUON:
 
     @gluon.jit
-    def _issue_load(a_desc, b_desc, bars, a_bufs, b_bufs, off_m, off_n, kb, STAGES: gl.constexpr, pred):
-        s = kb % STAGES
+    def _tile(t, num_m, num_n, GROUP_M: gl.constexpr):
+        """Output tile t's (row, column) tile indices in grouped order: GROUP_M row tiles walk
+        the column tiles together, so the programs running side by side share weight tiles
+        in L2."""
+        per_group = GROUP_M * num_n
+        first_m = (t // per_group) * GROUP_M
+        gm = gl.minimum(num_m - first_m, GROUP_M)
+        return first_m + (t % per_group) % gm, (t % per_group) // gm
+
+    @gluon.jit
+    def _issue_load(a_desc, b_desc, bars, a_bufs, b_bufs, g, off_m, off_n, kb, pred, STAGES: gl.constexpr):
+        """Load K block kb of the tile at (off_m, off_n), this program's g-th block counted over
+        all its tiles, into stage g % STAGES."""
+        s = g % STAGES
         bar = bars.index(s)
         mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes, pred=pred)
         _tma_load(a_desc, [off_m, kb * 128], bar, a_bufs.index(s), pred)
         _tma_load(b_desc, [off_n, kb * 128], bar, b_bufs.index(s), pred)
 
     @gluon.jit
-    def _mma_block(a_bufs, b_bufs, bars, kb, regs, STAGES: gl.constexpr):
-        """Wait for block kb's tiles and issue its products into a fresh fp32 tile (async), in
+    def _load_ahead(a_desc, b_desc, bars, a_bufs, b_bufs, g0, kb, dist, n_k, total, off_m, off_n, nxt_m, nxt_n,
+                    STAGES: gl.constexpr):
+        """Issue the load ``dist`` blocks after block kb of the current tile (which starts at
+        this program's block g0): a block of this tile, or of its next one (dist <= n_k)."""
+        t = kb + dist
+        here = t < n_k
+        _issue_load(a_desc, b_desc, bars, a_bufs, b_bufs, g0 + t, gl.where(here, off_m, nxt_m),
+                    gl.where(here, off_n, nxt_n), gl.where(here, t, t - n_k), g0 + t < total, STAGES)
+
+    @gluon.jit
+    def _mma_block(a_bufs, b_bufs, bars, g, regs, STAGES: gl.constexpr):
+        """Wait for block g's tiles and issue its products into a fresh fp32 tile (async), in
         the registers of ``regs`` (their values are not read)."""
-        s = kb % STAGES
-        mbarrier.wait(bars.index(s), (kb // STAGES) & 1)
+        s = g % STAGES
+        mbarrier.wait(bars.index(s), (g // STAGES) & 1)
         return warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), regs, use_acc=False, is_async=True)
 
     @gluon.jit
@@ -116,13 +138,6 @@ if HAVE_GLUON:
         return gl.inline_asm_elementwise(
             "fma.rn.f32 $0, $1, $2, $3;", "=f,f,f,f", [tile, scale[:, None], acc],
             dtype=gl.float32, is_pure=False, pack=1)
-
-    @gluon.jit
-    def _refill(a_desc, b_desc, bars, a_bufs, b_bufs, off_m, off_n, kb, n_k, STAGES: gl.constexpr):
-        """Load block kb into the buffer the block STAGES before it used, once every warpgroup
-        has retired that block's products (one thread issues the CTA's copy)."""
-        _cta_barrier()
-        _issue_load(a_desc, b_desc, bars, a_bufs, b_bufs, off_m, off_n, kb, STAGES, kb < n_k)
 
     @gluon.jit
     def _fp8_gemm_sm90_kernel(
@@ -148,18 +163,16 @@ if HAVE_GLUON:
         gl.static_assert(BK == 128, "one K block per scale")
         gl.static_assert(128 % BLOCK_N == 0, "an N tile lies in one weight scale block")
 
+        # program pid takes tiles pid, pid + nprog, ... (a grid of one program per tile is the
+        # plain non-persistent launch); its K blocks are counted over all its tiles, so the
+        # loads run on into the next tile while this one finishes and is stored
         pid = gl.program_id(0)
+        nprog = gl.num_programs(0)
         num_m = gl.cdiv(M, BLOCK_M)
         num_n = gl.cdiv(N, BLOCK_N)
-        # grouped ordering: GROUP_M row tiles walk the N tiles together (weight tiles reused from L2)
-        per_group = GROUP_M * num_n
-        first_m = (pid // per_group) * GROUP_M
-        gm = gl.minimum(num_m - first_m, GROUP_M)
-        pid_m = first_m + (pid % per_group) % gm
-        pid_n = (pid % per_group) // gm
-        off_m = pid_m * BLOCK_M
-        off_n = pid_n * BLOCK_N
         n_k = K // BK
+        my_tiles = gl.cdiv(num_m * num_n - pid, nprog)
+        total = my_tiles * n_k
 
         # warps stacked along M: a warpgroup owns 64 rows, one wgmma instruction spans BLOCK_N
         mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -167,60 +180,91 @@ if HAVE_GLUON:
         )
         a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, BK], a_desc.layout)
         b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BK], b_desc.layout)
+        c_smem = gl.allocate_shared_memory(c_desc.dtype, [BLOCK_M, BLOCK_N], c_desc.layout)
         bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(STAGES):
             mbarrier.init(bars.index(i), count=1)
-        # fill every stage: block kb + STAGES - 1 is loaded once block kb - 1 retires (at kb = 1
-        # that is block STAGES), so blocks 0 .. STAGES - 1 must all come from here
+        # Fill the first `dist` stages (the prefetch distance: every stage, or a tile's blocks
+        # if it has fewer); afterwards block g + dist is loaded into the buffer block g + dist -
+        # STAGES used as soon as both warpgroups have retired block g (a CTA barrier, then one
+        # thread issues the copy for the CTA). Loads run on into the next tile.
+        dist = gl.minimum(n_k, STAGES)
+        pid_m0, pid_n0 = _tile(pid, num_m, num_n, GROUP_M)
         for i in gl.static_range(STAGES):
-            _issue_load(a_desc, b_desc, bars, a_bufs, b_bufs, off_m, off_n, i, STAGES, i < n_k)
+            _issue_load(a_desc, b_desc, bars, a_bufs, b_bufs, i, pid_m0 * BLOCK_M, pid_n0 * BLOCK_N, i,
+                        (i < dist) & (i < total), STAGES)
 
-        offs_m = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, mma_layout))
-        mask_m = offs_m < M
-        as_ptrs = as_ptr + offs_m * stride_asm
-        bs_ptrs = bs_ptr + (off_n // 128) * stride_bsn
-        acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma_layout)
+        for j in range(my_tiles):
+            pid_m, pid_n = _tile(pid + j * nprog, num_m, num_n, GROUP_M)
+            nxt_m, nxt_n = _tile(pid + (j + 1) * nprog, num_m, num_n, GROUP_M)
+            off_m = pid_m * BLOCK_M
+            off_n = pid_n * BLOCK_N
+            nxt_m = nxt_m * BLOCK_M
+            nxt_n = nxt_n * BLOCK_N
+            g0 = j * n_k
+            offs_m = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, mma_layout))
+            mask_m = offs_m < M
+            as_ptrs = as_ptr + offs_m * stride_asm
+            bs_ptrs = bs_ptr + ((pid_n * BLOCK_N) // 128) * stride_bsn
+            acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma_layout)
 
-        # Two register sets (A, B) alternate between blocks: the block in flight and the one
-        # being promoted must not share registers. Each block's products are issued into the
-        # registers its set's previous block was promoted from (``use_acc=False`` ignores their
-        # values): the wgmma's accumulator operand is tied to its result, so the promotion's
-        # reads are ordered before the next product into the same set and no copy of an
-        # in-flight accumulator is made (ptxas serialises every wgmma when a non-wgmma
-        # instruction reads an in-flight accumulator: info C7514). The loop takes blocks in
-        # pairs so that each set keeps its registers across the back edge.
-        spare_a = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma_layout)
-        tok_b = _mma_block(a_bufs, b_bufs, bars, 0, gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma_layout), STAGES)
-        scale_b = _scale(as_ptrs, bs_ptrs, mask_m, 0, stride_ask, stride_bsk)
-        for kb in range(1, n_k - 1, 2):
-            tok_a = _mma_block(a_bufs, b_bufs, bars, kb, spare_a, STAGES)
-            scale_a = _scale(as_ptrs, bs_ptrs, mask_m, kb, stride_ask, stride_bsk)
-            done_b = warpgroup_mma_wait(num_outstanding=1, deps=(tok_b,))  # block kb - 1 finished
-            _refill(a_desc, b_desc, bars, a_bufs, b_bufs, off_m, off_n, kb + STAGES - 1, n_k, STAGES)
-            acc = _promote(acc, done_b, scale_b)  # while block kb's products run
-            tok_b = _mma_block(a_bufs, b_bufs, bars, kb + 1, done_b, STAGES)
-            scale_b = _scale(as_ptrs, bs_ptrs, mask_m, kb + 1, stride_ask, stride_bsk)
-            spare_a = warpgroup_mma_wait(num_outstanding=1, deps=(tok_a,))  # block kb finished
-            _refill(a_desc, b_desc, bars, a_bufs, b_bufs, off_m, off_n, kb + STAGES, n_k, STAGES)
-            acc = _promote(acc, spare_a, scale_a)
-        if n_k % 2 == 0:  # one block left after the pairs
-            tok_a = _mma_block(a_bufs, b_bufs, bars, n_k - 1, spare_a, STAGES)
-            scale_a = _scale(as_ptrs, bs_ptrs, mask_m, n_k - 1, stride_ask, stride_bsk)
-            done_b = warpgroup_mma_wait(num_outstanding=1, deps=(tok_b,))
-            acc = _promote(acc, done_b, scale_b)
-            done_a = warpgroup_mma_wait(num_outstanding=0, deps=(tok_a,))
-            acc = _promote(acc, done_a, scale_a)
-        else:
-            done_b = warpgroup_mma_wait(num_outstanding=0, deps=(tok_b,))
-            acc = _promote(acc, done_b, scale_b)
+            # Two register sets (A, B) alternate between blocks: the block in flight and the
+            # one being promoted must not share registers. Each block's products are issued
+            # into the registers its set's previous block was promoted from (``use_acc=False``
+            # ignores their values): the wgmma's accumulator operand is tied to its result, so
+            # the promotion's reads stay before the next product into the same set and no copy
+            # of an in-flight accumulator is made (ptxas serialises every wgmma when a
+            # non-wgmma instruction reads an in-flight accumulator: info C7514). The loop
+            # takes blocks in pairs so that each set keeps its registers across the back edge.
+            spare_a = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma_layout)
+            tok_b = _mma_block(a_bufs, b_bufs, bars, g0, gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma_layout), STAGES)
+            scale_b = _scale(as_ptrs, bs_ptrs, mask_m, 0, stride_ask, stride_bsk)
+            for kb in range(1, n_k - 1, 2):
+                tok_a = _mma_block(a_bufs, b_bufs, bars, g0 + kb, spare_a, STAGES)
+                scale_a = _scale(as_ptrs, bs_ptrs, mask_m, kb, stride_ask, stride_bsk)
+                done_b = warpgroup_mma_wait(num_outstanding=1, deps=(tok_b,))  # block kb - 1 retired
+                _cta_barrier()
+                _load_ahead(a_desc, b_desc, bars, a_bufs, b_bufs, g0, kb - 1, dist, n_k, total, off_m, off_n, nxt_m,
+                            nxt_n, STAGES)
+                acc = _promote(acc, done_b, scale_b)  # while block kb's products run
+                tok_b = _mma_block(a_bufs, b_bufs, bars, g0 + kb + 1, done_b, STAGES)
+                scale_b = _scale(as_ptrs, bs_ptrs, mask_m, kb + 1, stride_ask, stride_bsk)
+                spare_a = warpgroup_mma_wait(num_outstanding=1, deps=(tok_a,))  # block kb retired
+                _cta_barrier()
+                _load_ahead(a_desc, b_desc, bars, a_bufs, b_bufs, g0, kb, dist, n_k, total, off_m, off_n, nxt_m,
+                            nxt_n, STAGES)
+                acc = _promote(acc, spare_a, scale_a)
+            if n_k % 2 == 0:  # one block left after the pairs
+                tok_a = _mma_block(a_bufs, b_bufs, bars, g0 + n_k - 1, spare_a, STAGES)
+                scale_a = _scale(as_ptrs, bs_ptrs, mask_m, n_k - 1, stride_ask, stride_bsk)
+                done_b = warpgroup_mma_wait(num_outstanding=1, deps=(tok_b,))
+                _cta_barrier()
+                _load_ahead(a_desc, b_desc, bars, a_bufs, b_bufs, g0, n_k - 2, dist, n_k, total, off_m, off_n, nxt_m,
+                            nxt_n, STAGES)
+                acc = _promote(acc, done_b, scale_b)
+                done_a = warpgroup_mma_wait(num_outstanding=0, deps=(tok_a,))
+                _cta_barrier()
+                _load_ahead(a_desc, b_desc, bars, a_bufs, b_bufs, g0, n_k - 1, dist, n_k, total, off_m, off_n, nxt_m,
+                            nxt_n, STAGES)
+                acc = _promote(acc, done_a, scale_a)
+            else:
+                done_b = warpgroup_mma_wait(num_outstanding=0, deps=(tok_b,))
+                _cta_barrier()
+                _load_ahead(a_desc, b_desc, bars, a_bufs, b_bufs, g0, n_k - 1, dist, n_k, total, off_m, off_n, nxt_m,
+                            nxt_n, STAGES)
+                acc = _promote(acc, done_b, scale_b)
+
+            # the previous tile's store must have read c_smem before it is overwritten; the
+            # next tile's first blocks are already loading
+            tma.store_wait(pendings=0)
+            _cta_barrier()
+            c_smem.store(acc.to(c_desc.dtype))
+            fence_async_shared()
+            _cta_barrier()
+            _tma_store(c_desc, [off_m, off_n], c_smem)
+        tma.store_wait(pendings=0)
         for i in gl.static_range(STAGES):
             mbarrier.invalidate(bars.index(i))
-
-        c_smem = gl.allocate_shared_memory(c_desc.dtype, [BLOCK_M, BLOCK_N], c_desc.layout)
-        c_smem.store(acc.to(c_desc.dtype))
-        fence_async_shared()
-        _tma_store(c_desc, [off_m, off_n], c_smem)
-        tma.store_wait(pendings=0)
 
 
 _GL_DTYPES = {}
@@ -234,12 +278,24 @@ def _gl_dtype(dtype: torch.dtype):
 
 
 def pick_config(m: int, n: int, k: int, num_sms: int) -> dict:
-    """Tile by shape (see kernels/README.md for the race that set it): 128 x 128 tiles over two
-    warpgroups (8 warps) by default; 64 x 128 over one warpgroup when 128-row tiles would not
-    fill the SMs."""
-    if triton.cdiv(m, 128) * triton.cdiv(n, 128) < num_sms:
-        return dict(BLOCK_M=64, BLOCK_N=128, GROUP_M=8, STAGES=4, num_warps=4)
-    return dict(BLOCK_M=128, BLOCK_N=128, GROUP_M=8, STAGES=4, num_warps=8)
+    """Tiles and grid by shape, from H200 race 6b (kernels/bench/results/
+    2026-12-01_h200_race6b_fp8_sm90_persistent.json: six V3 shapes x M = 64..4096, seven
+    candidates; times below are over cuBLASLt blockwise's in the same run).
+    M >= 256: 128 x 128 tiles over two warpgroups, 4 stages, persistent (one program per SM,
+    loads running on into the next tile): 0.96-1.15x at M 1024 and 4096, where one program
+    per tile took 1.10-1.73x (the short-K shapes lost most: K = 512 is 4 blocks a tile). Narrow
+    N whose 128-row tiles fill under two waves (1024 x 2112): 64 x 128 over one warpgroup,
+    3 stages, two persistent programs per SM (1.05x against 1.11x).
+    M < 256: 64-row tiles on one warpgroup; K <= 1536 (few blocks a tile) two persistent
+    programs per SM with 3 stages (0.86-1.20x), longer K 6 stages, one program per tile
+    (0.83-0.93x)."""
+    if m < 256:
+        if k <= 1536:
+            return dict(BLOCK_M=64, BLOCK_N=128, GROUP_M=8, STAGES=3, num_warps=4, PERSISTENT=2)
+        return dict(BLOCK_M=64, BLOCK_N=128, GROUP_M=8, STAGES=6, num_warps=4)
+    if n <= 2560 and triton.cdiv(m, 128) * triton.cdiv(n, 128) < 2 * num_sms:
+        return dict(BLOCK_M=64, BLOCK_N=128, GROUP_M=8, STAGES=3, num_warps=4, PERSISTENT=2)
+    return dict(BLOCK_M=128, BLOCK_N=128, GROUP_M=8, STAGES=4, num_warps=8, PERSISTENT=1)
 
 
 def fp8_gemm_sm90(a, a_scale, b, b_scale, out_dtype=torch.bfloat16, config: dict | None = None) -> torch.Tensor:
@@ -255,10 +311,59 @@ def fp8_gemm_sm90(a, a_scale, b, b_scale, out_dtype=torch.bfloat16, config: dict
     b_desc = TensorDescriptor.from_tensor(b, [bn, BLOCK_K], gl.NVMMASharedLayout.get_default_for([bn, BLOCK_K], fp8))
     c_desc = TensorDescriptor.from_tensor(
         out, [bm, bn], gl.NVMMASharedLayout.get_default_for([bm, bn], _gl_dtype(out_dtype)))
-    grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
+    tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
+    per_sm = cfg.pop("PERSISTENT", 0)  # programs per SM; 0: one program per tile
+    sms = torch.cuda.get_device_properties(a.device).multi_processor_count
+    grid = (min(tiles, per_sm * sms) if per_sm else tiles,)
     _fp8_gemm_sm90_kernel[grid](
         a_desc, b_desc, c_desc, a_scale, b_scale, m, n, k,
         a_scale.stride(0), a_scale.stride(1), b_scale.stride(0), b_scale.stride(1),
         **cfg,
     )
     return out
+
+
+def build_info(config: dict) -> dict:
+    """Compile the kernel for sm_90a on this machine (no GPU needed) with ``config``'s tiles and
+    report what ptxas and the SASS say: registers, spills, whether ptxas serialised the wgmmas
+    (info C7514), the fp8 wgmma (QGMMA) and mma.sync (HMMA) instruction counts. Run it in a
+    process without TRITON_INTERPRET (the interpreter patches Triton's language for the
+    process it runs in)."""
+    import os
+    import re
+    import subprocess
+    import tempfile
+
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import get_ptxas
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    bm, bn = config["BLOCK_M"], config["BLOCK_N"]
+
+    def desc(name, gdt, shape):
+        return f"tensordesc<{name}[{shape[0]}, {shape[1]}],{gl.NVMMASharedLayout.get_default_for(shape, gdt)!r}>"
+
+    sig = {"a_desc": desc("fp8e4nv", gl.float8e4nv, [bm, BLOCK_K]), "b_desc": desc("fp8e4nv", gl.float8e4nv, [bn, BLOCK_K]),
+           "c_desc": desc("bf16", gl.bfloat16, [bm, bn]), "as_ptr": "*fp32", "bs_ptr": "*fp32"}
+    sig.update({n: "i32" for n in ("M", "N", "K", "stride_asm", "stride_ask", "stride_bsn", "stride_bsk")})
+    consts = {"GROUP_M": config["GROUP_M"], "STAGES": config["STAGES"], "num_warps": config["num_warps"]}
+    sig.update({n: "constexpr" for n in consts})
+    src = GluonASTSource(fn=_fp8_gemm_sm90_kernel, signature=sig, constexprs=consts, attrs={})
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=config["num_warps"]))
+    ptxas = get_ptxas(90).path  # the ptxas this Triton builds sm_90 with
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx, cubin = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
+        with open(ptx, "w") as f:
+            f.write(k.asm["ptx"])
+        info = subprocess.run([ptxas, "-arch=sm_90a", "-v", ptx, "-o", cubin], capture_output=True, text=True)
+        if info.returncode:
+            raise RuntimeError(f"ptxas failed: {info.stderr[-2000:]}")
+        sass = subprocess.run([os.path.join(os.path.dirname(ptxas), "cuobjdump"), "-sass", cubin],
+                              capture_output=True, text=True, check=True).stdout
+    regs = re.search(r"Used (\d+) registers", info.stderr)
+    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", info.stderr)
+    return dict(regs=int(regs.group(1)) if regs else None,
+                spill_bytes=int(spill.group(1)) + int(spill.group(2)) if spill else None,
+                serialized="C7514" in info.stderr or "serialized" in info.stderr,
+                qgmma=sass.count("QGMMA.64x"), hmma=sass.count("HMMA"), shared=k.metadata.shared,
+                ptxas_info=info.stderr.strip())

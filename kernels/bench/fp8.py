@@ -53,13 +53,16 @@ def fp8_candidates(m, n, k, sms):
 
 
 def sm90_candidates(m, n, k, sms):
-    """The Gluon sm_90 kernel's shipped default first, then the tiles and pipeline depths
-    raced beside it (kernels/fp8_gemm_sm90.py: 128-row tiles take two warpgroups)."""
+    """The Gluon sm_90 kernel's shipped default first, then the tiles, pipeline depths and
+    persistent grids (PERSISTENT = programs per SM) raced beside it (kernels/fp8_gemm_sm90.py:
+    128-row tiles take two warpgroups)."""
     from kernels.fp8_gemm_sm90 import pick_config as sm90_pick
 
     c = {"default": sm90_pick(m, n, k, sms)}
-    for bm, bn, w, st in [(128, 128, 8, 4), (128, 128, 8, 5), (64, 128, 4, 4), (64, 128, 4, 6), (128, 64, 4, 4)]:
-        c[f"g{bm}x{bn}_w{w}_s{st}"] = dict(BLOCK_M=bm, BLOCK_N=bn, GROUP_M=8, STAGES=st, num_warps=w)
+    for bm, bn, w, st, per_sm in [(128, 128, 8, 4, 0), (128, 128, 8, 4, 1), (128, 128, 8, 3, 1), (64, 128, 4, 3, 0),
+                                  (64, 128, 4, 3, 2), (64, 128, 4, 6, 0), (128, 128, 8, 5, 1)]:
+        c[f"g{bm}x{bn}_w{w}_s{st}" + (f"_p{per_sm}" if per_sm else "")] = dict(
+            BLOCK_M=bm, BLOCK_N=bn, GROUP_M=8, STAGES=st, num_warps=w, **({"PERSISTENT": per_sm} if per_sm else {}))
     return dedupe(c)
 
 

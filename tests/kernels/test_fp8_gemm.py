@@ -172,8 +172,11 @@ def test_pick_config_by_shape():
     assert pick_config(32768, 7168, 2048, sms)["BLOCK_N"] == 128
     assert all(pick_config(m, 7168, 16384, sms)["SPLIT_K"] == 1 for m in (256, 4096))
     # small M: K split only for few tiles and a long K loop (M = 64 on N = 7168, K = 16384:
-    # 56 tiles for 132 SMs)
+    # 56 tiles for 132 SMs; M = 128 on N = 2112, K = 7168: 34 tiles, 56 K blocks -> 4 splits
+    # of 14), never below 4 K blocks a split, and not for a short K
     assert pick_config(64, 7168, 16384, sms)["SPLIT_K"] == 3
     assert pick_config(64, 7168, 2048, sms)["SPLIT_K"] == 1
-    assert pick_config(128, 2112, 7168, sms)["SPLIT_K"] == 1
+    assert pick_config(128, 2112, 7168, sms)["SPLIT_K"] == 4
+    assert pick_config(64, 2112, 4096, sms)["SPLIT_K"] == 8
+    assert pick_config(128, 7168, 7168, sms)["SPLIT_K"] == 1  # 112 tiles: no split
     assert pick_config(64, 2112, 7168, sms)["BLOCK_M"] == 64
