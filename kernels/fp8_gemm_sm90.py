@@ -12,13 +12,15 @@ tensor cores idle (kernels/README.md, "What limits it"). Gluon (Triton's lower-l
 language, ``triton.experimental.gluon``) states the schedule directly:
 
 - TMA loads of A [BLOCK_M, 128] and B [BLOCK_N, 128] tiles into a ring of ``STAGES`` shared
-  buffers, each completing on its own mbarrier: all stages filled first, then each buffer
-  refilled as soon as the block it held is retired;
+  buffers, each completing on its own mbarrier, ``dist = min(STAGES, K / 128)`` blocks ahead;
 - block k's ``wgmma`` is issued asynchronously into a fresh tile (``use_acc=False``) *before*
   waiting for block k - 1's (``warpgroup_mma_wait(num_outstanding=1)``), and block k - 1's
   tile is promoted (``acc += tile * sa[m] * sb``) while block k's products run;
-- the buffer block k - 1 used is refilled (block k + STAGES - 1) once both warpgroups have
-  passed that wait (a CTA barrier: one thread issues the copy for the CTA).
+- the buffer block k - 1 used is refilled (block k - 1 + dist) once both warpgroups have
+  passed that wait (a CTA barrier: one thread issues the copy for the CTA);
+- with ``PERSISTENT`` (programs per SM) a program takes tiles pid, pid + grid, ...; its
+  blocks are counted over all its tiles, so the loads run on into the next tile while this
+  one is promoted and stored (TMA store, waited for before the buffer is written again).
 
 128-wide (or 64-wide) N tiles lie in one weight scale block, so the weight scale is one scalar
 per K block. Tails: TMA zero-fills rows past M and N on load and clips them on store; the
@@ -26,9 +28,9 @@ activation scales are loaded masked. Needs N * 2 bytes (the bf16 output's row) t
 multiple of 16 and 16-byte-aligned bases (TMA's rules): ``supported`` says when.
 
 Gluon kernels compile only for a GPU (no interpreter): the interpreter tests cover the Triton
-kernel that shares this contract, and tests/kernels/test_fp8_gemm_sm90.py checks this one
-against the fp32 reference on a Hopper GPU (the H200 run is committed under
-kernels/bench/results/).
+kernel that shares this contract; tests/kernels/test_fp8_gemm_sm90.py compiles this one for
+sm_90a on any machine (``build_info``: no serialised wgmma, no spills) and checks it against
+the fp64 reference on a Hopper GPU (the H200 runs are committed under kernels/bench/results/).
 """
 
 from __future__ import annotations
