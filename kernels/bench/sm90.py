@@ -1,6 +1,7 @@
-"""sm_90 build report of the attention kernels, compile-only (no GPU): registers, spill
-stack, shared memory, warpgroup MMAs vs mma.sync and asynchronous copies of the MLA
-decode and prefill builds, as the H200's JIT specialises them.
+"""sm_90 build report of the attention kernels and the Gluon FP8 GEMM, compile-only (no
+GPU): registers, spill stack, shared memory, warpgroup MMAs vs mma.sync and asynchronous
+copies of the MLA decode and prefill builds, as the H200's JIT specialises them; for the
+FP8 GEMM its `build_info` (registers, spills, whether ptxas serialised its wgmmas).
 
     python -m kernels.bench.bench_kernels --sm90-report
 """
@@ -65,4 +66,12 @@ def sm90_report():
                  STORE_LSE=False, USE_TMA=False, F32=False, WS=False)
         r = build(pa._prefill_fwd_kernel, at, c, adiv, w, st)
         print(f"prefill (pointer loads) Dqk {d1 + d2} Dv 128 BLOCK_M {bm} BLOCK_N {bn} warps {w} stages {st}: {r}")
+    from kernels import fp8_gemm_sm90
+
+    if fp8_gemm_sm90.HAVE_GLUON:
+        for m, n, k in [(4096, 7168, 16384), (1024, 2112, 7168), (64, 7168, 2048)]:
+            cfg = fp8_gemm_sm90.pick_config(m, n, k, 132)
+            info = fp8_gemm_sm90.build_info(cfg)
+            info.pop("ptxas_info")
+            print(f"fp8_gemm_sm90 default for M {m} N {n} K {k} {cfg}: {info}")
     return 0
