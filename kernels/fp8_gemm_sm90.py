@@ -29,7 +29,8 @@ multiple of 16 and 16-byte-aligned bases (TMA's rules): ``supported`` says when.
 
 Gluon kernels compile only for a GPU (no interpreter): the interpreter tests cover the Triton
 kernel that shares this contract; tests/kernels/test_fp8_gemm_sm90.py compiles this one for
-sm_90a on any machine (``build_info``: no serialised wgmma, no spills) and checks it against
+sm_90a on any machine (``kernels.bench.sm90.fp8_gemm_sm90_build``: no serialised wgmma, no
+spills) and checks it against
 the fp64 reference on a Hopper GPU (the H200 runs are committed under kernels/bench/results/).
 """
 
@@ -55,6 +56,7 @@ try:  # Gluon ships with Triton >= 3.4; the Hopper modules exist only in the CUD
     _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
     _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
     _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier  # renamed after 3.6
+    _GL_OUT = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
     HAVE_GLUON = True
 except ImportError:  # pragma: no cover - depends on the Triton build
     HAVE_GLUON = False
@@ -269,16 +271,6 @@ if HAVE_GLUON:
             mbarrier.invalidate(bars.index(i))
 
 
-_GL_DTYPES = {}
-
-
-def _gl_dtype(dtype: torch.dtype):
-    if not _GL_DTYPES:
-        _GL_DTYPES.update({torch.float8_e4m3fn: gl.float8e4nv, torch.bfloat16: gl.bfloat16,
-                           torch.float16: gl.float16})
-    return _GL_DTYPES[dtype]
-
-
 def pick_config(m: int, n: int, k: int, num_sms: int) -> dict:
     """Tiles and grid by shape, from H200 race 6b (kernels/bench/results/
     2026-12-01_h200_race6b_fp8_sm90_persistent.json: six V3 shapes x M = 64..4096, seven
@@ -306,16 +298,16 @@ def fp8_gemm_sm90(a, a_scale, b, b_scale, out_dtype=torch.bfloat16, config: dict
     m, k = a.shape
     n = b.shape[0]
     out = torch.empty(m, n, dtype=out_dtype, device=a.device)
-    cfg = dict(config or pick_config(m, n, k, torch.cuda.get_device_properties(a.device).multi_processor_count))
+    sms = torch.cuda.get_device_properties(a.device).multi_processor_count
+    cfg = dict(config or pick_config(m, n, k, sms))
     bm, bn = cfg.pop("BLOCK_M"), cfg.pop("BLOCK_N")
+    per_sm = cfg.pop("PERSISTENT", 0)  # programs per SM; 0: one program per tile
     fp8 = gl.float8e4nv
     a_desc = TensorDescriptor.from_tensor(a, [bm, BLOCK_K], gl.NVMMASharedLayout.get_default_for([bm, BLOCK_K], fp8))
     b_desc = TensorDescriptor.from_tensor(b, [bn, BLOCK_K], gl.NVMMASharedLayout.get_default_for([bn, BLOCK_K], fp8))
     c_desc = TensorDescriptor.from_tensor(
-        out, [bm, bn], gl.NVMMASharedLayout.get_default_for([bm, bn], _gl_dtype(out_dtype)))
+        out, [bm, bn], gl.NVMMASharedLayout.get_default_for([bm, bn], _GL_OUT[out_dtype]))
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
-    per_sm = cfg.pop("PERSISTENT", 0)  # programs per SM; 0: one program per tile
-    sms = torch.cuda.get_device_properties(a.device).multi_processor_count
     grid = (min(tiles, per_sm * sms) if per_sm else tiles,)
     _fp8_gemm_sm90_kernel[grid](
         a_desc, b_desc, c_desc, a_scale, b_scale, m, n, k,
@@ -324,48 +316,3 @@ def fp8_gemm_sm90(a, a_scale, b, b_scale, out_dtype=torch.bfloat16, config: dict
     )
     return out
 
-
-def build_info(config: dict) -> dict:
-    """Compile the kernel for sm_90a on this machine (no GPU needed) with ``config``'s tiles and
-    report what ptxas and the SASS say: registers, spills, whether ptxas serialised the wgmmas
-    (info C7514), the fp8 wgmma (QGMMA) and mma.sync (HMMA) instruction counts. Run it in a
-    process without TRITON_INTERPRET (the interpreter patches Triton's language for the
-    process it runs in)."""
-    import os
-    import re
-    import subprocess
-    import tempfile
-
-    from triton.backends.compiler import GPUTarget
-    from triton.backends.nvidia.compiler import get_ptxas
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    bm, bn = config["BLOCK_M"], config["BLOCK_N"]
-
-    def desc(name, gdt, shape):
-        return f"tensordesc<{name}[{shape[0]}, {shape[1]}],{gl.NVMMASharedLayout.get_default_for(shape, gdt)!r}>"
-
-    sig = {"a_desc": desc("fp8e4nv", gl.float8e4nv, [bm, BLOCK_K]), "b_desc": desc("fp8e4nv", gl.float8e4nv, [bn, BLOCK_K]),
-           "c_desc": desc("bf16", gl.bfloat16, [bm, bn]), "as_ptr": "*fp32", "bs_ptr": "*fp32"}
-    sig.update({n: "i32" for n in ("M", "N", "K", "stride_asm", "stride_ask", "stride_bsn", "stride_bsk")})
-    consts = {"GROUP_M": config["GROUP_M"], "STAGES": config["STAGES"], "num_warps": config["num_warps"]}
-    sig.update({n: "constexpr" for n in consts})
-    src = GluonASTSource(fn=_fp8_gemm_sm90_kernel, signature=sig, constexprs=consts, attrs={})
-    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=config["num_warps"]))
-    ptxas = get_ptxas(90).path  # the ptxas this Triton builds sm_90 with
-    with tempfile.TemporaryDirectory() as tmp:
-        ptx, cubin = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
-        with open(ptx, "w") as f:
-            f.write(k.asm["ptx"])
-        info = subprocess.run([ptxas, "-arch=sm_90a", "-v", ptx, "-o", cubin], capture_output=True, text=True)
-        if info.returncode:
-            raise RuntimeError(f"ptxas failed: {info.stderr[-2000:]}")
-        sass = subprocess.run([os.path.join(os.path.dirname(ptxas), "cuobjdump"), "-sass", cubin],
-                              capture_output=True, text=True, check=True).stdout
-    regs = re.search(r"Used (\d+) registers", info.stderr)
-    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", info.stderr)
-    return dict(regs=int(regs.group(1)) if regs else None,
-                spill_bytes=int(spill.group(1)) + int(spill.group(2)) if spill else None,
-                serialized="C7514" in info.stderr or "serialized" in info.stderr,
-                qgmma=sass.count("QGMMA.64x"), hmma=sass.count("HMMA"), shared=k.metadata.shared,
-                ptxas_info=info.stderr.strip())

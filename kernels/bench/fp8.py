@@ -91,6 +91,27 @@ def _fp8_ok(y, ref):
     return rel, elem and rel < 1e-2
 
 
+def _sweep(cands, call, ref, flop, timer, log, where):
+    """Each candidate checked against the reference (the check logged), then timed if it
+    passed. Returns ({name: result}, whether every built candidate matched); a candidate
+    that fails to build is a result, not a failure."""
+    out, all_ok = {}, True
+    for name, c in cands.items():
+        try:
+            rel, ok = _fp8_ok(call(c), ref)
+            log(f"fp8 check {where} {name}: rel {rel:.2e} {'OK' if ok else 'MISMATCH'}")
+            if not ok:
+                all_ok = False
+                out[name] = dict(error=f"mismatch rel {rel:.2e}", cfg=c)
+                continue
+            t = timer([lambda c=c: call(c)])
+            out[name] = dict(us=t, rel_err=rel, tflops=flop / t / 1e6, cfg=c)
+        except Exception as ex:  # noqa: BLE001 - a config that fails to build is a result
+            out[name] = dict(error=f"{type(ex).__name__}: {str(ex)[:160]}", cfg=c)
+            log(f"FP8 ERROR {where} {name}: {out[name]['error']}")
+    return out, all_ok
+
+
 def run_fp8(copy_gbs, mm_tflops, fp8_tflops, log, rows, grows, on_shape, dense=FP8_DENSE, ms=FP8_MS,
             grouped=FP8_GROUPED, smoke=False):
     """Dense then grouped; every candidate is checked against the fp32 reference of the
@@ -129,38 +150,16 @@ def run_fp8(copy_gbs, mm_tflops, fp8_tflops, log, rows, grows, on_shape, dense=F
                     r["scaled_mm_blockwise_rel_err"] = rel
                     if ok:
                         r["scaled_mm_blockwise_us"] = timer([fn])
-            r["sweep"] = {}
-            for name, c in fp8_candidates(m, n, k, sms).items():
-                try:
-                    y = fp8_gemm(qa, sa, qw, sw, config=c)
-                    rel, ok = _fp8_ok(y, ref)
-                    if not ok:
-                        all_ok = False
-                        log(f"FP8 MISMATCH M={m} N={n} K={k} {name}: rel {rel:.2e}")
-                        r["sweep"][name] = dict(error=f"mismatch rel {rel:.2e}", cfg=c)
-                        continue
-                    t = timer([lambda c=c: fp8_gemm(qa, sa, qw, sw, config=c)])
-                    r["sweep"][name] = dict(us=t, rel_err=rel, tflops=flop / t / 1e6, cfg=c)
-                except Exception as ex:  # noqa: BLE001 - a config that fails to build is a result
-                    r["sweep"][name] = dict(error=f"{type(ex).__name__}: {str(ex)[:160]}", cfg=c)
-                    log(f"FP8 ERROR M={m} N={n} K={k} {name}: {r['sweep'][name]['error']}")
+            where = f"M={m} N={n} K={k}"
+            r["sweep"], ok = _sweep(fp8_candidates(m, n, k, sms), lambda c: fp8_gemm(qa, sa, qw, sw, config=c),
+                                    ref, flop, timer, log, where)
+            all_ok &= ok
             if sm90.supported(qa, qw, torch.bfloat16):
                 # the Gluon kernel (Hopper only): promotion overlapped with the next block's wgmma
-                r["sm90"] = {}
-                for name, c in sm90_candidates(m, n, k, sms).items():
-                    try:
-                        y = sm90.fp8_gemm_sm90(qa, sa, qw, sw, config=c)
-                        rel, ok = _fp8_ok(y, ref)
-                        log(f"fp8 sm90 check M={m} N={n} K={k} {name}: rel {rel:.2e} {'OK' if ok else 'MISMATCH'}")
-                        if not ok:
-                            all_ok = False
-                            r["sm90"][name] = dict(error=f"mismatch rel {rel:.2e}", cfg=c)
-                            continue
-                        t = timer([lambda c=c: sm90.fp8_gemm_sm90(qa, sa, qw, sw, config=c)])
-                        r["sm90"][name] = dict(us=t, rel_err=rel, tflops=flop / t / 1e6, cfg=c)
-                    except Exception as ex:  # noqa: BLE001 - a config that fails to build is a result
-                        r["sm90"][name] = dict(error=f"{type(ex).__name__}: {str(ex)[:160]}", cfg=c)
-                        log(f"FP8 SM90 ERROR M={m} N={n} K={k} {name}: {r['sm90'][name]['error']}")
+                r["sm90"], ok = _sweep(sm90_candidates(m, n, k, sms),
+                                       lambda c: sm90.fp8_gemm_sm90(qa, sa, qw, sw, config=c),
+                                       ref, flop, timer, log, f"sm90 {where}")
+                all_ok &= ok
                 ok_sm90 = [(v["us"], kk) for kk, v in r["sm90"].items() if "us" in v]
                 r["sm90_us"] = r["sm90"].get("default", {}).get("us", float("nan"))
                 r["sm90_best"] = min(ok_sm90) if ok_sm90 else None
@@ -222,23 +221,11 @@ def run_fp8(copy_gbs, mm_tflops, fp8_tflops, log, rows, grows, on_shape, dense=F
                 del wball
             except Exception as ex:  # noqa: BLE001
                 r["torch_grouped_mm_bf16"] = f"{type(ex).__name__}: {str(ex)[:120]}"
-        r["sweep"] = {}
         cands = {"default": None,
                  "race1_bm128_bn128_w8_st4": dict(BLOCK_M=128, BLOCK_N=128, SPLIT_K=1, GROUP_M=8, num_warps=8, num_stages=4)}
-        for name, c in cands.items():
-            try:
-                y = fp8_grouped_gemm(qa, sa, qw, sw, mi, config=c)
-                rel, ok = _fp8_ok(y, ref)
-                if not ok:
-                    all_ok = False
-                    log(f"FP8 GROUPED MISMATCH {e}x{mper} N={n} K={k} {name}: rel {rel:.2e}")
-                    r["sweep"][name] = dict(error=f"mismatch rel {rel:.2e}")
-                    continue
-                t = timer([lambda c=c: fp8_grouped_gemm(qa, sa, qw, sw, mi, config=c)])
-                r["sweep"][name] = dict(us=t, rel_err=rel, tflops=flop / t / 1e6, cfg=c)
-            except Exception as ex:  # noqa: BLE001
-                r["sweep"][name] = dict(error=f"{type(ex).__name__}: {str(ex)[:160]}")
-                log(f"FP8 GROUPED ERROR {e}x{mper} {name}: {r['sweep'][name]['error']}")
+        r["sweep"], ok = _sweep(cands, lambda c: fp8_grouped_gemm(qa, sa, qw, sw, mi, config=c), ref, flop, timer, log,
+                                f"grouped {e}x{mper} N={n} K={k}")
+        all_ok &= ok
         d = r["sweep"].get("default", {})
         r["ours_us"] = d.get("us", float("nan"))
         r["tflops"] = flop / r["ours_us"] / 1e6

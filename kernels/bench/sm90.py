@@ -1,7 +1,7 @@
 """sm_90 build report of the attention kernels and the Gluon FP8 GEMM, compile-only (no
 GPU): registers, spill stack, shared memory, warpgroup MMAs vs mma.sync and asynchronous
 copies of the MLA decode and prefill builds, as the H200's JIT specialises them; for the
-FP8 GEMM its `build_info` (registers, spills, whether ptxas serialised its wgmmas).
+FP8 GEMM `fp8_gemm_sm90_build` (registers, spills, whether ptxas serialised its wgmmas).
 
     python -m kernels.bench.bench_kernels --sm90-report
 """
@@ -71,7 +71,54 @@ def sm90_report():
     if fp8_gemm_sm90.HAVE_GLUON:
         for m, n, k in [(4096, 7168, 16384), (1024, 2112, 7168), (64, 7168, 2048)]:
             cfg = fp8_gemm_sm90.pick_config(m, n, k, 132)
-            info = fp8_gemm_sm90.build_info(cfg)
+            info = fp8_gemm_sm90_build(cfg)
             info.pop("ptxas_info")
             print(f"fp8_gemm_sm90 default for M {m} N {n} K {k} {cfg}: {info}")
     return 0
+
+
+def fp8_gemm_sm90_build(config: dict) -> dict:
+    """Compile the kernel for sm_90a on this machine (no GPU needed) with ``config``'s tiles and
+    report what ptxas and the SASS say: registers, spills, whether ptxas serialised the wgmmas
+    (info C7514), the fp8 wgmma (QGMMA) and mma.sync (HMMA) instruction counts. Run it in a
+    process without TRITON_INTERPRET (the interpreter patches Triton's language for the
+    process it runs in)."""
+    import re
+    import subprocess
+
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import get_ptxas
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from kernels.fp8_gemm_sm90 import BLOCK_K, _fp8_gemm_sm90_kernel
+
+    bm, bn = config["BLOCK_M"], config["BLOCK_N"]
+
+    def desc(name, gdt, shape):
+        return f"tensordesc<{name}[{shape[0]}, {shape[1]}],{gl.NVMMASharedLayout.get_default_for(shape, gdt)!r}>"
+
+    sig = {"a_desc": desc("fp8e4nv", gl.float8e4nv, [bm, BLOCK_K]), "b_desc": desc("fp8e4nv", gl.float8e4nv, [bn, BLOCK_K]),
+           "c_desc": desc("bf16", gl.bfloat16, [bm, bn]), "as_ptr": "*fp32", "bs_ptr": "*fp32"}
+    sig.update({n: "i32" for n in ("M", "N", "K", "stride_asm", "stride_ask", "stride_bsn", "stride_bsk")})
+    consts = {"GROUP_M": config["GROUP_M"], "STAGES": config["STAGES"], "num_warps": config["num_warps"]}
+    sig.update({n: "constexpr" for n in consts})
+    src = GluonASTSource(fn=_fp8_gemm_sm90_kernel, signature=sig, constexprs=consts, attrs={})
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=config["num_warps"]))
+    ptxas = get_ptxas(90).path  # the ptxas this Triton builds sm_90 with
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx, cubin = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
+        with open(ptx, "w") as f:
+            f.write(k.asm["ptx"])
+        info = subprocess.run([ptxas, "-arch=sm_90a", "-v", ptx, "-o", cubin], capture_output=True, text=True)
+        if info.returncode:
+            raise RuntimeError(f"ptxas failed: {info.stderr[-2000:]}")
+        sass = subprocess.run([os.path.join(os.path.dirname(ptxas), "cuobjdump"), "-sass", cubin],
+                              capture_output=True, text=True, check=True).stdout
+    regs = re.search(r"Used (\d+) registers", info.stderr)
+    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", info.stderr)
+    return dict(regs=int(regs.group(1)) if regs else None,
+                spill_bytes=int(spill.group(1)) + int(spill.group(2)) if spill else None,
+                serialized="C7514" in info.stderr or "serialized" in info.stderr,
+                qgmma=sass.count("QGMMA.64x"), hmma=sass.count("HMMA"), shared=k.metadata.shared,
+                ptxas_info=info.stderr.strip())

@@ -46,8 +46,8 @@ def test_the_build_keeps_its_wgmmas_in_flight(cfg):
     # in a process of its own without TRITON_INTERPRET: the interpreter, which the CPU test
     # runs use, patches Triton's language for the process it ran in
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    code = ("import json, sys; from kernels.fp8_gemm_sm90 import build_info; "
-            "print(json.dumps(build_info(json.loads(sys.argv[1]))))")
+    code = ("import json, sys; from kernels.bench.sm90 import fp8_gemm_sm90_build; "
+            "print(json.dumps(fp8_gemm_sm90_build(json.loads(sys.argv[1]))))")
     out = subprocess.run([sys.executable, "-c", code, json.dumps(cfg)], capture_output=True, text=True, env=env,
                          cwd=ROOT, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
