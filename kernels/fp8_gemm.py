@@ -215,12 +215,12 @@ def _launch(a, a_scale, b, b_scale, m_indices, out_dtype, config, grouped):
 
 
 def use_sm90(m: int, n: int, k: int, num_sms: int) -> bool:
-    """Whether ``fp8_gemm`` takes the Gluon sm_90 kernel over this one on Hopper (H200 race 6c,
-    kernels/bench/results/2026-12-01_h200_race6c_fp8_defaults.json): everywhere but where this
-    kernel splits K four or more ways (small M on few tiles with a long K): M 64 / 128 on
-    2112 x 7168 0.62x / 0.73x cuBLASLt's time against the Gluon kernel's 0.83x / 0.82x, M 64
-    on 4096 x 7168 0.85x against 0.90x. A split of 2-3 ways lost to it (M 128 on 4096 x 7168:
-    1.00x against 0.92x; M 64 on 7168 x 16384: 0.99x against 0.93x)."""
+    """Whether ``fp8_gemm`` takes the Gluon sm_90 kernel over this one on Hopper (H200 race 7e,
+    kernels/bench/results/2026-12-02_h200_race7e_fp8_defaults_prefetch.json): everywhere but
+    where this kernel splits K four or more ways (small M on few tiles with a long K): M 64 /
+    128 on 2112 x 7168 0.63x / 0.74x cuBLASLt's time against the Gluon kernel's 0.74x / 0.76x,
+    M 64 on 4096 x 7168 0.82x against 0.81x (a tie). A split of 2-3 ways loses to it (M 128 on
+    4096 x 7168: 1.01x against 0.90x; M 64 on 7168 x 16384: 0.98x against 0.90x)."""
     return pick_config(m, n, k, num_sms)["SPLIT_K"] < 4
 
 

@@ -271,25 +271,220 @@ if HAVE_GLUON:
             mbarrier.invalidate(bars.index(i))
 
 
+    # -- warp-specialised variant: a producer warp feeds the ring, each consumer warpgroup
+    # runs its own 64 rows of the tile and frees a stage when its product retired --------
+
+    @gluon.jit
+    def _ws_producer(a_desc, b_desc, ready, empty, a_bufs, b_bufs, M, N, K, GROUP_M: gl.constexpr,
+                     STAGES: gl.constexpr):
+        """One warp: for each of this program's tiles and K blocks, wait until every consumer
+        warpgroup has freed the stage (``empty``: one arrival per warpgroup), then load the
+        block's A and B tiles into it (``ready`` completes on their bytes)."""
+        BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
+        BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
+        pid = gl.program_id(0)
+        nprog = gl.num_programs(0)
+        num_m = gl.cdiv(M, BLOCK_M)
+        num_n = gl.cdiv(N, BLOCK_N)
+        n_k = K // 128
+        nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
+        for j in range(gl.cdiv(num_m * num_n - pid, nprog)):
+            pid_m, pid_n = _tile(pid + j * nprog, num_m, num_n, GROUP_M)
+            for kb in range(n_k):
+                g = j * n_k + kb
+                s = g % STAGES
+                # mbarriers start with the phase before 0 complete: the first pass is free
+                mbarrier.wait(empty.index(s), ((g // STAGES) & 1) ^ 1)
+                mbarrier.expect(ready.index(s), nbytes)
+                _tma_load(a_desc, [pid_m * BLOCK_M, kb * 128], ready.index(s), a_bufs.index(s))
+                _tma_load(b_desc, [pid_n * BLOCK_N, kb * 128], ready.index(s), b_bufs.index(s))
+
+    @gluon.jit
+    def _ws_mma(a_bufs, b_bufs, ready, g, regs, W: gl.constexpr, HALF: gl.constexpr, STAGES: gl.constexpr):
+        """Wait for block g's tiles and issue warpgroup W's products (its HALF rows of the A
+        tile) into a fresh fp32 tile (async), in the registers of ``regs``."""
+        s = g % STAGES
+        mbarrier.wait(ready.index(s), (g // STAGES) & 1)
+        return warpgroup_mma(a_bufs.index(s).slice(W * HALF, HALF), b_bufs.index(s).permute((1, 0)), regs,
+                             use_acc=False, is_async=True)
+
+    @gluon.jit
+    def _ws_release(empty, g, STAGES: gl.constexpr):
+        """Free block g's stage: the warpgroup's four warps have all waited for its product
+        (a barrier of this partition's warps), then one thread arrives."""
+        _cta_barrier()
+        mbarrier.arrive(empty.index(g % STAGES))
+
+    @gluon.jit
+    def _ws_consumer(a_bufs, b_bufs, ready, empty, c_desc, c_bufs, as_ptr, bs_ptr, M, N, K, stride_asm, stride_ask,
+                     stride_bsn, stride_bsk, W: gl.constexpr, CONSUMERS: gl.constexpr, GROUP_M: gl.constexpr,
+                     STAGES: gl.constexpr, PAIR_RELEASE: gl.constexpr):
+        """Consumer warpgroup W: rows [W * 64, W * 64 + 64) of every tile, the same overlapped
+        promotion as the single-stream kernel (two register sets, block k's products issued
+        before block k - 1's are waited for), and its own TMA store of those rows."""
+        HALF: gl.constexpr = c_desc.block_type.shape[0]
+        BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
+        BLOCK_M: gl.constexpr = HALF * CONSUMERS
+        layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                         instr_shape=[16, BLOCK_N, 32])
+        c_smem = c_bufs.index(W)
+        pid = gl.program_id(0)
+        nprog = gl.num_programs(0)
+        num_m = gl.cdiv(M, BLOCK_M)
+        num_n = gl.cdiv(N, BLOCK_N)
+        n_k = K // 128
+        for j in range(gl.cdiv(num_m * num_n - pid, nprog)):
+            pid_m, pid_n = _tile(pid + j * nprog, num_m, num_n, GROUP_M)
+            off_m = pid_m * BLOCK_M + W * HALF
+            g0 = j * n_k
+            offs_m = off_m + gl.arange(0, HALF, layout=gl.SliceLayout(1, layout))
+            mask_m = offs_m < M
+            as_ptrs = as_ptr + offs_m * stride_asm
+            bs_ptrs = bs_ptr + ((pid_n * BLOCK_N) // 128) * stride_bsn
+            acc = gl.zeros([HALF, BLOCK_N], gl.float32, layout)
+            spare_a = gl.zeros([HALF, BLOCK_N], gl.float32, layout)
+            tok_b = _ws_mma(a_bufs, b_bufs, ready, g0, gl.zeros([HALF, BLOCK_N], gl.float32, layout), W, HALF, STAGES)
+            # each block's scales are loaded a pair of blocks before its promotion: with
+            # column-major activation scales (vLLM's) every block's are new cache lines, and
+            # loaded one block ahead their latency showed (1.1-1.25x the row-major time)
+            cur_b = _scale(as_ptrs, bs_ptrs, mask_m, 0, stride_ask, stride_bsk)
+            cur_a = _scale(as_ptrs, bs_ptrs, mask_m & (n_k > 1), 1, stride_ask, stride_bsk)
+            for kb in range(1, n_k - 1, 2):
+                nxt_b = _scale(as_ptrs, bs_ptrs, mask_m, kb + 1, stride_ask, stride_bsk)
+                nxt_a = _scale(as_ptrs, bs_ptrs, mask_m & (kb + 2 < n_k), kb + 2, stride_ask, stride_bsk)
+                tok_a = _ws_mma(a_bufs, b_bufs, ready, g0 + kb, spare_a, W, HALF, STAGES)
+                done_b = warpgroup_mma_wait(num_outstanding=1, deps=(tok_b,))  # block kb - 1 retired
+                if not PAIR_RELEASE:
+                    _ws_release(empty, g0 + kb - 1, STAGES)
+                acc = _promote(acc, done_b, cur_b)  # while block kb's products run
+                tok_b = _ws_mma(a_bufs, b_bufs, ready, g0 + kb + 1, done_b, W, HALF, STAGES)
+                spare_a = warpgroup_mma_wait(num_outstanding=1, deps=(tok_a,))  # block kb retired
+                if PAIR_RELEASE:  # blocks kb - 1 and kb behind one barrier
+                    _cta_barrier()
+                    mbarrier.arrive(empty.index((g0 + kb - 1) % STAGES))
+                    mbarrier.arrive(empty.index((g0 + kb) % STAGES))
+                else:
+                    _ws_release(empty, g0 + kb, STAGES)
+                acc = _promote(acc, spare_a, cur_a)
+                cur_b = nxt_b
+                cur_a = nxt_a
+            if n_k % 2 == 0:  # block n_k - 1 left (set A), its scales in cur_a
+                tok_a = _ws_mma(a_bufs, b_bufs, ready, g0 + n_k - 1, spare_a, W, HALF, STAGES)
+                done_b = warpgroup_mma_wait(num_outstanding=1, deps=(tok_b,))
+                _ws_release(empty, g0 + n_k - 2, STAGES)
+                acc = _promote(acc, done_b, cur_b)
+                done_a = warpgroup_mma_wait(num_outstanding=0, deps=(tok_a,))
+                _ws_release(empty, g0 + n_k - 1, STAGES)
+                acc = _promote(acc, done_a, cur_a)
+            else:
+                done_b = warpgroup_mma_wait(num_outstanding=0, deps=(tok_b,))
+                _ws_release(empty, g0 + n_k - 1, STAGES)
+                acc = _promote(acc, done_b, cur_b)
+            # this warpgroup's previous store must have read c_smem before it is overwritten
+            tma.store_wait(pendings=0)
+            _cta_barrier()
+            c_smem.store(acc.to(c_desc.dtype))
+            fence_async_shared()
+            _cta_barrier()
+            _tma_store(c_desc, [off_m, pid_n * BLOCK_N], c_smem)
+        tma.store_wait(pendings=0)
+
+    @gluon.jit
+    def _fp8_gemm_sm90_ws_kernel(
+        a_desc,
+        b_desc,
+        c_desc,
+        as_ptr,
+        bs_ptr,
+        M,
+        N,
+        K,
+        stride_asm,
+        stride_ask,
+        stride_bsn,
+        stride_bsk,
+        GROUP_M: gl.constexpr,
+        STAGES: gl.constexpr,
+        CONSUMER_REGS: gl.constexpr,
+        PAIR_RELEASE: gl.constexpr,
+        num_warps: gl.constexpr,
+    ):
+        """Warp-specialised: the default partition (4 warps) is consumer warpgroup 0, a second
+        4-warp partition consumer 1 when the tile has 128 rows, and a 1-warp partition the
+        TMA producer (its registers given to the consumers). c_desc's block is one
+        warpgroup's rows."""
+        HALF: gl.constexpr = c_desc.block_type.shape[0]
+        BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
+        BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
+        CONSUMERS: gl.constexpr = BLOCK_M // HALF
+        gl.static_assert(HALF == 64, "a consumer warpgroup owns 64 rows")
+        gl.static_assert(num_warps == 4, "the default partition is one warpgroup")
+        gl.static_assert(128 % BLOCK_N == 0, "an N tile lies in one weight scale block")
+        gl.static_assert(STAGES >= 3 or not PAIR_RELEASE, "a pair release holds three stages")
+        a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, 128], a_desc.layout)
+        b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, 128], b_desc.layout)
+        c_bufs = gl.allocate_shared_memory(c_desc.dtype, [CONSUMERS, HALF, BLOCK_N], c_desc.layout)
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=CONSUMERS)
+        if CONSUMERS == 2:
+            gl.warp_specialize([
+                (_ws_consumer, (a_bufs, b_bufs, ready, empty, c_desc, c_bufs, as_ptr, bs_ptr, M, N, K, stride_asm,
+                                stride_ask, stride_bsn, stride_bsk, 0, CONSUMERS, GROUP_M, STAGES, PAIR_RELEASE)),
+                (_ws_consumer, (a_bufs, b_bufs, ready, empty, c_desc, c_bufs, as_ptr, bs_ptr, M, N, K, stride_asm,
+                                stride_ask, stride_bsn, stride_bsk, 1, CONSUMERS, GROUP_M, STAGES, PAIR_RELEASE)),
+                (_ws_producer, (a_desc, b_desc, ready, empty, a_bufs, b_bufs, M, N, K, GROUP_M, STAGES)),
+            ], [4, 1], [CONSUMER_REGS, 40])
+        else:
+            gl.warp_specialize([
+                (_ws_consumer, (a_bufs, b_bufs, ready, empty, c_desc, c_bufs, as_ptr, bs_ptr, M, N, K, stride_asm,
+                                stride_ask, stride_bsn, stride_bsk, 0, CONSUMERS, GROUP_M, STAGES, PAIR_RELEASE)),
+                (_ws_producer, (a_desc, b_desc, ready, empty, a_bufs, b_bufs, M, N, K, GROUP_M, STAGES)),
+            ], [1], [40])
+
+
 def pick_config(m: int, n: int, k: int, num_sms: int) -> dict:
-    """Tiles and grid by shape, from H200 race 6b (kernels/bench/results/
-    2026-12-01_h200_race6b_fp8_sm90_persistent.json: six V3 shapes x M = 64..4096, seven
-    candidates; times below are over cuBLASLt blockwise's in the same run).
-    M >= 256: 128 x 128 tiles over two warpgroups, 4 stages, persistent (one program per SM,
-    loads running on into the next tile): 0.96-1.15x at M 1024 and 4096, where one program
-    per tile took 1.10-1.73x (the short-K shapes lost most: K = 512 is 4 blocks a tile). Narrow
-    N whose 128-row tiles fill under two waves (1024 x 2112): 64 x 128 over one warpgroup,
-    3 stages, two persistent programs per SM (1.05x against 1.11x).
-    M < 256: 64-row tiles on one warpgroup; K <= 1536 (few blocks a tile) two persistent
-    programs per SM with 3 stages (0.86-1.20x), longer K 6 stages, one program per tile
-    (0.83-0.93x)."""
+    """Tiles, pipeline and partitions by shape, from H200 race 7 (kernels/bench/results/
+    2026-12-02_h200_race7*: six V3 shapes x M = 64..4096, 24 candidates; the times below are
+    over cuBLASLt blockwise's in the same run, two runs). Every default is warp-specialised
+    (``WS``): a producer warp keeps the TMA ring full while each consumer warpgroup waits
+    only for its own products (the single-stream kernel took 1.00-1.13x at M >= 1024 where
+    these take 0.82-1.04x).
+    M >= 256: 128 x 128 tiles over two consumer warpgroups, one persistent program per SM;
+    K <= 2048: 6 stages, each barrier freeing two stages (0.82-0.92x); K >= 16384: 5 stages,
+    paired (0.96-1.04x; unpaired 1.06-1.07x); between, 5 stages unpaired with 16 row tiles
+    walking the columns together (1.01-1.04x; paired 1.01-1.07x). Narrow N whose 128 x 128
+    tiles fill under two waves (1024 x 2112: 136 tiles on 132 SMs): 128 x 64 tiles, 6 stages
+    (264 tiles, two full waves: 0.86x against 0.98x).
+    M < 256: 64-row tiles on one consumer warpgroup, two persistent programs per SM: 64 x 64
+    tiles and 6 stages (0.74-1.01x), but 64 x 128 and 4 stages at K <= 1024 (0.95-0.97x, where
+    64 x 64 took 0.92-1.12x)."""
+    ws = dict(GROUP_M=8, num_warps=4, WS=True)
     if m < 256:
-        if k <= 1536:
-            return dict(BLOCK_M=64, BLOCK_N=128, GROUP_M=8, STAGES=3, num_warps=4, PERSISTENT=2)
-        return dict(BLOCK_M=64, BLOCK_N=128, GROUP_M=8, STAGES=6, num_warps=4)
+        if k <= 1024:
+            return dict(BLOCK_M=64, BLOCK_N=128, STAGES=4, PERSISTENT=2, **ws)
+        return dict(BLOCK_M=64, BLOCK_N=64, STAGES=6, PERSISTENT=2, **ws)
     if n <= 2560 and triton.cdiv(m, 128) * triton.cdiv(n, 128) < 2 * num_sms:
-        return dict(BLOCK_M=64, BLOCK_N=128, GROUP_M=8, STAGES=3, num_warps=4, PERSISTENT=2)
-    return dict(BLOCK_M=128, BLOCK_N=128, GROUP_M=8, STAGES=4, num_warps=8, PERSISTENT=1)
+        return dict(BLOCK_M=128, BLOCK_N=64, STAGES=6, PERSISTENT=1, **ws)
+    if k <= 2048:
+        return dict(BLOCK_M=128, BLOCK_N=128, STAGES=6, PERSISTENT=1, PAIR_RELEASE=True, **ws)
+    if k >= 16384:
+        return dict(BLOCK_M=128, BLOCK_N=128, STAGES=5, PERSISTENT=1, PAIR_RELEASE=True, **ws)
+    return dict(BLOCK_M=128, BLOCK_N=128, STAGES=5, PERSISTENT=1, **dict(ws, GROUP_M=16))
+
+
+def ws_registers(block_m: int, per_sm: int) -> tuple[int, int]:
+    """(maxnreg, registers per consumer thread) of a warp-specialised launch: the kernel runs
+    4 warps per consumer warpgroup plus the producer's warpgroup (registers are allocated per
+    warpgroup), ``max(per_sm, 1)`` programs share an SM's 64K registers, the producer keeps
+    40 a thread and the consumers split the rest (``setmaxnreg`` takes multiples of 8, at most
+    256)."""
+    groups = block_m // 64 + 1
+    maxnreg = min(65536 // (max(per_sm, 1) * groups * 128), 256) // 8 * 8
+    consumer = min((maxnreg * groups - 40) // (groups - 1) // 8 * 8, 256)
+    return maxnreg, consumer
 
 
 def fp8_gemm_sm90(a, a_scale, b, b_scale, out_dtype=torch.bfloat16, config: dict | None = None) -> torch.Tensor:
@@ -302,17 +497,22 @@ def fp8_gemm_sm90(a, a_scale, b, b_scale, out_dtype=torch.bfloat16, config: dict
     cfg = dict(config or pick_config(m, n, k, sms))
     bm, bn = cfg.pop("BLOCK_M"), cfg.pop("BLOCK_N")
     per_sm = cfg.pop("PERSISTENT", 0)  # programs per SM; 0: one program per tile
+    ws = cfg.pop("WS", False)  # warp-specialised: a producer warp, one partition per 64 rows
     fp8 = gl.float8e4nv
     a_desc = TensorDescriptor.from_tensor(a, [bm, BLOCK_K], gl.NVMMASharedLayout.get_default_for([bm, BLOCK_K], fp8))
     b_desc = TensorDescriptor.from_tensor(b, [bn, BLOCK_K], gl.NVMMASharedLayout.get_default_for([bn, BLOCK_K], fp8))
+    cm = 64 if ws else bm  # the warp-specialised kernel stores each warpgroup's rows
     c_desc = TensorDescriptor.from_tensor(
-        out, [bm, bn], gl.NVMMASharedLayout.get_default_for([bm, bn], _GL_OUT[out_dtype]))
+        out, [cm, bn], gl.NVMMASharedLayout.get_default_for([cm, bn], _GL_OUT[out_dtype]))
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
     grid = (min(tiles, per_sm * sms) if per_sm else tiles,)
-    _fp8_gemm_sm90_kernel[grid](
-        a_desc, b_desc, c_desc, a_scale, b_scale, m, n, k,
-        a_scale.stride(0), a_scale.stride(1), b_scale.stride(0), b_scale.stride(1),
-        **cfg,
-    )
+    args = (a_desc, b_desc, c_desc, a_scale, b_scale, m, n, k,
+            a_scale.stride(0), a_scale.stride(1), b_scale.stride(0), b_scale.stride(1))
+    if ws:
+        maxnreg, regs = ws_registers(bm, per_sm)
+        cfg.pop("num_warps", None)
+        cfg.setdefault("PAIR_RELEASE", False)
+        _fp8_gemm_sm90_ws_kernel[grid](*args, **cfg, CONSUMER_REGS=regs, num_warps=4, maxnreg=maxnreg)
+    else:
+        _fp8_gemm_sm90_kernel[grid](*args, **cfg)
     return out
-

@@ -12,6 +12,7 @@
         # decode vs vLLM's Triton MLA decode ($DSVOLC_BENCH_PEERS) and a torch gather + bmm
     TRITON_INTERPRET=1 python -m kernels.bench.bench_kernels --smoke --only attn_mla
     python -m kernels.bench.bench_kernels --sm90-report   # compile-only resource report, no GPU
+    ncu --set full --profile-from-start off python -m kernels.bench.bench_kernels --profile-fp8 4096,7168,16384:default
 
 Order: measure the ceilings (device copy, bf16 matmul; fp8 where the family needs it),
 check every kernel and config for correctness against fp32 references, then time
@@ -46,6 +47,9 @@ def build_parser():
                     help="fp8: the dense shapes only (the grouped race times the Triton kernel alone)")
     ap.add_argument("--sm90-report", action="store_true",
                     help="compile the attention kernels for sm_90 here (no GPU) and print their resources")
+    ap.add_argument("--profile-fp8", default=None, metavar="M,N,K[:CAND,...]",
+                    help="one launch of each Gluon FP8 candidate (default: 'default') and of cuBLASLt "
+                         "blockwise, for ncu --profile-from-start off")
     mla.add_args(ap)
     w4a16.add_args(ap)
     return ap
@@ -240,6 +244,9 @@ def main(argv=None):
         return smoke(args)
     if args.profile_gemv:
         return w4a16.profile_gemv()
+    if args.profile_fp8:
+        shape, _, names = args.profile_fp8.partition(":")
+        return fp8.profile_sm90(tuple(int(x) for x in shape.split(",")), names.split(",") if names else ["default"])
     return MODES[args.only](harness.Run(args.out), args)
 
 

@@ -63,7 +63,44 @@ def sm90_candidates(m, n, k, sms):
                                   (64, 128, 4, 3, 2), (64, 128, 4, 6, 0), (128, 128, 8, 5, 1)]:
         c[f"g{bm}x{bn}_w{w}_s{st}" + (f"_p{per_sm}" if per_sm else "")] = dict(
             BLOCK_M=bm, BLOCK_N=bn, GROUP_M=8, STAGES=st, num_warps=w, **({"PERSISTENT": per_sm} if per_sm else {}))
+    # warp-specialised (a producer warp; one consumer partition per 64 rows of the tile)
+    # (PAIR_RELEASE: one barrier frees two stages; G16: 16 row tiles walk the columns together)
+    for bm, bn, st, per_sm, pair, gm in [
+            (128, 128, 4, 1, 0, 8), (128, 128, 5, 1, 0, 8), (128, 128, 6, 1, 0, 8), (128, 128, 5, 1, 1, 8),
+            (128, 128, 6, 1, 1, 8), (128, 128, 5, 1, 0, 16), (64, 128, 4, 2, 0, 8), (64, 128, 6, 0, 0, 8),
+            (64, 128, 6, 1, 0, 8), (64, 128, 6, 1, 1, 8), (128, 64, 6, 1, 0, 8), (128, 64, 8, 1, 1, 8),
+            (64, 64, 6, 2, 0, 8)]:
+        c[f"ws{bm}x{bn}_s{st}" + (f"_p{per_sm}" if per_sm else "") + ("_pair" if pair else "")
+          + (f"_g{gm}" if gm != 8 else "")] = dict(
+            BLOCK_M=bm, BLOCK_N=bn, GROUP_M=gm, STAGES=st, num_warps=4, WS=True,
+            **({"PERSISTENT": per_sm} if per_sm else {}), **({"PAIR_RELEASE": True} if pair else {}))
     return dedupe(c)
+
+
+def profile_sm90(shape, names):
+    """One launch each of the Gluon kernel's candidates ``names`` (``sm90_candidates`` keys)
+    and of cuBLASLt blockwise on ``shape`` (M, N, K), between cudaProfilerStart/Stop after
+    a warm-up call of each (for ``ncu --profile-from-start off``)."""
+    from kernels import fp8_gemm_sm90 as sm90
+    from kernels.reference import per_block_quant_fp8, per_token_group_quant_fp8
+
+    m, n, k = shape
+    qw, sw = per_block_quant_fp8(torch.randn(n, k, device=H.DEV) * 0.02)
+    qa, sa = per_token_group_quant_fp8(torch.randn(m, k, device=H.DEV))
+    cands = sm90_candidates(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count)
+    calls = [lambda c=cands[x]: sm90.fp8_gemm_sm90(qa, sa, qw, sw, config=c) for x in names]
+    fn, layout = fp8_scaled_mm_blockwise(qa, sa, qw, sw)
+    calls += [fn] if fn is not None else []
+    for f in calls:
+        f()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    for f in calls:
+        f()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+    print(f"profiled M {m} N {n} K {k}: {', '.join(names)}; cuBLASLt blockwise ({layout})")
+    return 0
 
 
 def fp8_scaled_mm_blockwise(qa, sa, qw, sw):
@@ -165,6 +202,14 @@ def run_fp8(copy_gbs, mm_tflops, fp8_tflops, log, rows, grows, on_shape, dense=F
                 r["sm90_best"] = min(ok_sm90) if ok_sm90 else None
                 if "scaled_mm_blockwise_us" in r:
                     r["sm90_x_blockwise_time"] = r["sm90_us"] / r["scaled_mm_blockwise_us"]
+                if not smoke:
+                    # the default again with column-major activation scales: vLLM's layout, and
+                    # the one cuBLASLt is handed above (a block's row scales are contiguous)
+                    sa_cm = sa.t().contiguous().t()
+                    cm, ok = _sweep({"default": None}, lambda c: sm90.fp8_gemm_sm90(qa, sa_cm, qw, sw, config=c),
+                                    ref, flop, timer, log, f"sm90 sa column-major {where}")
+                    all_ok &= ok
+                    r["sm90_sa_colmajor_us"] = cm["default"].get("us", float("nan"))
             if m >= 4096 and not smoke:
                 # diagnostic: the same tiles with no scales and no promotion (one fp8
                 # accumulation over K; wrong numerics, timed only): what the promotion costs
@@ -253,8 +298,8 @@ def race_lines(fp8, fp8g):
               "\"ours\" is the Triton kernel (kernels/fp8_gemm.py); \"sm90\" the Gluon kernel (kernels/fp8_gemm_sm90.py), "
               "its default and its best candidate; \"/ blockwise\" is its time over _scaled_mm blockwise's (cuBLASLt).",
               "",
-              "| M | N | K | ours us | ours TFLOP/s | of fp8 ceiling | x bf16 cuBLAS | _scaled_mm blockwise us | _scaled_mm per-tensor us | bf16 cuBLAS us | ours without promotion us | best candidate | best us | sm90 us | sm90 TFLOP/s | sm90 / blockwise | sm90 best | DeepGEMM H800 TFLOP/s |",
-              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---|---:|"]
+              "| M | N | K | ours us | ours TFLOP/s | of fp8 ceiling | x bf16 cuBLAS | _scaled_mm blockwise us | _scaled_mm per-tensor us | bf16 cuBLAS us | ours without promotion us | best candidate | best us | sm90 us | sm90 TFLOP/s | sm90 / blockwise | sm90, scales column-major, / blockwise | sm90 best | DeepGEMM H800 TFLOP/s |",
+              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---|---:|"]
         for r in fp8:
             best = r.get("best") or (float("nan"), "-")
             dg = r.get("deepgemm_h800")
@@ -265,6 +310,7 @@ def race_lines(fp8, fp8g):
                      f"| {best[0]:.1f} | {r.get('sm90_us', float('nan')):.1f} "
                      f"| {2 * r['M'] * r['N'] * r['K'] / r.get('sm90_us', float('nan')) / 1e6:.0f} "
                      f"| {r.get('sm90_x_blockwise_time', float('nan')):.2f} "
+                     f"| {r.get('sm90_sa_colmajor_us', float('nan')) / r.get('scaled_mm_blockwise_us', float('nan')):.2f} "
                      f"| {(r.get('sm90_best') or (0, '-'))[1]} {(r.get('sm90_best') or (float('nan'), ''))[0]:.1f} "
                      f"| {dg[0] if dg else '-'} |")
         L.append("")

@@ -72,7 +72,7 @@ def sm90_report():
         for m, n, k in [(4096, 7168, 16384), (1024, 2112, 7168), (64, 7168, 2048)]:
             cfg = fp8_gemm_sm90.pick_config(m, n, k, 132)
             info = fp8_gemm_sm90_build(cfg)
-            info.pop("ptxas_info")
+            info.pop("ptxas_info"), info.pop("ptx")
             print(f"fp8_gemm_sm90 default for M {m} N {n} K {k} {cfg}: {info}")
     return 0
 
@@ -91,20 +91,30 @@ def fp8_gemm_sm90_build(config: dict) -> dict:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from kernels.fp8_gemm_sm90 import BLOCK_K, _fp8_gemm_sm90_kernel
+    from kernels.fp8_gemm_sm90 import BLOCK_K, _fp8_gemm_sm90_kernel, _fp8_gemm_sm90_ws_kernel, ws_registers
 
     bm, bn = config["BLOCK_M"], config["BLOCK_N"]
+    ws = config.get("WS", False)
+    cm = 64 if ws else bm
 
     def desc(name, gdt, shape):
         return f"tensordesc<{name}[{shape[0]}, {shape[1]}],{gl.NVMMASharedLayout.get_default_for(shape, gdt)!r}>"
 
     sig = {"a_desc": desc("fp8e4nv", gl.float8e4nv, [bm, BLOCK_K]), "b_desc": desc("fp8e4nv", gl.float8e4nv, [bn, BLOCK_K]),
-           "c_desc": desc("bf16", gl.bfloat16, [bm, bn]), "as_ptr": "*fp32", "bs_ptr": "*fp32"}
+           "c_desc": desc("bf16", gl.bfloat16, [cm, bn]), "as_ptr": "*fp32", "bs_ptr": "*fp32"}
     sig.update({n: "i32" for n in ("M", "N", "K", "stride_asm", "stride_ask", "stride_bsn", "stride_bsk")})
-    consts = {"GROUP_M": config["GROUP_M"], "STAGES": config["STAGES"], "num_warps": config["num_warps"]}
+    consts = {"GROUP_M": config["GROUP_M"], "STAGES": config["STAGES"]}
+    options = dict(num_warps=config["num_warps"])
+    if ws:
+        maxnreg, regs = ws_registers(bm, config.get("PERSISTENT", 0))
+        consts.update(CONSUMER_REGS=regs, PAIR_RELEASE=config.get("PAIR_RELEASE", False), num_warps=4)
+        options = dict(num_warps=4, maxnreg=maxnreg)
+    else:
+        consts["num_warps"] = config["num_warps"]
     sig.update({n: "constexpr" for n in consts})
-    src = GluonASTSource(fn=_fp8_gemm_sm90_kernel, signature=sig, constexprs=consts, attrs={})
-    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=config["num_warps"]))
+    fn = _fp8_gemm_sm90_ws_kernel if ws else _fp8_gemm_sm90_kernel
+    src = GluonASTSource(fn=fn, signature=sig, constexprs=consts, attrs={})
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
     ptxas = get_ptxas(90).path  # the ptxas this Triton builds sm_90 with
     with tempfile.TemporaryDirectory() as tmp:
         ptx, cubin = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
@@ -121,4 +131,4 @@ def fp8_gemm_sm90_build(config: dict) -> dict:
                 spill_bytes=int(spill.group(1)) + int(spill.group(2)) if spill else None,
                 serialized="C7514" in info.stderr or "serialized" in info.stderr,
                 qgmma=sass.count("QGMMA.64x"), hmma=sass.count("HMMA"), shared=k.metadata.shared,
-                ptxas_info=info.stderr.strip())
+                ptxas_info=info.stderr.strip(), ptx=k.asm["ptx"])

@@ -33,15 +33,24 @@ CONFIGS = [
     dict(BLOCK_M=128, BLOCK_N=64, GROUP_M=8, STAGES=3, num_warps=4),
     dict(BLOCK_M=128, BLOCK_N=128, GROUP_M=8, STAGES=4, num_warps=8, PERSISTENT=1),
     dict(BLOCK_M=64, BLOCK_N=128, GROUP_M=8, STAGES=3, num_warps=4, PERSISTENT=2),
+    # warp-specialised: a producer warp, one consumer partition per 64 rows
+    dict(BLOCK_M=128, BLOCK_N=128, GROUP_M=8, STAGES=5, num_warps=4, PERSISTENT=1, WS=True),
+    dict(BLOCK_M=128, BLOCK_N=128, GROUP_M=8, STAGES=2, num_warps=4, WS=True),
+    dict(BLOCK_M=64, BLOCK_N=128, GROUP_M=8, STAGES=4, num_warps=4, PERSISTENT=2, WS=True),
+    dict(BLOCK_M=128, BLOCK_N=128, GROUP_M=8, STAGES=3, num_warps=4, PERSISTENT=1, WS=True, PAIR_RELEASE=True),
+    dict(BLOCK_M=128, BLOCK_N=64, GROUP_M=8, STAGES=8, num_warps=4, PERSISTENT=1, WS=True, PAIR_RELEASE=True),
+    dict(BLOCK_M=64, BLOCK_N=64, GROUP_M=8, STAGES=6, num_warps=4, PERSISTENT=2, WS=True),
 ]
+WS_CONFIGS = [c for c in CONFIGS if c.get("WS")]
 
 
 def _id(c):
-    return f"{c['BLOCK_M']}x{c['BLOCK_N']}_w{c['num_warps']}_s{c['STAGES']}" + (f"_p{c['PERSISTENT']}" if "PERSISTENT" in c else "")
+    return (f"{c['BLOCK_M']}x{c['BLOCK_N']}_w{c['num_warps']}_s{c['STAGES']}"
+            + (f"_p{c['PERSISTENT']}" if "PERSISTENT" in c else "") + ("_ws" if c.get("WS") else "") + ("_pair" if c.get("PAIR_RELEASE") else ""))
 
 
 @needs_gluon
-@pytest.mark.parametrize("cfg", CONFIGS[:3], ids=_id)
+@pytest.mark.parametrize("cfg", CONFIGS[:3] + WS_CONFIGS[:1] + WS_CONFIGS[2:], ids=_id)
 def test_the_build_keeps_its_wgmmas_in_flight(cfg):
     # in a process of its own without TRITON_INTERPRET: the interpreter, which the CPU test
     # runs use, patches Triton's language for the process it ran in
@@ -111,12 +120,12 @@ def test_column_major_activation_scales():
     _close(y, fp8_gemm_reference(qa, sa, qw, sw).cuda())
 
 
-RACE = ROOT / "kernels" / "bench" / "results" / "2026-12-01_h200_race6c_fp8_defaults.json"
+RACE = ROOT / "kernels" / "bench" / "results" / "2026-12-02_h200_race7e_fp8_defaults_prefetch.json"
 
 
 def test_fp8_gemm_takes_the_faster_kernel_of_the_committed_race():
     """The dispatch (kernels.fp8_gemm.fp8_gemm on Hopper) and both kernels' defaults are the
-    ones race 6c timed, and at every point it picks the faster of the two shipped defaults
+    ones race 7e timed, and at every point it picks the faster of the two shipped defaults
     (within 5%, the spread between runs)."""
     from kernels.fp8_gemm import pick_config as triton_pick
     from kernels.fp8_gemm import use_sm90
