@@ -22,6 +22,13 @@ language, ``triton.experimental.gluon``) states the schedule directly:
   blocks are counted over all its tiles, so the loads run on into the next tile while this
   one is promoted and stored (TMA store, waited for before the buffer is written again).
 
+The warp-specialised kernel (``WS`` in a config; every default since H200 race 7) splits that
+one instruction stream (``gl.warp_specialize``): a producer warp waits on each stage's
+``empty`` mbarrier and issues its TMA loads; one consumer partition per 64 rows of the tile
+runs the overlapped promotion above on its rows, frees a stage once its product retired (a
+barrier of its own four warps, then one arrival; ``PAIR_RELEASE``: two stages per barrier)
+and stores its rows; ``ws_registers`` gives the producer's registers to the consumers.
+
 128-wide (or 64-wide) N tiles lie in one weight scale block, so the weight scale is one scalar
 per K block. Tails: TMA zero-fills rows past M and N on load and clips them on store; the
 activation scales are loaded masked. Needs N * 2 bytes (the bf16 output's row) to be a
