@@ -1,5 +1,5 @@
-"""FP8 block-scaled GEMM for Hopper (sm_90) in Gluon: the promotion overlapped with the next
-block's tensor-core products.
+"""FP8 block-scaled GEMM for Hopper (sm_90) in Gluon: warp-specialised, the promotion overlapped
+with the next block's tensor-core products.
 
 Same contract as ``kernels.fp8_gemm.fp8_gemm`` (dense only): C = (A * sa) @ (B * sb)^T with A
 e4m3 [M, K], sa fp32 [M, K / 128], B e4m3 [N, K], sb fp32 [ceil(N / 128), K / 128].
@@ -9,25 +9,30 @@ scaled and added to the accumulator (the "promotion"). Triton 3.6's pipeliner ke
 ``wgmma`` in flight only when its result feeds the next product's accumulator, so in the
 Triton kernel every warp waits for its product and then runs the promotion's FFMAs while the
 tensor cores idle (kernels/README.md, "What limits it"). Gluon (Triton's lower-level
-language, ``triton.experimental.gluon``) states the schedule directly:
+language, ``triton.experimental.gluon``) states the schedule directly, in partitions
+(``gl.warp_specialize``):
 
-- TMA loads of A [BLOCK_M, 128] and B [BLOCK_N, 128] tiles into a ring of ``STAGES`` shared
-  buffers, each completing on its own mbarrier, ``dist = min(STAGES, K / 128)`` blocks ahead;
-- block k's ``wgmma`` is issued asynchronously into a fresh tile (``use_acc=False``) *before*
-  waiting for block k - 1's (``warpgroup_mma_wait(num_outstanding=1)``), and block k - 1's
-  tile is promoted (``acc += tile * sa[m] * sb``) while block k's products run;
-- the buffer block k - 1 used is refilled (block k - 1 + dist) once both warpgroups have
-  passed that wait (a CTA barrier: one thread issues the copy for the CTA);
-- with ``PERSISTENT`` (programs per SM) a program takes tiles pid, pid + grid, ...; its
-  blocks are counted over all its tiles, so the loads run on into the next tile while this
-  one is promoted and stored (TMA store, waited for before the buffer is written again).
+- a producer warp walks the program's tiles and K blocks: it waits on a stage's ``empty``
+  mbarrier, then TMA-loads the block's A [BLOCK_M, 128] and B [BLOCK_N, 128] tiles into the
+  stage, completing on its ``ready`` mbarrier (a ring of ``STAGES``);
+- one consumer partition per 64 rows of the tile (the default partition, and a second 4-warp
+  partition for 128-row tiles) issues block k's ``wgmma`` on its rows asynchronously into a
+  fresh tile (``use_acc=False``) *before* waiting for block k - 1's
+  (``warpgroup_mma_wait(num_outstanding=1)``), and promotes block k - 1's tile
+  (``acc += tile * sa[m] * sb``) while block k's products run; it frees a stage once its
+  product retired (a barrier of its own four warps, then one arrival: ``empty`` completes on
+  one per consumer; ``PAIR_RELEASE`` frees two stages behind one barrier) and TMA-stores its
+  rows of each tile;
+- with ``PERSISTENT`` (programs per SM) a program takes tiles pid, pid + grid, ...; the
+  producer runs on into the next tile while the consumers finish and store this one;
+  ``ws_registers`` gives the producer's registers to the consumers (``setmaxnreg``).
 
-The warp-specialised kernel (``WS`` in a config; every default since H200 race 7) splits that
-one instruction stream (``gl.warp_specialize``): a producer warp waits on each stage's
-``empty`` mbarrier and issues its TMA loads; one consumer partition per 64 rows of the tile
-runs the overlapped promotion above on its rows, frees a stage once its product retired (a
-barrier of its own four warps, then one arrival; ``PAIR_RELEASE``: two stages per barrier)
-and stores its rows; ``ws_registers`` gives the producer's registers to the consumers.
+Two register sets alternate between blocks so that the block in flight and the one being
+promoted never share registers, and each block's products are issued into the registers its
+set's previous block was promoted from: without that ptxas copies an in-flight accumulator
+and serialises every wgmma (info C7514). The single-stream kernel this grew from (loads,
+products and promotions in one instruction stream, H200 race 6) was removed after race 7,
+where this one was faster at every point that decides a default.
 
 128-wide (or 64-wide) N tiles lie in one weight scale block, so the weight scale is one scalar
 per K block. Tails: TMA zero-fills rows past M and N on load and clips them on store; the
@@ -37,9 +42,8 @@ multiple of 16 and 16-byte-aligned bases (TMA's rules): ``supported`` says when.
 Gluon kernels compile only for a GPU (no interpreter): the interpreter tests cover the Triton
 kernel that shares this contract; tests/kernels/test_fp8_gemm_sm90.py compiles this one for
 sm_90a on any machine (``kernels.bench.sm90.fp8_gemm_sm90_build``: no serialised wgmma, no
-spills) and checks it against
-the fp64 reference on a Hopper GPU (the H200 runs are committed under kernels/bench/results/).
-"""
+spills) and checks it against the fp64 reference on a Hopper GPU (the H200 runs are committed
+under kernels/bench/results/)."""
 
 from __future__ import annotations
 
@@ -108,34 +112,6 @@ if HAVE_GLUON:
         return first_m + (t % per_group) % gm, (t % per_group) // gm
 
     @gluon.jit
-    def _issue_load(a_desc, b_desc, bars, a_bufs, b_bufs, g, off_m, off_n, kb, pred, STAGES: gl.constexpr):
-        """Load K block kb of the tile at (off_m, off_n), this program's g-th block counted over
-        all its tiles, into stage g % STAGES."""
-        s = g % STAGES
-        bar = bars.index(s)
-        mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes, pred=pred)
-        _tma_load(a_desc, [off_m, kb * 128], bar, a_bufs.index(s), pred)
-        _tma_load(b_desc, [off_n, kb * 128], bar, b_bufs.index(s), pred)
-
-    @gluon.jit
-    def _load_ahead(a_desc, b_desc, bars, a_bufs, b_bufs, g0, kb, dist, n_k, total, off_m, off_n, nxt_m, nxt_n,
-                    STAGES: gl.constexpr):
-        """Issue the load ``dist`` blocks after block kb of the current tile (which starts at
-        this program's block g0): a block of this tile, or of its next one (dist <= n_k)."""
-        t = kb + dist
-        here = t < n_k
-        _issue_load(a_desc, b_desc, bars, a_bufs, b_bufs, g0 + t, gl.where(here, off_m, nxt_m),
-                    gl.where(here, off_n, nxt_n), gl.where(here, t, t - n_k), g0 + t < total, STAGES)
-
-    @gluon.jit
-    def _mma_block(a_bufs, b_bufs, bars, g, regs, STAGES: gl.constexpr):
-        """Wait for block g's tiles and issue its products into a fresh fp32 tile (async), in
-        the registers of ``regs`` (their values are not read)."""
-        s = g % STAGES
-        mbarrier.wait(bars.index(s), (g // STAGES) & 1)
-        return warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), regs, use_acc=False, is_async=True)
-
-    @gluon.jit
     def _scale(as_ptrs, bs_ptrs, mask_m, kb, stride_ask, stride_bsk):
         """Block kb's combined scale per row: activation group scale x weight block scale."""
         return gl.load(as_ptrs + kb * stride_ask, mask=mask_m, other=0.0) * gl.load(bs_ptrs + kb * stride_bsk)
@@ -149,137 +125,6 @@ if HAVE_GLUON:
         return gl.inline_asm_elementwise(
             "fma.rn.f32 $0, $1, $2, $3;", "=f,f,f,f", [tile, scale[:, None], acc],
             dtype=gl.float32, is_pure=False, pack=1)
-
-    @gluon.jit
-    def _fp8_gemm_sm90_kernel(
-        a_desc,
-        b_desc,
-        c_desc,
-        as_ptr,
-        bs_ptr,
-        M,
-        N,
-        K,
-        stride_asm,
-        stride_ask,
-        stride_bsn,
-        stride_bsk,
-        GROUP_M: gl.constexpr,
-        STAGES: gl.constexpr,
-        num_warps: gl.constexpr,
-    ):
-        BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
-        BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
-        BK: gl.constexpr = a_desc.block_type.shape[1]
-        gl.static_assert(BK == 128, "one K block per scale")
-        gl.static_assert(128 % BLOCK_N == 0, "an N tile lies in one weight scale block")
-
-        # program pid takes tiles pid, pid + nprog, ... (a grid of one program per tile is the
-        # plain non-persistent launch); its K blocks are counted over all its tiles, so the
-        # loads run on into the next tile while this one finishes and is stored
-        pid = gl.program_id(0)
-        nprog = gl.num_programs(0)
-        num_m = gl.cdiv(M, BLOCK_M)
-        num_n = gl.cdiv(N, BLOCK_N)
-        n_k = K // BK
-        my_tiles = gl.cdiv(num_m * num_n - pid, nprog)
-        total = my_tiles * n_k
-
-        # warps stacked along M: a warpgroup owns 64 rows, one wgmma instruction spans BLOCK_N
-        mma_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_N, 32]
-        )
-        a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, BK], a_desc.layout)
-        b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BK], b_desc.layout)
-        c_smem = gl.allocate_shared_memory(c_desc.dtype, [BLOCK_M, BLOCK_N], c_desc.layout)
-        bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(STAGES):
-            mbarrier.init(bars.index(i), count=1)
-        # Fill the first `dist` stages (the prefetch distance: every stage, or a tile's blocks
-        # if it has fewer); afterwards block g + dist is loaded into the buffer block g + dist -
-        # STAGES used as soon as both warpgroups have retired block g (a CTA barrier, then one
-        # thread issues the copy for the CTA). Loads run on into the next tile.
-        dist = gl.minimum(n_k, STAGES)
-        pid_m0, pid_n0 = _tile(pid, num_m, num_n, GROUP_M)
-        for i in gl.static_range(STAGES):
-            _issue_load(a_desc, b_desc, bars, a_bufs, b_bufs, i, pid_m0 * BLOCK_M, pid_n0 * BLOCK_N, i,
-                        (i < dist) & (i < total), STAGES)
-
-        for j in range(my_tiles):
-            pid_m, pid_n = _tile(pid + j * nprog, num_m, num_n, GROUP_M)
-            nxt_m, nxt_n = _tile(pid + (j + 1) * nprog, num_m, num_n, GROUP_M)
-            off_m = pid_m * BLOCK_M
-            off_n = pid_n * BLOCK_N
-            nxt_m = nxt_m * BLOCK_M
-            nxt_n = nxt_n * BLOCK_N
-            g0 = j * n_k
-            offs_m = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, mma_layout))
-            mask_m = offs_m < M
-            as_ptrs = as_ptr + offs_m * stride_asm
-            bs_ptrs = bs_ptr + ((pid_n * BLOCK_N) // 128) * stride_bsn
-            acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma_layout)
-
-            # Two register sets (A, B) alternate between blocks: the block in flight and the
-            # one being promoted must not share registers. Each block's products are issued
-            # into the registers its set's previous block was promoted from (``use_acc=False``
-            # ignores their values): the wgmma's accumulator operand is tied to its result, so
-            # the promotion's reads stay before the next product into the same set and no copy
-            # of an in-flight accumulator is made (ptxas serialises every wgmma when a
-            # non-wgmma instruction reads an in-flight accumulator: info C7514). The loop
-            # takes blocks in pairs so that each set keeps its registers across the back edge.
-            spare_a = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma_layout)
-            tok_b = _mma_block(a_bufs, b_bufs, bars, g0, gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma_layout), STAGES)
-            scale_b = _scale(as_ptrs, bs_ptrs, mask_m, 0, stride_ask, stride_bsk)
-            for kb in range(1, n_k - 1, 2):
-                tok_a = _mma_block(a_bufs, b_bufs, bars, g0 + kb, spare_a, STAGES)
-                scale_a = _scale(as_ptrs, bs_ptrs, mask_m, kb, stride_ask, stride_bsk)
-                done_b = warpgroup_mma_wait(num_outstanding=1, deps=(tok_b,))  # block kb - 1 retired
-                _cta_barrier()
-                _load_ahead(a_desc, b_desc, bars, a_bufs, b_bufs, g0, kb - 1, dist, n_k, total, off_m, off_n, nxt_m,
-                            nxt_n, STAGES)
-                acc = _promote(acc, done_b, scale_b)  # while block kb's products run
-                tok_b = _mma_block(a_bufs, b_bufs, bars, g0 + kb + 1, done_b, STAGES)
-                scale_b = _scale(as_ptrs, bs_ptrs, mask_m, kb + 1, stride_ask, stride_bsk)
-                spare_a = warpgroup_mma_wait(num_outstanding=1, deps=(tok_a,))  # block kb retired
-                _cta_barrier()
-                _load_ahead(a_desc, b_desc, bars, a_bufs, b_bufs, g0, kb, dist, n_k, total, off_m, off_n, nxt_m,
-                            nxt_n, STAGES)
-                acc = _promote(acc, spare_a, scale_a)
-            if n_k % 2 == 0:  # one block left after the pairs
-                tok_a = _mma_block(a_bufs, b_bufs, bars, g0 + n_k - 1, spare_a, STAGES)
-                scale_a = _scale(as_ptrs, bs_ptrs, mask_m, n_k - 1, stride_ask, stride_bsk)
-                done_b = warpgroup_mma_wait(num_outstanding=1, deps=(tok_b,))
-                _cta_barrier()
-                _load_ahead(a_desc, b_desc, bars, a_bufs, b_bufs, g0, n_k - 2, dist, n_k, total, off_m, off_n, nxt_m,
-                            nxt_n, STAGES)
-                acc = _promote(acc, done_b, scale_b)
-                done_a = warpgroup_mma_wait(num_outstanding=0, deps=(tok_a,))
-                _cta_barrier()
-                _load_ahead(a_desc, b_desc, bars, a_bufs, b_bufs, g0, n_k - 1, dist, n_k, total, off_m, off_n, nxt_m,
-                            nxt_n, STAGES)
-                acc = _promote(acc, done_a, scale_a)
-            else:
-                done_b = warpgroup_mma_wait(num_outstanding=0, deps=(tok_b,))
-                _cta_barrier()
-                _load_ahead(a_desc, b_desc, bars, a_bufs, b_bufs, g0, n_k - 1, dist, n_k, total, off_m, off_n, nxt_m,
-                            nxt_n, STAGES)
-                acc = _promote(acc, done_b, scale_b)
-
-            # the previous tile's store must have read c_smem before it is overwritten; the
-            # next tile's first blocks are already loading
-            tma.store_wait(pendings=0)
-            _cta_barrier()
-            c_smem.store(acc.to(c_desc.dtype))
-            fence_async_shared()
-            _cta_barrier()
-            _tma_store(c_desc, [off_m, off_n], c_smem)
-        tma.store_wait(pendings=0)
-        for i in gl.static_range(STAGES):
-            mbarrier.invalidate(bars.index(i))
-
-
-    # -- warp-specialised variant: a producer warp feeds the ring, each consumer warpgroup
-    # runs its own 64 rows of the tile and frees a stage when its product retired --------
 
     @gluon.jit
     def _ws_producer(a_desc, b_desc, ready, empty, a_bufs, b_bufs, M, N, K, GROUP_M: gl.constexpr,
@@ -326,9 +171,9 @@ if HAVE_GLUON:
     def _ws_consumer(a_bufs, b_bufs, ready, empty, c_desc, c_bufs, as_ptr, bs_ptr, M, N, K, stride_asm, stride_ask,
                      stride_bsn, stride_bsk, W: gl.constexpr, CONSUMERS: gl.constexpr, GROUP_M: gl.constexpr,
                      STAGES: gl.constexpr, PAIR_RELEASE: gl.constexpr):
-        """Consumer warpgroup W: rows [W * 64, W * 64 + 64) of every tile, the same overlapped
-        promotion as the single-stream kernel (two register sets, block k's products issued
-        before block k - 1's are waited for), and its own TMA store of those rows."""
+        """Consumer warpgroup W: rows [W * 64, W * 64 + 64) of every tile, the overlapped
+        promotion (two register sets, block k's products issued before block k - 1's are
+        waited for), and its own TMA store of those rows."""
         HALF: gl.constexpr = c_desc.block_type.shape[0]
         BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
         BLOCK_M: gl.constexpr = HALF * CONSUMERS
@@ -454,11 +299,10 @@ if HAVE_GLUON:
 
 def pick_config(m: int, n: int, k: int, num_sms: int) -> dict:
     """Tiles, pipeline and partitions by shape, from H200 race 7 (kernels/bench/results/
-    2026-12-02_h200_race7*: six V3 shapes x M = 64..4096, 24 candidates; the times below are
-    over cuBLASLt blockwise's in the same run, two runs). Every default is warp-specialised
-    (``WS``): a producer warp keeps the TMA ring full while each consumer warpgroup waits
-    only for its own products (the single-stream kernel took 1.00-1.13x at M >= 1024 where
-    these take 0.82-1.04x).
+    2026-12-02_h200_race7*: six V3 shapes x M = 64..4096, up to 21 candidates; the times below
+    are over cuBLASLt blockwise's in the same run, two runs; race 7 also raced the single-stream
+    kernel, since removed, whose configs carried ``num_warps`` and ``WS=False``: it took
+    1.00-1.13x at M >= 1024 where these take 0.82-1.04x).
     M >= 256: 128 x 128 tiles over two consumer warpgroups, one persistent program per SM;
     K <= 2048: 6 stages, each barrier freeing two stages (0.82-0.92x); K >= 16384: 5 stages,
     paired (0.96-1.04x; unpaired 1.06-1.07x); between, 5 stages unpaired with 16 row tiles
@@ -468,30 +312,49 @@ def pick_config(m: int, n: int, k: int, num_sms: int) -> dict:
     M < 256: 64-row tiles on one consumer warpgroup, two persistent programs per SM: 64 x 64
     tiles and 6 stages (0.74-1.01x), but 64 x 128 and 4 stages at K <= 1024 (0.95-0.97x, where
     64 x 64 took 0.92-1.12x)."""
-    ws = dict(GROUP_M=8, num_warps=4, WS=True)
     if m < 256:
         if k <= 1024:
-            return dict(BLOCK_M=64, BLOCK_N=128, STAGES=4, PERSISTENT=2, **ws)
-        return dict(BLOCK_M=64, BLOCK_N=64, STAGES=6, PERSISTENT=2, **ws)
+            return dict(BLOCK_M=64, BLOCK_N=128, GROUP_M=8, STAGES=4, PERSISTENT=2)
+        return dict(BLOCK_M=64, BLOCK_N=64, GROUP_M=8, STAGES=6, PERSISTENT=2)
     if n <= 2560 and triton.cdiv(m, 128) * triton.cdiv(n, 128) < 2 * num_sms:
-        return dict(BLOCK_M=128, BLOCK_N=64, STAGES=6, PERSISTENT=1, **ws)
+        return dict(BLOCK_M=128, BLOCK_N=64, GROUP_M=8, STAGES=6, PERSISTENT=1)
     if k <= 2048:
-        return dict(BLOCK_M=128, BLOCK_N=128, STAGES=6, PERSISTENT=1, PAIR_RELEASE=True, **ws)
+        return dict(BLOCK_M=128, BLOCK_N=128, GROUP_M=8, STAGES=6, PERSISTENT=1, PAIR_RELEASE=True)
     if k >= 16384:
-        return dict(BLOCK_M=128, BLOCK_N=128, STAGES=5, PERSISTENT=1, PAIR_RELEASE=True, **ws)
-    return dict(BLOCK_M=128, BLOCK_N=128, STAGES=5, PERSISTENT=1, **dict(ws, GROUP_M=16))
+        return dict(BLOCK_M=128, BLOCK_N=128, GROUP_M=8, STAGES=5, PERSISTENT=1, PAIR_RELEASE=True)
+    return dict(BLOCK_M=128, BLOCK_N=128, GROUP_M=16, STAGES=5, PERSISTENT=1)
 
 
 def ws_registers(block_m: int, per_sm: int) -> tuple[int, int]:
-    """(maxnreg, registers per consumer thread) of a warp-specialised launch: the kernel runs
-    4 warps per consumer warpgroup plus the producer's warpgroup (registers are allocated per
-    warpgroup), ``max(per_sm, 1)`` programs share an SM's 64K registers, the producer keeps
-    40 a thread and the consumers split the rest (``setmaxnreg`` takes multiples of 8, at most
-    256)."""
+    """(maxnreg, registers per consumer thread) of a launch: the kernel runs 4 warps per
+    consumer warpgroup plus the producer's warpgroup (registers are allocated per warpgroup),
+    ``max(per_sm, 1)`` programs share an SM's 64K registers, the producer keeps 40 a thread and
+    the consumers split the rest (``setmaxnreg`` takes multiples of 8, at most 256)."""
     groups = block_m // 64 + 1
     maxnreg = min(65536 // (max(per_sm, 1) * groups * 128), 256) // 8 * 8
     consumer = min((maxnreg * groups - 40) // (groups - 1) // 8 * 8, 256)
     return maxnreg, consumer
+
+
+CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "GROUP_M", "STAGES", "PERSISTENT", "PAIR_RELEASE")
+
+
+def launch_config(config: dict) -> dict:
+    """A config's keys for the kernel, checked: ``CONFIG_KEYS`` (``PERSISTENT``: programs per
+    SM, 0 or absent for one program per tile). Race 7's JSON records configs with ``WS=True``
+    and ``num_warps=4`` from when the single-stream kernel ran beside this one; those two are
+    accepted with those values."""
+    cfg = dict(config)
+    if cfg.pop("WS", True) is not True or cfg.pop("num_warps", 4) != 4:
+        raise ValueError("fp8_gemm_sm90 config: the single-stream kernel (WS=False, num_warps != 4) was removed; "
+                         "configs are warp-specialised")
+    unknown = sorted(set(cfg) - set(CONFIG_KEYS))
+    if unknown:
+        raise ValueError(f"fp8_gemm_sm90 config: unknown keys {unknown}, expected some of {list(CONFIG_KEYS)}")
+    if cfg.get("BLOCK_M") not in (64, 128) or cfg.get("BLOCK_N") not in (64, 128):
+        raise ValueError(f"fp8_gemm_sm90 config: BLOCK_M and BLOCK_N must be 64 or 128, got "
+                         f"{cfg.get('BLOCK_M')} x {cfg.get('BLOCK_N')}")
+    return cfg
 
 
 def fp8_gemm_sm90(a, a_scale, b, b_scale, out_dtype=torch.bfloat16, config: dict | None = None) -> torch.Tensor:
@@ -499,27 +362,23 @@ def fp8_gemm_sm90(a, a_scale, b, b_scale, out_dtype=torch.bfloat16, config: dict
     hold; shapes and scales as ``kernels.fp8_gemm.fp8_gemm`` checks them)."""
     m, k = a.shape
     n = b.shape[0]
-    out = torch.empty(m, n, dtype=out_dtype, device=a.device)
     sms = torch.cuda.get_device_properties(a.device).multi_processor_count
-    cfg = dict(config or pick_config(m, n, k, sms))
+    cfg = launch_config(config or pick_config(m, n, k, sms))
+    out = torch.empty(m, n, dtype=out_dtype, device=a.device)
     bm, bn = cfg.pop("BLOCK_M"), cfg.pop("BLOCK_N")
-    per_sm = cfg.pop("PERSISTENT", 0)  # programs per SM; 0: one program per tile
-    ws = cfg.pop("WS", False)  # warp-specialised: a producer warp, one partition per 64 rows
+    per_sm = cfg.pop("PERSISTENT", 0)
     fp8 = gl.float8e4nv
     a_desc = TensorDescriptor.from_tensor(a, [bm, BLOCK_K], gl.NVMMASharedLayout.get_default_for([bm, BLOCK_K], fp8))
     b_desc = TensorDescriptor.from_tensor(b, [bn, BLOCK_K], gl.NVMMASharedLayout.get_default_for([bn, BLOCK_K], fp8))
-    cm = 64 if ws else bm  # the warp-specialised kernel stores each warpgroup's rows
+    # each consumer warpgroup stores its own 64 rows
     c_desc = TensorDescriptor.from_tensor(
-        out, [cm, bn], gl.NVMMASharedLayout.get_default_for([cm, bn], _GL_OUT[out_dtype]))
+        out, [64, bn], gl.NVMMASharedLayout.get_default_for([64, bn], _GL_OUT[out_dtype]))
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
     grid = (min(tiles, per_sm * sms) if per_sm else tiles,)
-    args = (a_desc, b_desc, c_desc, a_scale, b_scale, m, n, k,
-            a_scale.stride(0), a_scale.stride(1), b_scale.stride(0), b_scale.stride(1))
-    if ws:
-        maxnreg, regs = ws_registers(bm, per_sm)
-        cfg.pop("num_warps", None)
-        cfg.setdefault("PAIR_RELEASE", False)
-        _fp8_gemm_sm90_ws_kernel[grid](*args, **cfg, CONSUMER_REGS=regs, num_warps=4, maxnreg=maxnreg)
-    else:
-        _fp8_gemm_sm90_kernel[grid](*args, **cfg)
+    maxnreg, regs = ws_registers(bm, per_sm)
+    _fp8_gemm_sm90_ws_kernel[grid](
+        a_desc, b_desc, c_desc, a_scale, b_scale, m, n, k,
+        a_scale.stride(0), a_scale.stride(1), b_scale.stride(0), b_scale.stride(1),
+        GROUP_M=cfg["GROUP_M"], STAGES=cfg["STAGES"], CONSUMER_REGS=regs,
+        PAIR_RELEASE=cfg.get("PAIR_RELEASE", False), num_warps=4, maxnreg=maxnreg)
     return out

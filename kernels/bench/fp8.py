@@ -53,18 +53,13 @@ def fp8_candidates(m, n, k, sms):
 
 
 def sm90_candidates(m, n, k, sms):
-    """The Gluon sm_90 kernel's shipped default first, then the tiles, pipeline depths and
-    persistent grids (PERSISTENT = programs per SM) raced beside it (kernels/fp8_gemm_sm90.py:
-    128-row tiles take two warpgroups)."""
+    """The Gluon sm_90 kernel's shipped default first, then the tiles, pipeline depths,
+    persistent grids (``_p``: programs per SM), paired stage releases (``_pair``) and tile
+    orders (``_g16``) raced beside it (kernels/fp8_gemm_sm90.py; 128-row tiles take two
+    consumer warpgroups). The names are race 7's (``ws``: warp-specialised)."""
     from kernels.fp8_gemm_sm90 import pick_config as sm90_pick
 
     c = {"default": sm90_pick(m, n, k, sms)}
-    for bm, bn, w, st, per_sm in [(128, 128, 8, 4, 0), (128, 128, 8, 4, 1), (128, 128, 8, 3, 1), (64, 128, 4, 3, 0),
-                                  (64, 128, 4, 3, 2), (64, 128, 4, 6, 0), (128, 128, 8, 5, 1)]:
-        c[f"g{bm}x{bn}_w{w}_s{st}" + (f"_p{per_sm}" if per_sm else "")] = dict(
-            BLOCK_M=bm, BLOCK_N=bn, GROUP_M=8, STAGES=st, num_warps=w, **({"PERSISTENT": per_sm} if per_sm else {}))
-    # warp-specialised (a producer warp; one consumer partition per 64 rows of the tile)
-    # (PAIR_RELEASE: one barrier frees two stages; G16: 16 row tiles walk the columns together)
     for bm, bn, st, per_sm, pair, gm in [
             (128, 128, 4, 1, 0, 8), (128, 128, 5, 1, 0, 8), (128, 128, 6, 1, 0, 8), (128, 128, 5, 1, 1, 8),
             (128, 128, 6, 1, 1, 8), (128, 128, 5, 1, 0, 16), (64, 128, 4, 2, 0, 8), (64, 128, 6, 0, 0, 8),
@@ -72,7 +67,7 @@ def sm90_candidates(m, n, k, sms):
             (64, 64, 6, 2, 0, 8)]:
         c[f"ws{bm}x{bn}_s{st}" + (f"_p{per_sm}" if per_sm else "") + ("_pair" if pair else "")
           + (f"_g{gm}" if gm != 8 else "")] = dict(
-            BLOCK_M=bm, BLOCK_N=bn, GROUP_M=gm, STAGES=st, num_warps=4, WS=True,
+            BLOCK_M=bm, BLOCK_N=bn, GROUP_M=gm, STAGES=st,
             **({"PERSISTENT": per_sm} if per_sm else {}), **({"PAIR_RELEASE": True} if pair else {}))
     return dedupe(c)
 

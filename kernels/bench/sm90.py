@@ -91,30 +91,23 @@ def fp8_gemm_sm90_build(config: dict) -> dict:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from kernels.fp8_gemm_sm90 import BLOCK_K, _fp8_gemm_sm90_kernel, _fp8_gemm_sm90_ws_kernel, ws_registers
+    from kernels.fp8_gemm_sm90 import BLOCK_K, _fp8_gemm_sm90_ws_kernel, launch_config, ws_registers
 
-    bm, bn = config["BLOCK_M"], config["BLOCK_N"]
-    ws = config.get("WS", False)
-    cm = 64 if ws else bm
+    cfg = launch_config(config)
+    bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
 
     def desc(name, gdt, shape):
         return f"tensordesc<{name}[{shape[0]}, {shape[1]}],{gl.NVMMASharedLayout.get_default_for(shape, gdt)!r}>"
 
     sig = {"a_desc": desc("fp8e4nv", gl.float8e4nv, [bm, BLOCK_K]), "b_desc": desc("fp8e4nv", gl.float8e4nv, [bn, BLOCK_K]),
-           "c_desc": desc("bf16", gl.bfloat16, [cm, bn]), "as_ptr": "*fp32", "bs_ptr": "*fp32"}
+           "c_desc": desc("bf16", gl.bfloat16, [64, bn]), "as_ptr": "*fp32", "bs_ptr": "*fp32"}
     sig.update({n: "i32" for n in ("M", "N", "K", "stride_asm", "stride_ask", "stride_bsn", "stride_bsk")})
-    consts = {"GROUP_M": config["GROUP_M"], "STAGES": config["STAGES"]}
-    options = dict(num_warps=config["num_warps"])
-    if ws:
-        maxnreg, regs = ws_registers(bm, config.get("PERSISTENT", 0))
-        consts.update(CONSUMER_REGS=regs, PAIR_RELEASE=config.get("PAIR_RELEASE", False), num_warps=4)
-        options = dict(num_warps=4, maxnreg=maxnreg)
-    else:
-        consts["num_warps"] = config["num_warps"]
+    maxnreg, regs = ws_registers(bm, cfg.get("PERSISTENT", 0))
+    consts = {"GROUP_M": cfg["GROUP_M"], "STAGES": cfg["STAGES"], "CONSUMER_REGS": regs,
+              "PAIR_RELEASE": cfg.get("PAIR_RELEASE", False), "num_warps": 4}
     sig.update({n: "constexpr" for n in consts})
-    fn = _fp8_gemm_sm90_ws_kernel if ws else _fp8_gemm_sm90_kernel
-    src = GluonASTSource(fn=fn, signature=sig, constexprs=consts, attrs={})
-    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    src = GluonASTSource(fn=_fp8_gemm_sm90_ws_kernel, signature=sig, constexprs=consts, attrs={})
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, maxnreg=maxnreg))
     ptxas = get_ptxas(90).path  # the ptxas this Triton builds sm_90 with
     with tempfile.TemporaryDirectory() as tmp:
         ptx, cubin = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")

@@ -28,29 +28,22 @@ needs_hopper = pytest.mark.skipif(not HOPPER, reason="the Gluon kernel runs only
 needs_gluon = pytest.mark.skipif(not sm90.HAVE_GLUON, reason="this Triton build has no Gluon Hopper modules")
 
 CONFIGS = [
-    dict(BLOCK_M=128, BLOCK_N=128, GROUP_M=8, STAGES=4, num_warps=8),
-    dict(BLOCK_M=64, BLOCK_N=128, GROUP_M=8, STAGES=4, num_warps=4),
-    dict(BLOCK_M=128, BLOCK_N=64, GROUP_M=8, STAGES=3, num_warps=4),
-    dict(BLOCK_M=128, BLOCK_N=128, GROUP_M=8, STAGES=4, num_warps=8, PERSISTENT=1),
-    dict(BLOCK_M=64, BLOCK_N=128, GROUP_M=8, STAGES=3, num_warps=4, PERSISTENT=2),
-    # warp-specialised: a producer warp, one consumer partition per 64 rows
-    dict(BLOCK_M=128, BLOCK_N=128, GROUP_M=8, STAGES=5, num_warps=4, PERSISTENT=1, WS=True),
-    dict(BLOCK_M=128, BLOCK_N=128, GROUP_M=8, STAGES=2, num_warps=4, WS=True),
-    dict(BLOCK_M=64, BLOCK_N=128, GROUP_M=8, STAGES=4, num_warps=4, PERSISTENT=2, WS=True),
-    dict(BLOCK_M=128, BLOCK_N=128, GROUP_M=8, STAGES=3, num_warps=4, PERSISTENT=1, WS=True, PAIR_RELEASE=True),
-    dict(BLOCK_M=128, BLOCK_N=64, GROUP_M=8, STAGES=8, num_warps=4, PERSISTENT=1, WS=True, PAIR_RELEASE=True),
-    dict(BLOCK_M=64, BLOCK_N=64, GROUP_M=8, STAGES=6, num_warps=4, PERSISTENT=2, WS=True),
+    dict(BLOCK_M=128, BLOCK_N=128, GROUP_M=8, STAGES=5, PERSISTENT=1),  # two consumers, persistent
+    dict(BLOCK_M=128, BLOCK_N=128, GROUP_M=8, STAGES=2),  # a program per tile, the shallowest ring
+    dict(BLOCK_M=64, BLOCK_N=128, GROUP_M=8, STAGES=4, PERSISTENT=2),  # one consumer, two programs per SM
+    dict(BLOCK_M=128, BLOCK_N=128, GROUP_M=8, STAGES=3, PERSISTENT=1, PAIR_RELEASE=True),  # paired, fewest stages
+    dict(BLOCK_M=128, BLOCK_N=64, GROUP_M=8, STAGES=8, PERSISTENT=1, PAIR_RELEASE=True),
+    dict(BLOCK_M=64, BLOCK_N=64, GROUP_M=8, STAGES=6, PERSISTENT=2),
 ]
-WS_CONFIGS = [c for c in CONFIGS if c.get("WS")]
 
 
 def _id(c):
-    return (f"{c['BLOCK_M']}x{c['BLOCK_N']}_w{c['num_warps']}_s{c['STAGES']}"
-            + (f"_p{c['PERSISTENT']}" if "PERSISTENT" in c else "") + ("_ws" if c.get("WS") else "") + ("_pair" if c.get("PAIR_RELEASE") else ""))
+    return (f"{c['BLOCK_M']}x{c['BLOCK_N']}_s{c['STAGES']}" + (f"_p{c['PERSISTENT']}" if "PERSISTENT" in c else "")
+            + ("_pair" if c.get("PAIR_RELEASE") else ""))
 
 
 @needs_gluon
-@pytest.mark.parametrize("cfg", CONFIGS[:3] + WS_CONFIGS[:1] + WS_CONFIGS[2:], ids=_id)
+@pytest.mark.parametrize("cfg", [CONFIGS[0], CONFIGS[2], CONFIGS[4], CONFIGS[5]], ids=_id)
 def test_the_build_keeps_its_wgmmas_in_flight(cfg):
     # in a process of its own without TRITON_INTERPRET: the interpreter, which the CPU test
     # runs use, patches Triton's language for the process it ran in
@@ -66,6 +59,20 @@ def test_the_build_keeps_its_wgmmas_in_flight(cfg):
     # 4 k=32 fp8 wgmma instructions per 128-wide K block; the pair loop, the first block and
     # the tail each issue their own
     assert info["qgmma"] >= 16 and info["hmma"] == 0, info
+
+
+def test_a_config_is_checked_before_launch():
+    assert sm90.launch_config(dict(BLOCK_M=128, BLOCK_N=64, GROUP_M=8, STAGES=6, WS=True, num_warps=4)) == dict(
+        BLOCK_M=128, BLOCK_N=64, GROUP_M=8, STAGES=6)
+    with pytest.raises(ValueError, match="single-stream kernel"):
+        sm90.launch_config(dict(BLOCK_M=128, BLOCK_N=128, GROUP_M=8, STAGES=4, num_warps=8))
+    with pytest.raises(ValueError, match=r"unknown keys \['SPLIT_K'\]"):
+        sm90.launch_config(dict(BLOCK_M=128, BLOCK_N=128, GROUP_M=8, STAGES=4, SPLIT_K=2))
+    with pytest.raises(ValueError, match="BLOCK_M and BLOCK_N must be 64 or 128"):
+        sm90.launch_config(dict(BLOCK_M=256, BLOCK_N=128, GROUP_M=8, STAGES=4))
+    for m, n, k in [(64, 7168, 2048), (64, 32768, 512), (1024, 2112, 7168), (4096, 7168, 16384), (4096, 4096, 7168)]:
+        cfg = sm90.pick_config(m, n, k, 132)
+        assert sm90.launch_config(cfg) == cfg
 
 
 def test_supported_says_no_off_hopper():
@@ -135,7 +142,8 @@ def test_fp8_gemm_takes_the_faster_kernel_of_the_committed_race():
     assert len(rows) == 24
     for r in rows:
         m, n, k = r["M"], r["N"], r["K"]
-        assert r["sm90"]["default"]["cfg"] == sm90.pick_config(m, n, k, sms), (m, n, k)
+        # race 7 recorded WS / num_warps beside each config (the single-stream kernel ran too)
+        assert sm90.launch_config(r["sm90"]["default"]["cfg"]) == sm90.pick_config(m, n, k, sms), (m, n, k)
         assert r["sweep"]["default"]["cfg"] == triton_pick(m, n, k, sms), (m, n, k)
         t_sm90, t_triton = r["sm90"]["default"]["us"], r["sweep"]["default"]["us"]
         chosen = t_sm90 if use_sm90(m, n, k, sms) else t_triton
