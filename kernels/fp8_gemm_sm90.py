@@ -301,8 +301,8 @@ def pick_config(m: int, n: int, k: int, num_sms: int) -> dict:
     """Tiles, pipeline and partitions by shape, from H200 race 7 (kernels/bench/results/
     2026-12-02_h200_race7*: six V3 shapes x M = 64..4096, up to 21 candidates; the times below
     are over cuBLASLt blockwise's in the same run, two runs; race 7 also raced the single-stream
-    kernel, since removed, whose configs carried ``num_warps`` and ``WS=False``: it took
-    1.00-1.13x at M >= 1024 where these take 0.82-1.04x).
+    kernel, since removed, whose configs had ``num_warps`` and no ``WS``: its race-6c defaults
+    took 0.94-1.12x at M >= 1024 where these take 0.81-1.08x in race 7e).
     M >= 256: 128 x 128 tiles over two consumer warpgroups, one persistent program per SM;
     K <= 2048: 6 stages, each barrier freeing two stages (0.82-0.92x); K >= 16384: 5 stages,
     paired (0.96-1.04x; unpaired 1.06-1.07x); between, 5 stages unpaired with 16 row tiles
