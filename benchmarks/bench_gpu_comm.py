@@ -45,6 +45,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from capacity.catalog import MODELS  # noqa: E402
+from kernels.bench.harness import graph_us  # noqa: E402  (CUDA-graph replays, the kernels' races' timer)
 
 L2_BYTES = 60e6  # H200 L2 (PyTorch reports 60 MB)
 DECODE_M = (1, 8, 32, 64, 128, 256, 512)
@@ -54,34 +55,6 @@ PREFILL_CHUNK = 8192  # tokens in a prefill chunk (vLLM's default max_num_batche
 
 
 # -- timing -------------------------------------------------------------------------------
-
-def graph_us(calls, inner=20, reps=25):
-    """Median microseconds per call over CUDA-graph replays of `inner` calls, rotating `calls`."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for c in calls:
-            c()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(inner):
-            calls[i % len(calls)]()
-    for _ in range(3):
-        g.replay()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) * 1e3 / inner)
-    del g
-    return statistics.median(ts)
-
 
 def event_us(fn, iters=20, reps=7):
     """Median microseconds per call, `iters` back-to-back calls between two events."""

@@ -18,7 +18,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -29,7 +28,7 @@ from pathlib import Path
 from typing import Iterator, Mapping, Sequence
 
 from ports import free_port
-from vllm_harness import SERVER_LOCK, VllmStartupError
+from vllm_harness import SERVER_LOCK, ManagedProcess, VllmStartupError
 
 
 def router_binary() -> str | None:
@@ -50,8 +49,11 @@ def nixl_kv_transfer_config() -> str:
     return json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_buffer_device": "cpu"})
 
 
-class VllmRouter:
+class VllmRouter(ManagedProcess):
     """A real ``vllm-router`` process (context manager)."""
+
+    stop_timeout = 15.0
+    tail_lines = 40
 
     def __init__(self, args: Sequence[str], *, log_path: str | os.PathLike[str] | None = None,
                  startup_timeout: float = 120.0, env: Mapping[str, str] | None = None) -> None:
@@ -96,29 +98,6 @@ class VllmRouter:
             self.stop()
             raise
 
-    def stop(self, timeout: float = 15.0) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
-        except ProcessLookupError:
-            pass
-
-    def __enter__(self) -> "VllmRouter":
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def log_text(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-    def log_tail(self, n: int = 40) -> str:
-        return "\n".join(self.log_text().splitlines()[-n:])
 
 
 def metrics_text(base_url: str, timeout: float = 10) -> str:

@@ -348,7 +348,43 @@ PORT_IN_USE = re.compile(r"Address already in use|EADDRINUSE")
 PORT_ATTEMPTS = 3
 
 
-class VllmServer:
+class ManagedProcess:
+    """A child process started in a session of its own (stopped as a group: SIGTERM, then
+    SIGKILL after ``stop_timeout``), its output in ``log_path``, used as a context manager:
+    what VllmServer and router_harness.VllmRouter share. A subclass sets ``proc`` and
+    ``log_path`` and defines ``start``."""
+
+    proc: "subprocess.Popen[bytes] | None" = None
+    log_path: Path
+    stop_timeout = 30.0
+    tail_lines = 60
+
+    def stop(self, timeout: float | None = None) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=self.stop_timeout if timeout is None else timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+        except ProcessLookupError:
+            pass
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def log_tail(self, n: int | None = None) -> str:
+        return "\n".join(self.log_text().splitlines()[-(n or self.tail_lines):])
+
+
+class VllmServer(ManagedProcess):
     """A real ``vllm.entrypoints.openai.api_server`` process (context manager).
 
     ``port_env`` names environment variables that hold ports of the server's own listeners
@@ -480,31 +516,7 @@ class VllmServer:
         raise VllmStartupError(f"vLLM not healthy after {self.startup_timeout:.0f}s; "
                                f"log {self.log_path}:\n{self.log_tail()}", self.log_path)
 
-    def stop(self, timeout: float = 30.0) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
-        except ProcessLookupError:
-            pass
-
-    def __enter__(self) -> "VllmServer":
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    # -- log helpers --------------------------------------------------------
-    def log_text(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-    def log_tail(self, n: int = 60) -> str:
-        return "\n".join(self.log_text().splitlines()[-n:])
-
+    # -- log helpers (stop, the context manager, log_text / log_tail: ManagedProcess) --
     def log_lines_matching(self, pattern: str) -> list[str]:
         rx = re.compile(pattern)
         return [ln for ln in self.log_text().splitlines() if rx.search(ln)]
