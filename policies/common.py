@@ -335,6 +335,18 @@ def iter_workload_containers(kind: str | None, props: Any, *, init: bool = True)
             yield role, t, c
 
 
+def workload_containers(args, *, init: bool = True, only=None) -> Iterator[tuple[str, str, Any, Any]]:
+    """(kind, where, pod template, container) for every container of the resource under
+    review, none when it is not a workload; ``only``: a predicate on the container; ``where``
+    names the workload and the container for a violation's message."""
+    kind = workload_kind(args)
+    if kind is None:
+        return
+    for _, t, c in iter_workload_containers(kind, args.props, init=init):
+        if only is None or only(c):
+            yield kind, f"{kind} {name_of(args.props)} container {dig(c, 'name')!r}", t, c
+
+
 def name_of(props: Any) -> str:
     ns = dig(props, "metadata", "namespace", default="")
     name = dig(props, "metadata", "name", default="")

@@ -38,7 +38,7 @@ from .common import (
     selector_matches,
     serving_workloads,
     stack_policy,
-    workload_kind,
+    workload_containers,
 )
 
 DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
@@ -60,14 +60,10 @@ def _image_tag(image: str) -> str | None:
 
 
 def _image_pinned(args, report):
-    kind = workload_kind(args)
-    if kind is None:
-        return
     require_digest = bool(cfg(args, "requireDigest", False))
-    for _, _, c in iter_workload_containers(kind, args.props):
+    for kind, where, _, c in workload_containers(args):
         image = str(dig(c, "image", default=""))
         tag = _image_tag(image)
-        where = f"{kind} {name_of(args.props)} container {dig(c, 'name')!r}"
         if tag in ("", "latest"):
             report(f"{where} runs {image!r}, which floats ({'no tag' if tag == '' else 'latest'}): nodes may run "
                    "different code. Fix: pin serving.image.tag to a version (or serving.image.digest).")
@@ -109,12 +105,8 @@ def _image_registry(args, report):
 
 
 def _resources(args, report):
-    kind = workload_kind(args)
-    if kind is None:
-        return
     exempt = mapping(cfg(args, "cpuLimitExempt", {}))
-    for _, t, c in iter_workload_containers(kind, args.props):
-        where = f"{kind} {name_of(args.props)} container {dig(c, 'name')!r}"
+    for kind, where, t, c in workload_containers(args):
         req = mapping(dig(c, "resources", "requests", default={}))
         lim = mapping(dig(c, "resources", "limits", default={}))
         missing = [f"requests.{k}" for k in ("cpu", "memory") if k not in req]
@@ -156,13 +148,7 @@ def _resources(args, report):
 
 
 def _probes(args, report):
-    kind = workload_kind(args)
-    if kind is None:
-        return
-    for _, _, c in iter_workload_containers(kind, args.props, init=False):
-        if not _serving_container(c):
-            continue
-        where = f"{kind} {name_of(args.props)} container {dig(c, 'name')!r}"
+    for kind, where, _, c in workload_containers(args, init=False, only=_serving_container):
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
             p = dig(c, probe)
             if p is None:
@@ -176,31 +162,21 @@ def _probes(args, report):
 
 
 def _startup_budget(args, report):
-    kind = workload_kind(args)
-    if kind is None:
-        return
     floor = number(cfg(args, "minStartupSeconds", 1200))
-    for _, _, c in iter_workload_containers(kind, args.props, init=False):
-        if not _serving_container(c):
-            continue
+    for kind, where, _, c in workload_containers(args, init=False, only=_serving_container):
         p = dig(c, "startupProbe")
         if p is None:
             continue  # serving-probes reports the missing probe
         budget = number(dig(p, "initialDelaySeconds"), 0.0) + number(dig(p, "periodSeconds"), 10.0) * number(
             dig(p, "failureThreshold"), 3.0)
         if budget < floor:
-            report(f"{kind} {name_of(args.props)} container {dig(c, 'name')!r} gets {budget:g} s to load the model "
+            report(f"{where} gets {budget:g} s to load the model "
                    f"before the kubelet restarts it; loading takes up to {floor:g} s (kserve#5062). Fix: raise "
                    "serving.startup_timeout_seconds (startupProbe failureThreshold x periodSeconds).")
 
 
 def _shm(args, report):
-    kind = workload_kind(args)
-    if kind is None:
-        return
-    for _, t, c in iter_workload_containers(kind, args.props, init=False):
-        if not is_vllm(c):
-            continue
+    for kind, where, t, c in workload_containers(args, init=False, only=is_vllm):
         tp = number(engine_flag(engine_argv(t, c), "--tensor-parallel-size"), 1.0)
         pp = number(engine_flag(engine_argv(t, c), "--pipeline-parallel-size"), 1.0)
         pp *= number(engine_flag(engine_argv(t, c), "--data-parallel-size"), 1.0)
@@ -234,13 +210,7 @@ def _rdma_nics(c) -> float:
 
 
 def _rdma_privileges(args, report):
-    kind = workload_kind(args)
-    if kind is None:
-        return
-    for _, t, c in iter_workload_containers(kind, args.props, init=False):
-        if not is_vllm(c):
-            continue
-        where = f"{kind} {name_of(args.props)} container {dig(c, 'name')!r}"
+    for kind, where, t, c in workload_containers(args, init=False, only=is_vllm):
         added = {str(x) for x in items(dig(c, "securityContext", "capabilities", "add"))}
         nics = _rdma_nics(c)
         extra = sorted(added - {RDMA_CAPABILITY})

@@ -19,7 +19,6 @@ from .common import (
     engine_flag,
     is_vllm,
     items,
-    iter_workload_containers,
     k8s_kind,
     mapping,
     name_of,
@@ -29,6 +28,7 @@ from .common import (
     resource_policy,
     serving_workloads,
     stack_policy,
+    workload_containers,
     workload_kind,
 )
 
@@ -72,28 +72,21 @@ def _effective(t, c, key):
 
 
 def _read_only_root(args, report):
-    kind = workload_kind(args)
-    if kind is None:
-        return
     exempt = mapping(cfg(args, "exempt", {}))
     if dig(args.props, "metadata", "name") in exempt:
         return
-    for _, t, c in iter_workload_containers(kind, args.props):
+    for kind, where, t, c in workload_containers(args):
         if dig(c, "securityContext", "readOnlyRootFilesystem") is not True:
-            report(f"{kind} {name_of(args.props)} container {dig(c, 'name')!r} has a writable root filesystem: "
+            report(f"{where} has a writable root filesystem: "
                    "whoever runs code in it can change its programs and hide files. Fix: set "
                    "readOnlyRootFilesystem: true and mount an emptyDir where it must write (workloads/engine/manifests.py "
                    "writable_mounts), or exempt the workload by name with a reason (config exempt).")
 
 
 def _least_privilege(args, report):
-    kind = workload_kind(args)
-    if kind is None:
-        return
     allowed = mapping(cfg(args, "allowedCapabilities", {}))
-    for _, t, c in iter_workload_containers(kind, args.props):
+    for kind, where, t, c in workload_containers(args):
         cname = str(dig(c, "name"))
-        where = f"{kind} {name_of(args.props)} container {cname!r}"
         wrong = []
         if dig(c, "securityContext", "allowPrivilegeEscalation") is not False:
             wrong.append("allowPrivilegeEscalation is not false")
@@ -115,10 +108,7 @@ def _least_privilege(args, report):
 
 
 def _env_secrets(args, report):
-    kind = workload_kind(args)
-    if kind is None:
-        return
-    for _, _, c in iter_workload_containers(kind, args.props):
+    for kind, where, _, c in workload_containers(args):
         for e in items(dig(c, "env")):
             name = str(dig(e, "name", default=""))
             if not SECRET_NAME.search(name) or name.endswith(("_FILE", "_PATH", "_TRN", "_SESSION_NAME")):
@@ -126,7 +116,7 @@ def _env_secrets(args, report):
             value = dig(e, "value")
             if value is None or value == "":
                 continue
-            report(f"{kind} {name_of(args.props)} container {dig(c, 'name')!r} sets {name} as a plain value "
+            report(f"{where} sets {name} as a plain value "
                    "visible to anyone who can read the object. Fix: put it in a Secret and use "
                    "valueFrom.secretKeyRef (or IRSA, which needs no key at all).")
 
@@ -135,12 +125,7 @@ def _request_log_prompts(args, report):
     """vLLM writes prompt text at DEBUG and completions with --enable-log-outputs
     (vllm/entrypoints/serve/utils/request_logger.py): either puts user data into every
     log line shipped to the log service."""
-    kind = workload_kind(args)
-    if kind is None:
-        return
-    for _, _, c in iter_workload_containers(kind, args.props, init=False):
-        if not is_vllm(c):
-            continue
+    for kind, where, _, c in workload_containers(args, init=False, only=is_vllm):
         argv = container_argv(c)
         found = []
         if "--enable-log-outputs" in argv:
