@@ -110,84 +110,6 @@ def _mla_split_kernel(
 
 
 @triton.jit
-def _mla_split_kernel_t(
-    Q, KV, BT, SEQ, O, LSE, OP, LP,
-    stride_qb, stride_qh, stride_kvb, stride_kvt, stride_bt,
-    stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh,
-    chunk, H, score_scale, out_scale,
-    DL: tl.constexpr, DR: tl.constexpr, PAGE: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-    SINGLE: tl.constexpr, STORE_LSE: tl.constexpr, FP8: tl.constexpr, F32: tl.constexpr,
-):
-    """_mla_split_kernel with the products transposed (s^T = rows @ q^T, out^T = rows^T @ p^T):
-    the token tile is the M side of the tensor-core product and the few heads its N side,
-    so a 64-token tile fills Hopper's 64-row warpgroup MMA even for 16 heads, and the
-    accumulator is [512, BLOCK_H] instead of a query tile replicated in every warp."""
-    hb = tl.program_id(0)
-    b = tl.program_id(1)
-    s = tl.program_id(2)
-    L = tl.load(SEQ + b)
-    start = s * chunk
-    # the last split takes whatever is left, so a launch sized for a shorter max_seq_len
-    # (a CUDA graph replayed with longer sequences) is still exact, only slower
-    end = tl.where(s == tl.num_programs(2) - 1, L, tl.minimum(L, start + chunk))
-    heads = hb * BLOCK_H + tl.arange(0, BLOCK_H)
-    h_ok = heads < H
-    offs_dl = tl.arange(0, DL)
-    if start >= end:
-        if not SINGLE:
-            tl.store(LP + b * stride_lb + heads * stride_lh + s, float("-inf"), mask=h_ok)
-        else:
-            if STORE_LSE:
-                tl.store(LSE + b * stride_lsb + heads * stride_lsh, float("-inf"), mask=h_ok)
-            tl.store(O + b * stride_ob + heads[None, :] * stride_oh + offs_dl[:, None],
-                     tl.zeros([DL, BLOCK_H], dtype=O.dtype.element_ty), mask=h_ok[None, :])
-        return
-
-    offs_dr = tl.arange(0, DR)
-    offs_n = tl.arange(0, BLOCK_N)
-    qp = Q + b.to(tl.int64) * stride_qb + heads[None, :] * stride_qh
-    qt_lat = tl.load(qp + offs_dl[:, None], mask=h_ok[None, :], other=0.0)  # [DL, BLOCK_H]
-    qt_pe = tl.load(qp + DL + offs_dr[:, None], mask=h_ok[None, :], other=0.0)  # [DR, BLOCK_H]
-    bt = BT + b.to(tl.int64) * stride_bt
-
-    m_i = tl.full([BLOCK_H], -1.0e30, dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
-    acc = tl.zeros([DL, BLOCK_H], dtype=tl.float32)
-    for n in tl.range(start, end, BLOCK_N):
-        toks = n + offs_n
-        t_ok = toks < end
-        page = tl.load(bt + toks // PAGE, mask=t_ok, other=0)
-        row = KV + page.to(tl.int64) * stride_kvb + (toks % PAGE) * stride_kvt
-        c = tl.load(row[:, None] + offs_dl[None, :], mask=t_ok[:, None], other=0.0)
-        kpe = tl.load(row[:, None] + DL + offs_dr[None, :], mask=t_ok[:, None], other=0.0)
-        if FP8:
-            c = c.to(qt_lat.dtype)
-            kpe = kpe.to(qt_lat.dtype)
-        st = _mma(c, qt_lat, tl.zeros([BLOCK_N, BLOCK_H], dtype=tl.float32), F32)
-        st = _mma(kpe, qt_pe, st, F32)
-        sc = tl.where(t_ok[:, None], st * score_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(sc, 0))
-        p = tl.math.exp2(sc - m_new[None, :])
-        alpha = tl.math.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 0)
-        acc = _mma(tl.trans(c), p.to(c.dtype), acc * alpha[None, :], F32)
-        m_i = m_new
-
-    out = acc * (out_scale / l_i)[None, :]
-    lse2 = m_i + tl.math.log2(l_i)
-    if SINGLE:
-        tl.store(O + b * stride_ob + heads[None, :] * stride_oh + offs_dl[:, None],
-                 out.to(O.dtype.element_ty), mask=h_ok[None, :])
-        if STORE_LSE:
-            tl.store(LSE + b * stride_lsb + heads * stride_lsh, lse2 * 0.6931471805599453, mask=h_ok)
-    else:
-        tl.store(OP + b * stride_pb + heads[None, :] * stride_ph + s * stride_ps + offs_dl[:, None],
-                 out, mask=h_ok[None, :])
-        tl.store(LP + b * stride_lb + heads * stride_lh + s, lse2, mask=h_ok)
-
-
-@triton.jit
 def _mla_merge_kernel(
     OP, LP, O, LSE,
     stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh, stride_lsb, stride_lsh,
@@ -345,6 +267,9 @@ def mla_decode(
 
     cfg = dict(default_config(nh, q.device.type))
     if config:
+        if config.get("SWAP"):
+            raise ValueError("config SWAP: the transposed (swap-AB) kernel was removed after it lost the H200 "
+                             "race it ran in (kernels/README.md, MLA decode); leave SWAP out")
         cfg.update(config)
     bh, bn = cfg["BLOCK_H"], cfg["BLOCK_N"]
     hblocks = triton.cdiv(nh, bh)
@@ -376,8 +301,7 @@ def mla_decode(
     lse_t = lse if return_lse else out
     lse_st = (lse.stride(0), lse.stride(1)) if return_lse else (0, 0)
     f32 = interpreting() and (q.dtype == torch.bfloat16 or fp8)
-    kernel = _mla_split_kernel_t if cfg.get("SWAP") else _mla_split_kernel
-    kernel[(hblocks, bsz, num_splits)](
+    _mla_split_kernel[(hblocks, bsz, num_splits)](
         q, kv_cache, block_table, seq_lens, out, lse_t, op, lp,
         q.stride(0), q.stride(1), kv_cache.stride(0), kv_cache.stride(1), block_table.stride(0),
         out.stride(0), out.stride(1), *sp, *lse_st,

@@ -42,14 +42,10 @@ MLA_CASES = [
     dict(name="h128_b32_32k", h=128, lens=[32768] * 32),
     dict(name="h128_b64_32k", h=128, lens=[32768] * 64),
 ]
-MLA_SWEEP = {  # name -> config (merged over the default); "t" = transposed (swap-AB) kernel
+MLA_SWEEP = {  # name -> config (merged over the default)
     16: {
         "h16_n32_w4_s3": dict(BLOCK_H=16, BLOCK_N=32, num_warps=4, num_stages=3),
         "h16_n32_w4_s3_waves4": dict(BLOCK_H=16, BLOCK_N=32, num_warps=4, num_stages=3, waves=4),
-        "t_h16_n64_w4_s2": dict(SWAP=True, BLOCK_H=16, BLOCK_N=64, num_warps=4, num_stages=2),
-        "t_h16_n64_w4_s2_waves4": dict(SWAP=True, BLOCK_H=16, BLOCK_N=64, num_warps=4, num_stages=2, waves=4),
-        "t_h16_n64_w8_s2": dict(SWAP=True, BLOCK_H=16, BLOCK_N=64, num_warps=8, num_stages=2),
-        "t_h16_n32_w4_s3": dict(SWAP=True, BLOCK_H=16, BLOCK_N=32, num_warps=4, num_stages=3),
     },
     128: {
         "h64_n64_w8_s2": dict(BLOCK_H=64, BLOCK_N=64, num_warps=8, num_stages=2),
@@ -57,8 +53,6 @@ MLA_SWEEP = {  # name -> config (merged over the default); "t" = transposed (swa
         "h64_n32_w8_s3": dict(BLOCK_H=64, BLOCK_N=32, num_warps=8, num_stages=3),
         "h32_n64_w4_s2": dict(BLOCK_H=32, BLOCK_N=64, num_warps=4, num_stages=2),
         "h64_n64_w8_s2_fill1": dict(BLOCK_H=64, BLOCK_N=64, num_warps=8, num_stages=2, rule="fill", resident=1),
-        "t_h32_n64_w4_s2": dict(SWAP=True, BLOCK_H=32, BLOCK_N=64, num_warps=4, num_stages=2),
-        "t_h64_n64_w8_s2": dict(SWAP=True, BLOCK_H=64, BLOCK_N=64, num_warps=8, num_stages=2),
     },
 }
 # split rules on the default tile: the default is rule "tokens" (the benchmark passes the

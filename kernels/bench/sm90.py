@@ -50,12 +50,11 @@ def sm90_report():
     mdiv = ["Q", "KV", "BT", "SEQ", "O", "LSE", "OP", "LP", "stride_qb", "stride_qh", "stride_kvb", "stride_kvt",
             "stride_ob", "stride_oh", "stride_pb", "stride_ph", "stride_ps", "stride_lb", "stride_lh", "chunk", "H"]
     print(f"triton {triton.__version__}, target sm_90")
-    for swap, bh, bn, w, st, fp8 in [(False, 16, 32, 4, 3, False), (False, 16, 32, 4, 3, True), (True, 16, 64, 4, 2, False),
-                                     (False, 64, 64, 8, 2, False), (False, 64, 64, 8, 2, True)]:
+    for bh, bn, w, st, fp8 in [(16, 32, 4, 3, False), (16, 32, 4, 3, True), (64, 64, 8, 2, False), (64, 64, 8, 2, True)]:
         t = dict(mt, KV="*fp8e4nv" if fp8 else "*bf16")
         c = dict(DL=512, DR=64, PAGE=64, BLOCK_H=bh, BLOCK_N=bn, SINGLE=False, STORE_LSE=False, FP8=fp8, F32=False)
-        r = build(md._mla_split_kernel_t if swap else md._mla_split_kernel, t, c, mdiv, w, st)
-        print(f"mla_decode {'swap-AB ' if swap else ''}BLOCK_H {bh} BLOCK_N {bn} warps {w} stages {st} "
+        r = build(md._mla_split_kernel, t, c, mdiv, w, st)
+        print(f"mla_decode BLOCK_H {bh} BLOCK_N {bn} warps {w} stages {st} "
               f"{'fp8' if fp8 else 'bf16'} cache: {r}")
     at = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "O": "*bf16", "LSE": "*fp32", "CU_Q": "*i32", "CU_K": "*i32",
           "qk_scale": "fp32"}

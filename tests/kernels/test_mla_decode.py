@@ -129,12 +129,10 @@ def test_bad_input_is_named(mutate, match):
         mla_decode(a["q"], a["cache"], a["bt"], sl, SCALE, kv_scale=a["kv_scale"], max_seq_len=9)
 
 
-@pytest.mark.parametrize("kv,qdtype,num_splits", [("same", torch.bfloat16, 1), ("same", torch.float16, 3),
-                                                  ("fp8", torch.bfloat16, 2)])
-def test_transposed_kernel(kv, qdtype, num_splits):
-    # the swap-AB variant (tokens as the MMA's M side): same function, any split
-    check([0, 1, 16, 37, 70], 3, qdtype, kv, page=16, num_splits=num_splits, seed=9,
-          config=dict(SWAP=True, BLOCK_N=16 if SMALL else 64))
+def test_the_removed_transposed_kernel_is_refused_by_name():
+    q, cache, bt, sl, ks = make([5], 3, torch.bfloat16, "same", 16)
+    with pytest.raises(ValueError, match="config SWAP"):
+        mla_decode(q, cache, bt, sl, SCALE, config=dict(SWAP=True))
 
 
 def test_pick_splits_fill_rule():
