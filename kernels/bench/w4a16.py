@@ -55,6 +55,11 @@ def load_vllm_awq_triton(log):
     return mod.awq_gemm_triton
 
 
+def awq_bytes(k: int, n: int) -> int:
+    """Bytes of an AWQ group-128 weight: int4 values, fp16 scales, int4 zeros."""
+    return k * n // 2 + (k // 128) * n * 2 + (k // 128) * n // 2
+
+
 def make_weights(k, n, gen_seed):
     g = torch.Generator(device=H.DEV).manual_seed(gen_seed)
     q = torch.randint(0, 16, (k, n), device=H.DEV, dtype=torch.int32, generator=g)
@@ -99,7 +104,7 @@ def run_w4a16(copy_gbs, mm_tflops, sweep, log, rows, on_shape):
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     all_ok = True
     for k, n in SHAPES:
-        wbytes = k * n // 2 + (k // 128) * n * 2 + (k // 128) * n // 2
+        wbytes = awq_bytes(k, n)
         nw = copies_for(wbytes)
         ws = [make_weights(k, n, 17 + i) for i in range(nw)]
         deq0 = awq_dequantize(*ws[0])  # fp32 [K, N]
@@ -226,7 +231,7 @@ def run_w4a16_v3(copy_gbs, mm_tflops, log, rows, on_shape, shapes, ms, smoke=Fal
     sms = 132 if smoke else torch.cuda.get_device_properties(0).multi_processor_count
     all_ok = True
     for k, n in shapes:
-        wbytes = k * n // 2 + (k // 128) * n * 2 + (k // 128) * n // 2
+        wbytes = awq_bytes(k, n)
         nw = 1 if smoke else copies_for(wbytes)
         ws = [make_weights(k, n, 17 + i) for i in range(nw)]
         deq0 = awq_dequantize(*ws[0])  # fp32 [K, N]
@@ -358,6 +363,23 @@ def gemlite_layer(qweight, qzeros, scales):
     return layer
 
 
+def race_weights(k, n, smoke, log):
+    """One shape's race operands: AWQ weight copies enough to miss the L2 (``copies_for``),
+    the first one dequantised (the reference), bf16 dense copies for cuBLAS, and tinygemm's
+    packing of each (None with the reason where this torch cannot pack)."""
+    nw = 1 if smoke else copies_for(awq_bytes(k, n))
+    ws = [make_weights(k, n, 17 + i) for i in range(nw)]
+    deq0 = awq_dequantize(*ws[0])
+    dense = [awq_dequantize(*w).to(torch.bfloat16).t().contiguous() for w in ws[: 1 if smoke else copies_for(2 * k * n)]]
+    tg, tg_err = None, None
+    try:
+        tg = [awq_to_tinygemm(*w) for w in ws]
+    except Exception as ex:  # noqa: BLE001 - a torch build without the int4 pack is a result
+        tg_err = f"{type(ex).__name__}: {str(ex)[:160]}"
+        log(f"tinygemm pack failed on {k}x{n}: {tg_err}")
+    return ws, deq0, dense, tg, tg_err
+
+
 def run_w4a16_race(copy_gbs, log, rows, on_shape, shapes=RACE_SHAPES, ms=W4_RACE_MS, smoke=False, use_gemlite=True,
                    gemlite_deadline=float("inf")):
     """gemlite autotunes every new shape (its N and K are compile-time constants), which
@@ -372,17 +394,8 @@ def run_w4a16_race(copy_gbs, log, rows, on_shape, shapes=RACE_SHAPES, ms=W4_RACE
         gl_version = None
         log(f"gemlite not importable ({type(ex).__name__}: {ex}): raced without it")
     for k, n in shapes:
-        wbytes = k * n // 2 + (k // 128) * n * 2 + (k // 128) * n // 2
-        nw = 1 if smoke else copies_for(wbytes)
-        ws = [make_weights(k, n, 17 + i) for i in range(nw)]
-        deq0 = awq_dequantize(*ws[0])
-        dense = [awq_dequantize(*w).to(torch.bfloat16).t().contiguous() for w in ws[: 1 if smoke else copies_for(2 * k * n)]]
-        tg, tg_err = None, None
-        try:
-            tg = [awq_to_tinygemm(*w) for w in ws]
-        except Exception as ex:  # noqa: BLE001
-            tg_err = f"{type(ex).__name__}: {str(ex)[:160]}"
-            log(f"tinygemm pack failed on {k}x{n}: {tg_err}")
+        wbytes = awq_bytes(k, n)
+        ws, deq0, dense, tg, tg_err = race_weights(k, n, smoke, log)
         gl, gl_err = None, None
         if gl_version and use_gemlite and time.time() > gemlite_deadline:
             log(f"gemlite skipped on {k}x{n}: past the run's deadline")

@@ -23,9 +23,8 @@ import torch
 import torch.nn.functional as F
 
 from kernels.bench import harness as H
-from kernels.bench.harness import copies_for, dedupe
-from kernels.bench.w4a16 import RACE_SHAPES, awq_to_tinygemm, gemlite_layer, make_weights
-from kernels.reference import awq_dequantize
+from kernels.bench.harness import dedupe
+from kernels.bench.w4a16 import RACE_SHAPES, awq_bytes, gemlite_layer, race_weights
 from kernels.w4a16_gemm import gemv_config, mma4_config, pick_config, w4a16_gemm
 
 MS = [1, 2, 4, 8, 16]
@@ -109,17 +108,8 @@ def run_race5(copy_gbs, log, rows, on_shape, shapes=SHAPES, ms=MS, smoke=False, 
             log(f"race5: {k}x{n} not started (past --budget-s)")
             continue
         t_shape = time.time()
-        wbytes = k * n // 2 + (k // 128) * n * 2 + (k // 128) * n // 2
-        nw = 1 if smoke else copies_for(wbytes)
-        ws = [make_weights(k, n, 17 + i) for i in range(nw)]
-        deq0 = awq_dequantize(*ws[0])
-        dense = [awq_dequantize(*w).to(torch.bfloat16).t().contiguous() for w in ws[: 1 if smoke else copies_for(2 * k * n)]]
-        tg, tg_err = None, None
-        try:
-            tg = [awq_to_tinygemm(*w) for w in ws]
-        except Exception as ex:  # noqa: BLE001
-            tg_err = f"{type(ex).__name__}: {str(ex)[:160]}"
-            log(f"tinygemm pack failed on {k}x{n}: {tg_err}")
+        wbytes = awq_bytes(k, n)
+        ws, deq0, dense, tg, tg_err = race_weights(k, n, smoke, log)
         gl = None
         if gl_version and (k, n) in gemlite_shapes and time.time() < gemlite_deadline:
             try:

@@ -83,8 +83,20 @@ class EdgePlan:
     upstreams: tuple[Upstream, ...]
 
 
+class _EngineNodes:
+    """Nodes of one serving group, from its engine plan (``engine: Plan``)."""
+
+    @property
+    def nodes(self) -> int:
+        return self.engine.nodes
+
+    @property
+    def multi_node(self) -> bool:
+        return self.engine.nodes > 1
+
+
 @dataclass(frozen=True)
-class ServingPlan:
+class ServingPlan(_EngineNodes):
     """The serving workload: the engine plan from the capacity planner and what follows."""
 
     engine: Plan  # capacity.planner.Plan: layout, sizes, KV cache
@@ -98,14 +110,6 @@ class ServingPlan:
     rdma_per_pod: int  # RDMA NICs each serving pod attaches (multi-node on RDMA pools), else 0
     kv_offload: KvOffload | None = None  # CPU offload buffers of each serving pod (capacity.kv_offload)
     api_servers: int = 1  # API server processes of a serving pod (capacity.wide_ep)
-
-    @property
-    def nodes(self) -> int:
-        return self.engine.nodes
-
-    @property
-    def multi_node(self) -> bool:
-        return self.engine.nodes > 1
 
 
 @dataclass(frozen=True)
@@ -130,7 +134,7 @@ class Slo:
 
 
 @dataclass(frozen=True)
-class PhasePlan:
+class PhasePlan(_EngineNodes):
     """One side: its engine plan, pool and replica bounds."""
 
     role: str  # prefill | decode
@@ -142,14 +146,6 @@ class PhasePlan:
     modelled_replicas: int  # what the performance model asks at the design load
     gpus_per_pod: int
     rdma_per_pod: int  # RDMA NICs each pod attaches (the KV transfer's, and the group's when multi-node)
-
-    @property
-    def nodes(self) -> int:
-        return self.engine.nodes
-
-    @property
-    def multi_node(self) -> bool:
-        return self.engine.nodes > 1
 
 
 @dataclass(frozen=True)
