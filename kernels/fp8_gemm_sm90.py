@@ -73,6 +73,7 @@ except ImportError:  # pragma: no cover - depends on the Triton build
     HAVE_GLUON = False
 
 BLOCK_K = 128  # the format's scale block along K
+PRODUCER_REGS = 40  # registers per thread of the TMA producer's warpgroup (the consumers get the rest)
 
 
 def supported(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> bool:
@@ -100,6 +101,7 @@ def supported(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> bool:
 
 
 if HAVE_GLUON:
+    _PRODUCER_REGS = gl.constexpr(PRODUCER_REGS)
 
     @gluon.jit
     def _tile(t, num_m, num_n, GROUP_M: gl.constexpr):
@@ -161,10 +163,13 @@ if HAVE_GLUON:
                              use_acc=False, is_async=True)
 
     @gluon.jit
-    def _ws_release(empty, g, STAGES: gl.constexpr):
-        """Free block g's stage: the warpgroup's four warps have all waited for its product
-        (a barrier of this partition's warps), then one thread arrives."""
+    def _ws_release(empty, g, STAGES: gl.constexpr, WITH_PREVIOUS: gl.constexpr = False):
+        """Free block g's stage (and block g - 1's, ``WITH_PREVIOUS``): the warpgroup's four
+        warps have all waited for the products (a barrier of this partition's warps), then one
+        thread arrives."""
         _cta_barrier()
+        if WITH_PREVIOUS:
+            mbarrier.arrive(empty.index((g - 1) % STAGES))
         mbarrier.arrive(empty.index(g % STAGES))
 
     @gluon.jit
@@ -211,12 +216,7 @@ if HAVE_GLUON:
                 acc = _promote(acc, done_b, cur_b)  # while block kb's products run
                 tok_b = _ws_mma(a_bufs, b_bufs, ready, g0 + kb + 1, done_b, W, HALF, STAGES)
                 spare_a = warpgroup_mma_wait(num_outstanding=1, deps=(tok_a,))  # block kb retired
-                if PAIR_RELEASE:  # blocks kb - 1 and kb behind one barrier
-                    _cta_barrier()
-                    mbarrier.arrive(empty.index((g0 + kb - 1) % STAGES))
-                    mbarrier.arrive(empty.index((g0 + kb) % STAGES))
-                else:
-                    _ws_release(empty, g0 + kb, STAGES)
+                _ws_release(empty, g0 + kb, STAGES, PAIR_RELEASE)  # paired: blocks kb - 1 and kb
                 acc = _promote(acc, spare_a, cur_a)
                 cur_b = nxt_b
                 cur_a = nxt_a
@@ -288,13 +288,13 @@ if HAVE_GLUON:
                 (_ws_consumer, (a_bufs, b_bufs, ready, empty, c_desc, c_bufs, as_ptr, bs_ptr, M, N, K, stride_asm,
                                 stride_ask, stride_bsn, stride_bsk, 1, CONSUMERS, GROUP_M, STAGES, PAIR_RELEASE)),
                 (_ws_producer, (a_desc, b_desc, ready, empty, a_bufs, b_bufs, M, N, K, GROUP_M, STAGES)),
-            ], [4, 1], [CONSUMER_REGS, 40])
+            ], [4, 1], [CONSUMER_REGS, _PRODUCER_REGS])
         else:
             gl.warp_specialize([
                 (_ws_consumer, (a_bufs, b_bufs, ready, empty, c_desc, c_bufs, as_ptr, bs_ptr, M, N, K, stride_asm,
                                 stride_ask, stride_bsn, stride_bsk, 0, CONSUMERS, GROUP_M, STAGES, PAIR_RELEASE)),
                 (_ws_producer, (a_desc, b_desc, ready, empty, a_bufs, b_bufs, M, N, K, GROUP_M, STAGES)),
-            ], [1], [40])
+            ], [1], [_PRODUCER_REGS])
 
 
 def pick_config(m: int, n: int, k: int, num_sms: int) -> dict:
@@ -328,11 +328,11 @@ def pick_config(m: int, n: int, k: int, num_sms: int) -> dict:
 def ws_registers(block_m: int, per_sm: int) -> tuple[int, int]:
     """(maxnreg, registers per consumer thread) of a launch: the kernel runs 4 warps per
     consumer warpgroup plus the producer's warpgroup (registers are allocated per warpgroup),
-    ``max(per_sm, 1)`` programs share an SM's 64K registers, the producer keeps 40 a thread and
-    the consumers split the rest (``setmaxnreg`` takes multiples of 8, at most 256)."""
+    ``max(per_sm, 1)`` programs share an SM's 64K registers, the producer keeps
+    ``PRODUCER_REGS`` a thread and the consumers split the rest (``setmaxnreg`` takes multiples of 8, at most 256)."""
     groups = block_m // 64 + 1
     maxnreg = min(65536 // (max(per_sm, 1) * groups * 128), 256) // 8 * 8
-    consumer = min((maxnreg * groups - 40) // (groups - 1) // 8 * 8, 256)
+    consumer = min((maxnreg * groups - PRODUCER_REGS) // (groups - 1) // 8 * 8, 256)
     return maxnreg, consumer
 
 
