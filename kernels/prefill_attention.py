@@ -246,6 +246,11 @@ def prefill_attention(
     ``cu_seqlens_k`` defaults to ``cu_seqlens_q`` (self-attention over the new tokens).
     ``softmax_scale`` defaults to Dqk ** -0.5. ``max_seqlen_q`` bounds the launch grid;
     it must be >= the longest query sequence (it is not read back from the device).
+
+    ``config``: ``{"KERNEL": "sm90", ...}`` runs the Gluon Hopper kernel with that launch config
+    (``kernels.prefill_sm90.CONFIG_KEYS``), ``{"KERNEL": "triton", ...}`` or Triton block keys
+    (``default_config``'s) the Triton kernel; without one, a Hopper GPU takes the Gluon kernel
+    wherever it runs the operands, anything else the Triton kernel.
     """
     _check("q", q, 3, (torch.float16, torch.bfloat16))
     _check("k", k, 3, (q.dtype,))
@@ -285,9 +290,22 @@ def prefill_attention(
             return out, lse
         return out
     scale = softmax_scale if softmax_scale is not None else dqk ** -0.5
-    cfg = dict(default_config(dqk, dv, q.device.type))
-    if config:
-        cfg.update(config)
+    cfg = dict(config or {})
+    kernel = cfg.pop("KERNEL", None)
+    if kernel not in (None, "triton", "sm90"):
+        raise ValueError(f"config KERNEL must be 'triton' or 'sm90', got {kernel!r}")
+    if kernel is None and not cfg:
+        kernel = "sm90" if _sm90_default(q, k, v, out) else "triton"
+    if kernel == "sm90":
+        from kernels import prefill_sm90
+
+        if not prefill_sm90.supported(q, k, v, out):
+            raise ValueError("config KERNEL 'sm90' needs a Hopper GPU, Gluon, Dqk a power of two (or one plus a "
+                             "smaller one) up to 256, Dv 64 or 128 and TMA-aligned q, k, v")
+        prefill_sm90.prefill_sm90(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, out,
+                                  lse if return_lse else None, scale, causal, cfg)
+        return (out, lse) if return_lse else out
+    cfg = dict(default_config(dqk, dv, q.device.type), **cfg)
     bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
     use_tma = bool(cfg.get("USE_TMA")) and TensorDescriptor is not None
     if use_tma:
@@ -313,6 +331,16 @@ def prefill_attention(
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     return (out, lse) if return_lse else out
+
+
+def _sm90_default(q, k, v, out) -> bool:
+    """Whether a call without a config runs the Gluon Hopper kernel (kernels/prefill_sm90.py):
+    wherever it runs these operands (the H200 race in kernels/README.md, prefill)."""
+    if q.device.type != "cuda":
+        return False
+    from kernels import prefill_sm90
+
+    return prefill_sm90.supported(q, k, v, out)
 
 
 def _tma_ok(k: torch.Tensor, v: torch.Tensor) -> bool:

@@ -4,8 +4,10 @@ varlen, against the fp32 reference (`attn_check`) and torch SDPA with each backe
 torch.nn.attention.varlen.varlen_attn where the installed torch has it.
 
 Outputs are poisoned (NaN) before each call; a variant is timed only after it matches
-the reference. `--sweep` adds the ATTN_SWEEP tiles; `--budget-s` stops them
-(`harness.DEADLINE`), never the defaults. do_bench medians.
+the reference. Every call is timed as CUDA-graph replays with the L2 scrubbed before each
+(`harness.TIMER["bench"]`). `--sweep` adds the Gluon kernel's ATTN_SM90 configs (on Hopper),
+`--attn-sweep all` the Triton kernel's ATTN_SWEEP tiles too; `--budget-s` stops them (`harness.DEADLINE`), never the
+defaults.
 """
 
 from __future__ import annotations
@@ -31,6 +33,14 @@ ATTN_CASES = [
     dict(name="mla_16k", lens=[16384], hq=16, hkv=16, dqk=192, dv=128),
     dict(name="mla_varlen", lens=ATTN_VARLEN, hq=16, hkv=16, dqk=192, dv=128),
 ]
+# the Gluon Hopper kernel's candidates (kernels/prefill_sm90.py launch configs), raced with --sweep
+ATTN_SM90 = {
+    "d128": {"sm90_late_rescale": dict(EARLY_RESCALE=False), "sm90_nopp": dict(PINGPONG=False),
+             "sm90_p1": dict(PERSISTENT=1), "sm90_p1_nopp": dict(PERSISTENT=1, PINGPONG=False),
+             "sm90_s3": dict(STAGES=3), "sm90_s3_p1": dict(STAGES=3, PERSISTENT=1)},
+    "mla": {"sm90_late_rescale": dict(EARLY_RESCALE=False), "sm90_nopp": dict(PINGPONG=False),
+            "sm90_p1": dict(PERSISTENT=1), "sm90_p1_nopp": dict(PERSISTENT=1, PINGPONG=False)},
+}
 ATTN_SWEEP = {  # (BLOCK_M, BLOCK_N, warps, stages, TMA[, warp-specialised key loop])
     "d128": [(128, 128, 8, 2, True), (128, 64, 8, 4, True), (128, 128, 8, 3, False), (128, 64, 8, 3, True)],
     "mla": [(128, 64, 8, 2, True), (128, 64, 8, 4, True), (128, 64, 8, 3, False), (128, 128, 8, 2, True)],
@@ -127,10 +137,16 @@ def run_attention(mm_tflops, log, rows, on_case, cases, sweep, smoke=False):
             k = torch.randn(tot, hkv, dqk, device=H.DEV, dtype=dtype)
             v = torch.randn(tot, hkv, dv, device=H.DEV, dtype=dtype)
             tag = "bf16" if dtype == torch.bfloat16 else "fp16"
-            cfgs = {"default": None}
+            # "default" is what prefill_attention picks (the Gluon kernel on Hopper), "triton" the
+            # Triton kernel's defaults
+            cfgs = {"default": None, "triton": dict(KERNEL="triton")}
             if sweep and dtype == torch.bfloat16:
-                for c in ATTN_SWEEP["mla" if dqk != dv else "d128"]:
-                    cfgs[_attn_cfg_name(c)] = _attn_cfg(c)
+                fam = "mla" if dqk != dv else "d128"
+                if H.DEV == "cuda" and torch.cuda.get_device_capability() == (9, 0):
+                    cfgs.update({n: dict(KERNEL="sm90", **c) for n, c in ATTN_SM90[fam].items()})
+                if sweep == "all":  # the Triton kernel's tiles too
+                    for c in ATTN_SWEEP[fam]:
+                        cfgs[_attn_cfg_name(c)] = _attn_cfg(c)
             for name, cfg in cfgs.items():
                 if time.time() > DEADLINE["t"] and name != "default":
                     r["variants"][f"{name}_{tag}"] = dict(error="skipped: time budget")
@@ -223,11 +239,12 @@ def attn_table(meta, attn):
     lines = [
         H.header(meta) + f", fp8 matmul {meta.get('fp8_mm_tflops') or float('nan'):.0f} TFLOP/s.",
         "",
-        "Prefill attention, causal, bf16 (do_bench medians). TFLOP/s = 2 * H * (Dqk + Dv) * visible pairs / time,",
-        "visible pairs = sum L (L + 1) / 2 over sequences. (of mm) = fraction of the bf16 matmul ceiling.",
+        "Prefill attention, causal, bf16 (CUDA-graph replays, L2 scrubbed before each call, medians). TFLOP/s =",
+        "2 * H * (Dqk + Dv) * visible pairs / time, visible pairs = sum L (L + 1) / 2 over sequences. (of mm) = fraction",
+        "of the bf16 matmul ceiling. default = what prefill_attention picks; triton = the Triton kernel's defaults.",
         "",
-        "| case | ours default TFLOP/s | of mm | best variant | TFLOP/s | sdpa flash | sdpa cudnn | sdpa efficient | torch varlen | err (bf16 / fp16) |",
-        "|---|---:|---:|---|---:|---:|---:|---:|---:|---|",
+        "| case | ours default TFLOP/s | of mm | triton | best variant | TFLOP/s | sdpa flash | sdpa cudnn | default / cudnn | sdpa efficient | torch varlen | err (bf16 / fp16) |",
+        "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in attn:
         d = r["variants"].get("default_bf16", {})
@@ -241,9 +258,12 @@ def attn_table(meta, attn):
                     return f"{p[n]['tflops']:.0f}" if "tflops" in p[n] else "n/a"
             return "-"
 
+        tri = r["variants"].get("triton_bf16", {}).get("tflops", float("nan"))
+        cud = next((p[n]["tflops"] for n in ("sdpa_cudnn", "sdpa_cudnn_per_seq") if "tflops" in p.get(n, {})), float("nan"))
         lines.append(
-            f"| {r['case']} | {d.get('tflops', float('nan')):.0f} | {d.get('frac_mm', float('nan')):.0%} | {best[1]} | {best[0]:.0f} "
-            f"| {pt('sdpa_flash', 'sdpa_flash_per_seq')} | {pt('sdpa_cudnn', 'sdpa_cudnn_per_seq')} | {pt('sdpa_efficient')} "
+            f"| {r['case']} | {d.get('tflops', float('nan')):.0f} | {d.get('frac_mm', float('nan')):.0%} | {tri:.0f} | {best[1]} "
+            f"| {best[0]:.0f} | {pt('sdpa_flash', 'sdpa_flash_per_seq')} | {pt('sdpa_cudnn', 'sdpa_cudnn_per_seq')} "
+            f"| {d.get('tflops', float('nan')) / cud:.2f} | {pt('sdpa_efficient')} "
             f"| {pt('torch_varlen_attn')} | {d.get('rel_err', float('nan')):.1e} / {dh.get('rel_err', float('nan')):.1e} |"
         )
     return "\n".join(lines)

@@ -42,6 +42,8 @@ def build_parser():
                     help="attn/mla: comma-separated case names to run (default: all)")
     ap.add_argument("--budget-s", type=float, default=float("inf"),
                     help="attn/mla: stop timing sweep variants after this many seconds (defaults still run)")
+    ap.add_argument("--attn-sweep", choices=["sm90", "all"], default="sm90",
+                    help="attn with --sweep: the Gluon kernel's configs (sm90), or the Triton kernel's tiles too (all)")
     ap.add_argument("--parts", default=",".join(RACES), help="with --only race: which races")
     ap.add_argument("--fp8-dense-only", action="store_true",
                     help="fp8: the dense shapes only (the grouped race times the Triton kernel alone)")
@@ -88,7 +90,8 @@ def run_attn_mla(run, args):
     if args.only in ("attn", "attn_mla"):
         res["attn"] = []
         a_ok = attention.run_attention(run.mm_tflops, log, res["attn"], run.dump,
-                                       [c for c in attention.ATTN_CASES if not pick or c["name"] in pick], args.sweep)
+                                       [c for c in attention.ATTN_CASES if not pick or c["name"] in pick],
+                                       args.sweep and args.attn_sweep)
         log(f"attention correctness: {'OK' if a_ok else 'FAILED'}")
         ok &= a_ok
     if args.only in ("mla", "attn_mla"):

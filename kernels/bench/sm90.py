@@ -76,37 +76,24 @@ def sm90_report():
     return 0
 
 
-def fp8_gemm_sm90_build(config: dict) -> dict:
-    """Compile the kernel for sm_90a on this machine (no GPU needed) with ``config``'s tiles and
-    report what ptxas and the SASS say: registers, spills, whether ptxas serialised the wgmmas
-    (info C7514), the fp8 wgmma (QGMMA) and mma.sync (HMMA) instruction counts. Run it in a
-    process without TRITON_INTERPRET (the interpreter patches Triton's language for the
-    process it runs in)."""
+def gluon_sm90_build(fn, sig: dict, consts: dict, num_warps: int, maxnreg: int | None = None) -> dict:
+    """Compile a Gluon kernel for sm_90a on this machine (no GPU needed) and report what ptxas and
+    the SASS say: registers, spills, whether ptxas serialised its wgmmas (info C7514), the
+    warpgroup MMA (QGMMA fp8, HGMMA 16-bit; ``hgmma_reg_a`` those with the A operand in registers)
+    and mma.sync (HMMA) instruction counts, shared memory.
+    ``sig`` maps the non-constexpr arguments to their types. Run it in a process without
+    TRITON_INTERPRET (the interpreter patches Triton's language for the process it runs in)."""
     import re
     import subprocess
 
     from triton.backends.compiler import GPUTarget
     from triton.backends.nvidia.compiler import get_ptxas
-    from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from kernels.fp8_gemm_sm90 import BLOCK_K, _fp8_gemm_sm90_ws_kernel, launch_config, ws_registers
-
-    cfg = launch_config(config)
-    bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
-
-    def desc(name, gdt, shape):
-        return f"tensordesc<{name}[{shape[0]}, {shape[1]}],{gl.NVMMASharedLayout.get_default_for(shape, gdt)!r}>"
-
-    sig = {"a_desc": desc("fp8e4nv", gl.float8e4nv, [bm, BLOCK_K]), "b_desc": desc("fp8e4nv", gl.float8e4nv, [bn, BLOCK_K]),
-           "c_desc": desc("bf16", gl.bfloat16, [64, bn]), "as_ptr": "*fp32", "bs_ptr": "*fp32"}
-    sig.update({n: "i32" for n in ("M", "N", "K", "stride_asm", "stride_ask", "stride_bsn", "stride_bsk")})
-    maxnreg, regs = ws_registers(bm, cfg.get("PERSISTENT", 0))
-    consts = {"GROUP_M": cfg["GROUP_M"], "STAGES": cfg["STAGES"], "CONSUMER_REGS": regs,
-              "PAIR_RELEASE": cfg.get("PAIR_RELEASE", False), "num_warps": 4}
-    sig.update({n: "constexpr" for n in consts})
-    src = GluonASTSource(fn=_fp8_gemm_sm90_ws_kernel, signature=sig, constexprs=consts, attrs={})
-    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, maxnreg=maxnreg))
+    sig = dict(sig, **{n: "constexpr" for n in consts})
+    src = GluonASTSource(fn=fn, signature=sig, constexprs=consts, attrs={})
+    options = dict(num_warps=num_warps) if maxnreg is None else dict(num_warps=num_warps, maxnreg=maxnreg)
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
     ptxas = get_ptxas(90).path  # the ptxas this Triton builds sm_90 with
     with tempfile.TemporaryDirectory() as tmp:
         ptx, cubin = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
@@ -122,5 +109,53 @@ def fp8_gemm_sm90_build(config: dict) -> dict:
     return dict(regs=int(regs.group(1)) if regs else None,
                 spill_bytes=int(spill.group(1)) + int(spill.group(2)) if spill else None,
                 serialized="C7514" in info.stderr or "serialized" in info.stderr,
-                qgmma=sass.count("QGMMA.64x"), hmma=sass.count("HMMA"), shared=k.metadata.shared,
-                ptxas_info=info.stderr.strip(), ptx=k.asm["ptx"])
+                qgmma=sass.count("QGMMA.64x"), hgmma=sass.count("HGMMA.64x"), hmma=sass.count("HMMA"),
+                hgmma_reg_a=len(re.findall(r"HGMMA\.64x\S+ R\d+, R\d+", sass)),
+                shared=k.metadata.shared, ptxas_info=info.stderr.strip(), ptx=k.asm["ptx"])
+
+
+def _desc(dtype_name, gdt, shape):
+    """A tensor-descriptor argument's signature type (block ``shape``, Gluon's default layout)."""
+    from triton.experimental.gluon import language as gl
+
+    return f"tensordesc<{dtype_name}[{shape[0]}, {shape[1]}],{gl.NVMMASharedLayout.get_default_for(shape, gdt)!r}>"
+
+
+def fp8_gemm_sm90_build(config: dict) -> dict:
+    """``gluon_sm90_build`` of the FP8 GEMM with ``config``'s tiles."""
+    from triton.experimental.gluon import language as gl
+
+    from kernels.fp8_gemm_sm90 import BLOCK_K, _fp8_gemm_sm90_ws_kernel, launch_config, ws_registers
+
+    cfg = launch_config(config)
+    bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
+    sig = {"a_desc": _desc("fp8e4nv", gl.float8e4nv, [bm, BLOCK_K]), "b_desc": _desc("fp8e4nv", gl.float8e4nv, [bn, BLOCK_K]),
+           "c_desc": _desc("bf16", gl.bfloat16, [64, bn]), "as_ptr": "*fp32", "bs_ptr": "*fp32"}
+    sig.update({n: "i32" for n in ("M", "N", "K", "stride_asm", "stride_ask", "stride_bsn", "stride_bsk")})
+    maxnreg, regs = ws_registers(bm, cfg.get("PERSISTENT", 0))
+    consts = {"GROUP_M": cfg["GROUP_M"], "STAGES": cfg["STAGES"], "CONSUMER_REGS": regs,
+              "PAIR_RELEASE": cfg.get("PAIR_RELEASE", False), "num_warps": 4}
+    return gluon_sm90_build(_fp8_gemm_sm90_ws_kernel, sig, consts, 4, maxnreg)
+
+
+def prefill_sm90_build(dqk: int = 128, dv: int = 128, config: dict | None = None, causal: bool = True,
+                       dtype: str = "bf16") -> dict:
+    """``gluon_sm90_build`` of the Gluon prefill attention kernel for these head dims and config."""
+    from triton.experimental.gluon import language as gl
+
+    from kernels.prefill_sm90 import BLOCK_M, _prefill_sm90_kernel, launch_config, registers, split_dqk
+
+    cfg = launch_config(config, dqk, dv)
+    gdt = {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype]
+    bn = cfg["BLOCK_N"]
+    d1, d2 = split_dqk(dqk)
+    sig = {"q_desc": _desc(dtype, gdt, [BLOCK_M, d1]), "q2_desc": _desc(dtype, gdt, [BLOCK_M, d2 or d1]),
+           "k_desc": _desc(dtype, gdt, [bn, d1]), "k2_desc": _desc(dtype, gdt, [bn, d2 or d1]),
+           "v_desc": _desc(dtype, gdt, [bn, dv]), "O": f"*{dtype}", "LSE": "*fp32", "CU_Q": "*i32", "CU_K": "*i32",
+           "qk_scale": "fp32"}
+    sig.update({n: "i32" for n in ("H", "GROUP", "NUM_MB", "B", "stride_qh", "stride_kh", "stride_vh", "stride_ot",
+                                   "stride_oh", "stride_lse_h")})
+    maxnreg, regs = registers(int(cfg["PERSISTENT"]))
+    consts = {"CAUSAL": causal, "STORE_LSE": True, "STAGES": cfg["STAGES"], "PINGPONG": bool(cfg["PINGPONG"]),
+              "D2": d2, "EARLY_RESCALE": bool(cfg["EARLY_RESCALE"]), "CONSUMER_REGS": regs, "num_warps": 4}
+    return gluon_sm90_build(_prefill_sm90_kernel, sig, consts, 4, maxnreg)
