@@ -18,9 +18,9 @@ FlashAttention-3 runs it on Hopper, in partitions (``gl.warp_specialize``):
   iteration j a consumer issues S_j = Q K_j^T and O += P_{j-1} V_{j-1} (P in registers, the
   product's A operand) back to back and asynchronously, waits for S_j alone, runs block j's
   online softmax while P_{j-1} V_{j-1} still runs, then waits for it and rescales O
-  (intra-warpgroup overlap); with ``EARLY_RESCALE`` O is rescaled for block j - 1 while S_j's
-  products run, just before P_{j-1} V_{j-1} is issued (FlashAttention-3's order), else after it
-  retired. With ``PINGPONG`` the two consumers take turns issuing their
+  (intra-warpgroup overlap); O is rescaled to block j - 1's running max while S_j's products run,
+  just before P_{j-1} V_{j-1} is issued (FlashAttention-3's order; after P_{j-1} V_{j-1} retired
+  it was 0.91-1.01x as fast, H200 race 8b). With ``PINGPONG`` the two consumers take turns issuing their
   products (an mbarrier each, arrived by the other after it issued), so one's softmax runs
   while the other's products occupy the tensor cores;
 - tiles are ordered heaviest first (the last query blocks of a sequence see the most keys). With
@@ -59,7 +59,7 @@ except ImportError:  # pragma: no cover - depends on the Triton build
 LOG2E = 1.4426950408889634
 BLOCK_M = 128  # query rows per tile: two consumer warpgroups of 64
 PRODUCER_REGS = 40
-CONFIG_KEYS = ("BLOCK_N", "STAGES", "PINGPONG", "PERSISTENT", "EARLY_RESCALE")
+CONFIG_KEYS = ("BLOCK_N", "STAGES", "PINGPONG", "PERSISTENT", "HEAD_MAJOR")
 SMEM_BYTES = 227 * 1024  # an sm_90 CTA's shared memory
 
 
@@ -69,15 +69,31 @@ def smem_bytes(dqk: int, dv: int, block_n: int, stages: int, itemsize: int = 2) 
     return itemsize * (BLOCK_M * dqk + stages * block_n * (dqk + dv)) + 8 * (4 * stages + 4)
 
 
-def default_config(dqk: int, dv: int) -> dict:
-    """The launch per head dims (2 stages of 128-key blocks fit Q + K + V for Dqk <= 192)."""
-    return dict(BLOCK_N=128, STAGES=2, PINGPONG=True, PERSISTENT=0, EARLY_RESCALE=True)
+WAVES_HEAD_MAJOR = 12  # tiles per SM from which a program per tile in head-major order wins
 
 
-def launch_config(config: dict | None, dqk: int, dv: int) -> dict:
+def default_config(dqk: int, dv: int, waves: float = 0.0) -> dict:
+    """The launch by head dims and ``waves`` (query tiles of the launch's grid, empty ones of a
+    varlen batch included, per SM), from H200 race 8c (kernels/bench/results/
+    2026-12-03_h200_race8c_prefill_sm90*: eight cases, seven configs each, in one process):
+    2 stages of 128-key blocks (Q + K + V fit for Dqk <= 192; a third stage or 64-key blocks
+    were no faster in 8a / 8b). From ``WAVES_HEAD_MAJOR`` tiles per SM (16k tokens, varlen
+    batches) a program per tile, one (sequence, head) after another, so the programs side by
+    side read the same K and V from L2 (d128 16k 565-571 TFLOP/s against 528-537 heaviest
+    first; MLA 16k 615 against 579-581; varlen 498-543 against 383-513); below it (4k-8k, 4-8
+    tiles per SM) one persistent program per SM, tiles heaviest first in rounds of alternating
+    direction (4k: 549-592 against 515-561 a program per tile, where head-major order leaves
+    heavy tiles to the end: 475-496). The consumers take turns (``PINGPONG``) at Dqk 192, where
+    that was 1-6% faster at 8k-16k, not at Dqk 128, where it was 1-2% slower."""
+    head_major = waves >= WAVES_HEAD_MAJOR
+    return dict(BLOCK_N=128, STAGES=2, PINGPONG=dqk > 128, PERSISTENT=0 if head_major else 1,
+                HEAD_MAJOR=head_major)
+
+
+def launch_config(config: dict | None, dqk: int, dv: int, waves: float = 0.0) -> dict:
     """``default_config`` updated with ``config``, checked: known keys, a key block the products
     can take, and shared memory that fits. A ``ValueError`` names the field."""
-    cfg = default_config(dqk, dv)
+    cfg = default_config(dqk, dv, waves)
     if config:
         unknown = sorted(set(config) - set(CONFIG_KEYS))
         if unknown:
@@ -131,12 +147,19 @@ if HAVE_GLUON:
         return r * G + gl.where(r % 2 == 0, p, G - 1 - p)
 
     @gluon.jit
-    def _tile_of(t, HB, NUM_MB, H, CU_Q, CU_K, CAUSAL: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr):
-        """Tile t's sequence, head and rows, heaviest first (the last query blocks of every
-        (sequence, head) first), and its key range: (b, h, q_start, Lq, m0, k_start, Lk, diag,
-        n_full, n_blocks). The tile is empty when m0 >= Lq."""
-        m_blk = NUM_MB - 1 - t // HB
-        hb = t % HB
+    def _tile_of(t, HB, NUM_MB, H, CU_Q, CU_K, CAUSAL: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
+                 HEAD_MAJOR: gl.constexpr):
+        """Tile t's sequence, head and rows, and its key range: (b, h, q_start, Lq, m0, k_start,
+        Lk, diag, n_full, n_blocks); the tile is empty when m0 >= Lq. Heaviest first: the last
+        query blocks of every (sequence, head) first, or with HEAD_MAJOR one (sequence, head)'s
+        blocks after another, last block first (the programs running side by side then read the
+        same K and V, from L2)."""
+        if HEAD_MAJOR:
+            m_blk = NUM_MB - 1 - t % NUM_MB
+            hb = t // NUM_MB
+        else:
+            m_blk = NUM_MB - 1 - t // HB
+            hb = t % HB
         b = hb // H
         h = hb % H
         q_start = gl.load(CU_Q + b)
@@ -158,7 +181,7 @@ if HAVE_GLUON:
     @gluon.jit
     def _producer(q_desc, q2_desc, k_desc, k2_desc, v_desc, q_smem, q2_smem, k_bufs, k2_bufs, v_bufs, q_ready, q_empty,
                   k_ready, k_empty, v_ready, v_empty, CU_Q, CU_K, H, GROUP, HB, NUM_MB, total, stride_qh, stride_kh,
-                  stride_vh, CAUSAL: gl.constexpr, STAGES: gl.constexpr, D2: gl.constexpr):
+                  stride_vh, CAUSAL: gl.constexpr, STAGES: gl.constexpr, D2: gl.constexpr, HEAD_MAJOR: gl.constexpr):
         """One warp: per tile, Q once (when both consumers freed the last tile's), then every key
         block's K and V into the ring, each waiting for its own slot to be freed. A q.k head dim
         that is not a power of two comes as two column blocks (D1 + D2: 192 = 128 + 64)."""
@@ -173,7 +196,7 @@ if HAVE_GLUON:
         for r in range(gl.cdiv(total, G)):
             t = _tile_index(r, G)
             b, h, q_start, Lq, m0, k_start, Lk, diag, n_full, n_blocks = _tile_of(
-                t, HB, NUM_MB, H, CU_Q, CU_K, CAUSAL, BM, BN)
+                t, HB, NUM_MB, H, CU_Q, CU_K, CAUSAL, BM, BN, HEAD_MAJOR)
             if (t < total) & (m0 < Lq):
                 kvh = h // GROUP
                 mbarrier.wait(q_empty, (tq & 1) ^ 1)  # the first wait passes (the phase before 0)
@@ -230,7 +253,7 @@ if HAVE_GLUON:
                   CU_Q, CU_K, H, HB, NUM_MB, total, stride_ot, stride_oh, stride_lse_h, qk_scale,
                   W: gl.constexpr, BN: gl.constexpr, DV: gl.constexpr, CAUSAL: gl.constexpr,
                   STORE_LSE: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr, D2: gl.constexpr,
-                  EARLY_RESCALE: gl.constexpr):
+                  HEAD_MAJOR: gl.constexpr):
         """Consumer warpgroup W: query rows [64 W, 64 W + 64) of every tile of this program."""
         HALF: gl.constexpr = 64
         BM: gl.constexpr = 2 * HALF
@@ -251,7 +274,7 @@ if HAVE_GLUON:
         for r in range(gl.cdiv(total, G)):
             t = _tile_index(r, G)
             b, h, q_start, Lq, m0, k_start, Lk, diag, n_full, n_blocks = _tile_of(
-                t, HB, NUM_MB, H, CU_Q, CU_K, CAUSAL, BM, BN)
+                t, HB, NUM_MB, H, CU_Q, CU_K, CAUSAL, BM, BN, HEAD_MAJOR)
             if (t < total) & (m0 < Lq):
                 rows = m0 + W * HALF + gl.arange(0, HALF, layout=row_s)
                 cols0 = gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))
@@ -280,8 +303,8 @@ if HAVE_GLUON:
                             mbarrier.wait(sched.index(W), (turn & 1) ^ (1 - W))
                         # S_j into the registers of S_{j-1} (read out by the softmax already)
                         s_tok = _qk(q_rows, q2_rows, k_bufs, k2_bufs, sj, s, D2)
-                        if EARLY_RESCALE:  # while S_j's products run (FlashAttention-3's order)
-                            acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+                        # O to block j - 1's max while S_j's products run (FlashAttention-3's order)
+                        acc = acc * gl.convert_layout(alpha, row_o)[:, None]
                         o_tok = warpgroup_mma(p_op, v_bufs.index(sp), acc, is_async=True)
                         if PINGPONG:
                             mbarrier.arrive(sched.index(1 - W))
@@ -296,15 +319,12 @@ if HAVE_GLUON:
                         l_i = l_i * alpha + gl.sum(p, axis=1)
                         acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
                         _release(v_empty.index(sp))
-                        if not EARLY_RESCALE:
-                            acc = acc * gl.convert_layout(alpha, row_o)[:, None]
                         p_op = gl.convert_layout(p.to(dtype), p_layout)
                         m_i = m_new
                     _release(q_empty)  # the tile's last QK^T has retired
                     sl = (g + n_blocks - 1) % STAGES
                     mbarrier.wait(v_ready.index(sl), ((g + n_blocks - 1) // STAGES) & 1)
-                    if EARLY_RESCALE:
-                        acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+                    acc = acc * gl.convert_layout(alpha, row_o)[:, None]
                     o_tok = warpgroup_mma(p_op, v_bufs.index(sl), acc, is_async=True)
                     acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
                     _release(v_empty.index(sl))
@@ -328,8 +348,7 @@ if HAVE_GLUON:
     def _prefill_sm90_kernel(q_desc, q2_desc, k_desc, k2_desc, v_desc, O, LSE, CU_Q, CU_K, H, GROUP, NUM_MB, B,
                              stride_qh, stride_kh, stride_vh, stride_ot, stride_oh, stride_lse_h, qk_scale,
                              CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr,
-                             PINGPONG: gl.constexpr, D2: gl.constexpr, EARLY_RESCALE: gl.constexpr,
-                             CONSUMER_REGS: gl.constexpr,
+                             PINGPONG: gl.constexpr, D2: gl.constexpr, HEAD_MAJOR: gl.constexpr, PERSISTENT: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                              num_warps: gl.constexpr):
         """The default partition (4 warps) is consumer 0, a 4-warp worker consumer 1, a 1-warp
         worker the TMA producer. q_desc's block is the tile's [128, D1] rows, q2_desc's the next
@@ -340,6 +359,33 @@ if HAVE_GLUON:
         DV: gl.constexpr = v_desc.block_type.shape[1]
         gl.static_assert(BM == 128, "two consumer warpgroups of 64 query rows")
         gl.static_assert(num_warps == 4, "the default partition is one warpgroup")
+        HB = H * B
+        total = NUM_MB * HB
+        if PERSISTENT:
+            _partitions(q_desc, q2_desc, k_desc, k2_desc, v_desc, O, LSE, CU_Q, CU_K, H, GROUP, NUM_MB, HB, total,
+                        stride_qh, stride_kh, stride_vh, stride_ot, stride_oh, stride_lse_h, qk_scale, CAUSAL,
+                        STORE_LSE, STAGES, PINGPONG, D2, HEAD_MAJOR, CONSUMER_REGS)
+        else:
+            # a program per tile: one past its sequence's rows (most of a varlen batch's grid) returns
+            # before the partitions start
+            b, h, q_start, Lq, m0, k_start, Lk, diag, n_full, n_blocks = _tile_of(
+                gl.program_id(0), HB, NUM_MB, H, CU_Q, CU_K, CAUSAL, BM, BN, HEAD_MAJOR)
+            if m0 < Lq:
+                _partitions(q_desc, q2_desc, k_desc, k2_desc, v_desc, O, LSE, CU_Q, CU_K, H, GROUP, NUM_MB, HB,
+                            total, stride_qh, stride_kh, stride_vh, stride_ot, stride_oh, stride_lse_h, qk_scale,
+                            CAUSAL, STORE_LSE, STAGES, PINGPONG, D2, HEAD_MAJOR, CONSUMER_REGS)
+
+    @gluon.jit
+    def _partitions(q_desc, q2_desc, k_desc, k2_desc, v_desc, O, LSE, CU_Q, CU_K, H, GROUP, NUM_MB, HB, total,
+                    stride_qh, stride_kh, stride_vh, stride_ot, stride_oh, stride_lse_h, qk_scale,
+                    CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr,
+                    D2: gl.constexpr, HEAD_MAJOR: gl.constexpr,
+                    CONSUMER_REGS: gl.constexpr):
+        """Shared memory, mbarriers and the three partitions."""
+        BM: gl.constexpr = q_desc.block_type.shape[0]
+        D1: gl.constexpr = q_desc.block_type.shape[1]
+        BN: gl.constexpr = k_desc.block_type.shape[0]
+        DV: gl.constexpr = v_desc.block_type.shape[1]
         q_smem = gl.allocate_shared_memory(q_desc.dtype, [BM, D1], q_desc.layout)
         k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BN, D1], k_desc.layout)
         if D2 > 0:
@@ -365,18 +411,16 @@ if HAVE_GLUON:
             mbarrier.init(v_empty.index(i), count=2)
         for i in gl.static_range(2):
             mbarrier.init(sched.index(i), count=1)
-        HB = H * B
-        total = NUM_MB * HB
         gl.warp_specialize([
             (_consumer, (q_smem, q2_smem, k_bufs, k2_bufs, v_bufs, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, sched, O, LSE,
                          CU_Q, CU_K, H, HB, NUM_MB, total, stride_ot, stride_oh, stride_lse_h, qk_scale,
-                         0, BN, DV, CAUSAL, STORE_LSE, STAGES, PINGPONG, D2, EARLY_RESCALE)),
+                         0, BN, DV, CAUSAL, STORE_LSE, STAGES, PINGPONG, D2, HEAD_MAJOR)),
             (_consumer, (q_smem, q2_smem, k_bufs, k2_bufs, v_bufs, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, sched, O, LSE,
                          CU_Q, CU_K, H, HB, NUM_MB, total, stride_ot, stride_oh, stride_lse_h, qk_scale,
-                         1, BN, DV, CAUSAL, STORE_LSE, STAGES, PINGPONG, D2, EARLY_RESCALE)),
+                         1, BN, DV, CAUSAL, STORE_LSE, STAGES, PINGPONG, D2, HEAD_MAJOR)),
             (_producer, (q_desc, q2_desc, k_desc, k2_desc, v_desc, q_smem, q2_smem, k_bufs, k2_bufs, v_bufs, q_ready,
                          q_empty, k_ready, k_empty, v_ready, v_empty, CU_Q, CU_K, H, GROUP, HB, NUM_MB, total,
-                         stride_qh, stride_kh, stride_vh, CAUSAL, STAGES, D2)),
+                         stride_qh, stride_kh, stride_vh, CAUSAL, STAGES, D2, HEAD_MAJOR)),
         ], [4, 1], [CONSUMER_REGS, _PRODUCER_REGS])
 
 
@@ -426,14 +470,14 @@ def prefill_sm90(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, out, lse, so
     """Launch on checked operands (``prefill_attention`` checks shapes and dtypes and calls
     this where ``supported`` holds); ``lse`` None for no LSE."""
     dqk, dv = q.shape[2], v.shape[2]
-    cfg = launch_config(config, dqk, dv)
     batch = cu_seqlens_q.numel() - 1
     hq, hkv = q.shape[1], k.shape[1]
     num_mb = triton.cdiv(max_seqlen_q, BLOCK_M)
     tiles = num_mb * hq * batch
+    sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+    cfg = launch_config(config, dqk, dv, tiles / sms)
     q1, q2, k1, k2, vd = descriptors(q, k, v, cfg["BLOCK_N"])
     per_sm = int(cfg["PERSISTENT"])
-    sms = torch.cuda.get_device_properties(q.device).multi_processor_count
     grid = (min(tiles, per_sm * sms) if per_sm else tiles,)
     maxnreg, regs = registers(per_sm)
     _prefill_sm90_kernel[grid](
@@ -441,5 +485,6 @@ def prefill_sm90(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, out, lse, so
         hq, hq // hkv, num_mb, batch, q.stride(1), k.stride(1), v.stride(1), out.stride(0), out.stride(1),
         lse.stride(0) if lse is not None else 0, softmax_scale * LOG2E,
         CAUSAL=bool(causal), STORE_LSE=lse is not None, STAGES=cfg["STAGES"], PINGPONG=bool(cfg["PINGPONG"]),
-        D2=split_dqk(dqk)[1], EARLY_RESCALE=bool(cfg["EARLY_RESCALE"]), CONSUMER_REGS=regs, num_warps=4, maxnreg=maxnreg)
+        D2=split_dqk(dqk)[1], HEAD_MAJOR=bool(cfg["HEAD_MAJOR"]),
+        PERSISTENT=bool(per_sm), CONSUMER_REGS=regs, num_warps=4, maxnreg=maxnreg)
     return out

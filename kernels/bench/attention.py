@@ -34,13 +34,17 @@ ATTN_CASES = [
     dict(name="mla_varlen", lens=ATTN_VARLEN, hq=16, hkv=16, dqk=192, dv=128),
 ]
 # the Gluon Hopper kernel's candidates (kernels/prefill_sm90.py launch configs), raced with --sweep
-ATTN_SM90 = {
-    "d128": {"sm90_late_rescale": dict(EARLY_RESCALE=False), "sm90_nopp": dict(PINGPONG=False),
-             "sm90_p1": dict(PERSISTENT=1), "sm90_p1_nopp": dict(PERSISTENT=1, PINGPONG=False),
-             "sm90_s3": dict(STAGES=3), "sm90_s3_p1": dict(STAGES=3, PERSISTENT=1)},
-    "mla": {"sm90_late_rescale": dict(EARLY_RESCALE=False), "sm90_nopp": dict(PINGPONG=False),
-            "sm90_p1": dict(PERSISTENT=1), "sm90_p1_nopp": dict(PERSISTENT=1, PINGPONG=False)},
-}
+# (whole launch configs: a candidate does not move when the default does)
+_SM90_BASE = dict(BLOCK_N=128, STAGES=2, PINGPONG=True, PERSISTENT=0, HEAD_MAJOR=False)
+ATTN_SM90 = {fam: {n: dict(_SM90_BASE, **c) for n, c in cands.items()} for fam, cands in {
+    "d128": {"sm90_tile": {}, "sm90_nopp": dict(PINGPONG=False), "sm90_hm": dict(HEAD_MAJOR=True),
+             "sm90_hm_nopp": dict(HEAD_MAJOR=True, PINGPONG=False), "sm90_p1": dict(PERSISTENT=1),
+             "sm90_p1_nopp": dict(PERSISTENT=1, PINGPONG=False), "sm90_s3_p1_nopp": dict(STAGES=3, PERSISTENT=1,
+                                                                                         PINGPONG=False)},
+    "mla": {"sm90_tile": {}, "sm90_nopp": dict(PINGPONG=False), "sm90_hm": dict(HEAD_MAJOR=True),
+            "sm90_hm_nopp": dict(HEAD_MAJOR=True, PINGPONG=False), "sm90_p1": dict(PERSISTENT=1),
+            "sm90_p1_nopp": dict(PERSISTENT=1, PINGPONG=False)},
+}.items()}
 ATTN_SWEEP = {  # (BLOCK_M, BLOCK_N, warps, stages, TMA[, warp-specialised key loop])
     "d128": [(128, 128, 8, 2, True), (128, 64, 8, 4, True), (128, 128, 8, 3, False), (128, 64, 8, 3, True)],
     "mla": [(128, 64, 8, 2, True), (128, 64, 8, 4, True), (128, 64, 8, 3, False), (128, 128, 8, 2, True)],
@@ -132,6 +136,12 @@ def run_attention(mm_tflops, log, rows, on_case, cases, sweep, smoke=False):
         flops = attention_flops(lens, lens, hq, dqk, dv, causal=True)
         r = dict(case=case["name"], lens=lens if len(lens) <= 16 else len(lens), hq=hq, hkv=hkv, dqk=dqk, dv=dv,
                  flops=flops, default=default_config(dqk, dv, H.DEV if H.DEV == "cpu" else "cuda"), variants={}, peers={})
+        if H.DEV == "cuda" and torch.cuda.get_device_capability() == (9, 0):  # what "default" launches there
+            from kernels.prefill_sm90 import BLOCK_M
+            from kernels.prefill_sm90 import default_config as sm90_default
+
+            sms = torch.cuda.get_device_properties(0).multi_processor_count
+            r["default_sm90"] = sm90_default(dqk, dv, -(-mx // BLOCK_M) * hq * len(lens) / sms)
         for dtype in (torch.bfloat16, torch.float16):
             q = torch.randn(tot, hq, dqk, device=H.DEV, dtype=dtype)
             k = torch.randn(tot, hkv, dqk, device=H.DEV, dtype=dtype)

@@ -157,5 +157,5 @@ def prefill_sm90_build(dqk: int = 128, dv: int = 128, config: dict | None = None
                                    "stride_oh", "stride_lse_h")})
     maxnreg, regs = registers(int(cfg["PERSISTENT"]))
     consts = {"CAUSAL": causal, "STORE_LSE": True, "STAGES": cfg["STAGES"], "PINGPONG": bool(cfg["PINGPONG"]),
-              "D2": d2, "EARLY_RESCALE": bool(cfg["EARLY_RESCALE"]), "CONSUMER_REGS": regs, "num_warps": 4}
+              "D2": d2, "HEAD_MAJOR": bool(cfg["HEAD_MAJOR"]), "PERSISTENT": bool(cfg["PERSISTENT"]), "CONSUMER_REGS": regs, "num_warps": 4}
     return gluon_sm90_build(_prefill_sm90_kernel, sig, consts, 4, maxnreg)

@@ -58,7 +58,7 @@ def test_the_build_keeps_p_in_registers_and_does_not_spill(dqk, config):
 
 
 def test_a_config_is_checked_before_launch():
-    assert sm90.launch_config(None, 128, 128) == sm90.default_config(128, 128)
+    assert sm90.launch_config(None, 128, 128, 20.0) == sm90.default_config(128, 128, 20.0)
     assert sm90.launch_config(dict(STAGES=3), 128, 128)["STAGES"] == 3
     with pytest.raises(ValueError, match=r"unknown keys \['BLOCK_M'\]"):
         sm90.launch_config(dict(BLOCK_M=64), 128, 128)
@@ -122,7 +122,8 @@ CONFIGS = [
     dict(PERSISTENT=1),  # programs walk several tiles: Q, stage and turn counters across tiles
     dict(STAGES=1),  # the shallowest ring: every load waits for the slot's release
     dict(BLOCK_N=64, STAGES=3, PERSISTENT=1),
-    dict(EARLY_RESCALE=False, PINGPONG=False),
+    dict(HEAD_MAJOR=True, PINGPONG=False),
+    dict(HEAD_MAJOR=True, PERSISTENT=1),
 ]
 
 
@@ -167,3 +168,31 @@ def test_prefill_attention_takes_it_by_default_on_hopper():
     a = prefill_attention(q, q, q, cu, 256)
     b = prefill_attention(q, q, q, cu, 256, config=dict(KERNEL="sm90"))
     assert torch.equal(a, b)
+
+
+RACE = ROOT / "kernels" / "bench" / "results" / "2026-12-03_h200_race8c_prefill_sm90.json"
+# race 8c's Gluon candidates, whole (its variants were changes to that day's default, the first line)
+RACE_8C = {"default": dict(PINGPONG=True, PERSISTENT=0, HEAD_MAJOR=False)}
+RACE_8C.update({n: dict(RACE_8C["default"], **c) for n, c in {
+    "sm90_nopp": dict(PINGPONG=False), "sm90_hm": dict(HEAD_MAJOR=True), "sm90_hm_nopp": dict(HEAD_MAJOR=True, PINGPONG=False),
+    "sm90_p1": dict(PERSISTENT=1), "sm90_p1_nopp": dict(PERSISTENT=1, PINGPONG=False),
+    "sm90_hm_p1": dict(HEAD_MAJOR=True, PERSISTENT=1)}.items()})
+
+
+def test_the_default_is_the_fastest_raced_config_within_the_spread():
+    """At every case of race 8c the default launch is a config the race timed, within 3% of the
+    fastest Gluon config there (one config's spread between runs), and faster than the Triton
+    kernel."""
+    res = json.loads(RACE.read_text())
+    sms = res["meta"]["sms"]
+    assert len(res["attn"]) == 8
+    for r in res["attn"]:
+        lens = r["lens"]
+        tiles = -(-max(lens) // sm90.BLOCK_M) * r["hq"] * len(lens)
+        want = sm90.default_config(r["dqk"], r["dv"], tiles / sms)
+        raced = {n: sm90.launch_config(c, r["dqk"], r["dv"]) for n, c in RACE_8C.items()}
+        name = next((n for n, c in raced.items() if c == want), None)
+        assert name is not None, (r["case"], want)
+        speed = {n: r["variants"][f"{n}_bf16"]["tflops"] for n in raced}
+        assert speed[name] >= 0.97 * max(speed.values()), (r["case"], name, speed)
+        assert speed[name] > r["variants"]["triton_bf16"]["tflops"], (r["case"], speed[name])
