@@ -15,14 +15,13 @@ FlashAttention-3 runs it on Hopper, in partitions (``gl.warp_specialize``):
   ring of ``STAGES`` (K and V complete on their own ``ready`` mbarriers and are freed on their
   own ``empty`` ones: K as soon as the scores are read, V once its product retired);
 - two consumer warpgroups each own 64 query rows of the tile and walk the same key blocks. In
-  iteration j a consumer issues S_j = Q K_j^T and O += P_{j-1} V_{j-1} (P in registers, the
-  product's A operand) back to back and asynchronously, waits for S_j alone, runs block j's
-  online softmax while P_{j-1} V_{j-1} still runs, then waits for it and rescales O
-  (intra-warpgroup overlap); O is rescaled to block j - 1's running max while S_j's products run,
-  just before P_{j-1} V_{j-1} is issued (FlashAttention-3's order; after P_{j-1} V_{j-1} retired
-  it was 0.91-1.01x as fast, H200 race 8b). With ``PINGPONG`` the two consumers take turns issuing their
-  products (an mbarrier each, arrived by the other after it issued), so one's softmax runs
-  while the other's products occupy the tensor cores;
+  iteration j a consumer issues S_j = Q K_j^T, rescales O to block j - 1's running max while
+  those products run, issues O += P_{j-1} V_{j-1} (P in registers, the product's A operand),
+  waits for S_j alone and runs block j's online softmax while P_{j-1} V_{j-1} still runs
+  (intra-warpgroup overlap, FlashAttention-3's order; with O rescaled after P_{j-1} V_{j-1}
+  retired instead, the kernel took 0.99-1.06x the time, H200 race 8b). With ``PINGPONG`` the
+  two consumers take turns issuing their products (an mbarrier each, arrived by the other after
+  it issued), so one's softmax runs while the other's products occupy the tensor cores;
 - tiles are ordered heaviest first (the last query blocks of a sequence see the most keys). With
   ``PERSISTENT`` one program per SM walks them in rounds that alternate direction
   (``_tile_index``), and the producer loads the next tile's Q and first key blocks while the
@@ -80,11 +79,11 @@ def default_config(dqk: int, dv: int, waves: float = 0.0) -> dict:
     were no faster in 8a / 8b). From ``WAVES_HEAD_MAJOR`` tiles per SM (16k tokens, varlen
     batches) a program per tile, one (sequence, head) after another, so the programs side by
     side read the same K and V from L2 (d128 16k 565-571 TFLOP/s against 528-537 heaviest
-    first; MLA 16k 615 against 579-581; varlen 498-543 against 383-513); below it (4k-8k, 4-8
+    first; MLA 16k 615 against 577-581; varlen 498-543 against 383-513); below it (4k-8k, 4-8
     tiles per SM) one persistent program per SM, tiles heaviest first in rounds of alternating
     direction (4k: 549-592 against 515-561 a program per tile, where head-major order leaves
     heavy tiles to the end: 475-496). The consumers take turns (``PINGPONG``) at Dqk 192, where
-    that was 1-6% faster at 8k-16k, not at Dqk 128, where it was 1-2% slower."""
+    that was 2-6% faster at 8k-16k (1% slower at 4k), not at Dqk 128, where it was 0-2% slower."""
     head_major = waves >= WAVES_HEAD_MAJOR
     return dict(BLOCK_N=128, STAGES=2, PINGPONG=dqk > 128, PERSISTENT=0 if head_major else 1,
                 HEAD_MAJOR=head_major)
@@ -249,7 +248,8 @@ if HAVE_GLUON:
         return p, m_new, gl.exp2(m_i - m_new)
 
     @gluon.jit
-    def _consumer(q_smem, q2_smem, k_bufs, k2_bufs, v_bufs, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, sched, O, LSE,
+    def _consumer(q_smem, q2_smem, k_bufs, k2_bufs, v_bufs, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
+                  sched, O, LSE,
                   CU_Q, CU_K, H, HB, NUM_MB, total, stride_ot, stride_oh, stride_lse_h, qk_scale,
                   W: gl.constexpr, BN: gl.constexpr, DV: gl.constexpr, CAUSAL: gl.constexpr,
                   STORE_LSE: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr, D2: gl.constexpr,
@@ -348,7 +348,8 @@ if HAVE_GLUON:
     def _prefill_sm90_kernel(q_desc, q2_desc, k_desc, k2_desc, v_desc, O, LSE, CU_Q, CU_K, H, GROUP, NUM_MB, B,
                              stride_qh, stride_kh, stride_vh, stride_ot, stride_oh, stride_lse_h, qk_scale,
                              CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr,
-                             PINGPONG: gl.constexpr, D2: gl.constexpr, HEAD_MAJOR: gl.constexpr, PERSISTENT: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                             PINGPONG: gl.constexpr, D2: gl.constexpr, HEAD_MAJOR: gl.constexpr,
+                             PERSISTENT: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                              num_warps: gl.constexpr):
         """The default partition (4 warps) is consumer 0, a 4-warp worker consumer 1, a 1-warp
         worker the TMA producer. q_desc's block is the tile's [128, D1] rows, q2_desc's the next
@@ -412,10 +413,12 @@ if HAVE_GLUON:
         for i in gl.static_range(2):
             mbarrier.init(sched.index(i), count=1)
         gl.warp_specialize([
-            (_consumer, (q_smem, q2_smem, k_bufs, k2_bufs, v_bufs, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, sched, O, LSE,
+            (_consumer, (q_smem, q2_smem, k_bufs, k2_bufs, v_bufs, q_ready, q_empty, k_ready, k_empty, v_ready,
+                         v_empty, sched, O, LSE,
                          CU_Q, CU_K, H, HB, NUM_MB, total, stride_ot, stride_oh, stride_lse_h, qk_scale,
                          0, BN, DV, CAUSAL, STORE_LSE, STAGES, PINGPONG, D2, HEAD_MAJOR)),
-            (_consumer, (q_smem, q2_smem, k_bufs, k2_bufs, v_bufs, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty, sched, O, LSE,
+            (_consumer, (q_smem, q2_smem, k_bufs, k2_bufs, v_bufs, q_ready, q_empty, k_ready, k_empty, v_ready,
+                         v_empty, sched, O, LSE,
                          CU_Q, CU_K, H, HB, NUM_MB, total, stride_ot, stride_oh, stride_lse_h, qk_scale,
                          1, BN, DV, CAUSAL, STORE_LSE, STAGES, PINGPONG, D2, HEAD_MAJOR)),
             (_producer, (q_desc, q2_desc, k_desc, k2_desc, v_desc, q_smem, q2_smem, k_bufs, k2_bufs, v_bufs, q_ready,

@@ -73,6 +73,10 @@ def sm90_report():
             info = fp8_gemm_sm90_build(cfg)
             info.pop("ptxas_info"), info.pop("ptx")
             print(f"fp8_gemm_sm90 default for M {m} N {n} K {k} {cfg}: {info}")
+        for dqk, waves in [(128, 31.0), (128, 7.8), (192, 15.5)]:
+            info = prefill_sm90_build(dqk, 128, None if waves >= 12 else dict(PERSISTENT=1))
+            info.pop("ptxas_info"), info.pop("ptx")
+            print(f"prefill_sm90 Dqk {dqk} Dv 128 default at {waves} tiles per SM: {info}")
     return 0
 
 
@@ -157,5 +161,6 @@ def prefill_sm90_build(dqk: int = 128, dv: int = 128, config: dict | None = None
                                    "stride_oh", "stride_lse_h")})
     maxnreg, regs = registers(int(cfg["PERSISTENT"]))
     consts = {"CAUSAL": causal, "STORE_LSE": True, "STAGES": cfg["STAGES"], "PINGPONG": bool(cfg["PINGPONG"]),
-              "D2": d2, "HEAD_MAJOR": bool(cfg["HEAD_MAJOR"]), "PERSISTENT": bool(cfg["PERSISTENT"]), "CONSUMER_REGS": regs, "num_warps": 4}
+              "D2": d2, "HEAD_MAJOR": bool(cfg["HEAD_MAJOR"]), "PERSISTENT": bool(cfg["PERSISTENT"]),
+              "CONSUMER_REGS": regs, "num_warps": 4}
     return gluon_sm90_build(_prefill_sm90_kernel, sig, consts, 4, maxnreg)

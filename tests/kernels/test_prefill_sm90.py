@@ -42,7 +42,8 @@ def test_the_build_keeps_p_in_registers_and_does_not_spill(dqk, config):
     # process that ran it
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     code = ("import json, sys; from kernels.bench.sm90 import prefill_sm90_build; "
-            "i = prefill_sm90_build(int(sys.argv[1]), 128, json.loads(sys.argv[2])); i.pop('ptx'); print(json.dumps(i))")
+            "i = prefill_sm90_build(int(sys.argv[1]), 128, json.loads(sys.argv[2])); i.pop('ptx'); "
+            "print(json.dumps(i))")
     out = subprocess.run([sys.executable, "-c", code, str(dqk), json.dumps(config)], capture_output=True, text=True,
                          env=env, cwd=ROOT, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -174,7 +175,8 @@ RACE = ROOT / "kernels" / "bench" / "results" / "2026-12-03_h200_race8c_prefill_
 # race 8c's Gluon candidates, whole (its variants were changes to that day's default, the first line)
 RACE_8C = {"default": dict(PINGPONG=True, PERSISTENT=0, HEAD_MAJOR=False)}
 RACE_8C.update({n: dict(RACE_8C["default"], **c) for n, c in {
-    "sm90_nopp": dict(PINGPONG=False), "sm90_hm": dict(HEAD_MAJOR=True), "sm90_hm_nopp": dict(HEAD_MAJOR=True, PINGPONG=False),
+    "sm90_nopp": dict(PINGPONG=False), "sm90_hm": dict(HEAD_MAJOR=True),
+    "sm90_hm_nopp": dict(HEAD_MAJOR=True, PINGPONG=False),
     "sm90_p1": dict(PERSISTENT=1), "sm90_p1_nopp": dict(PERSISTENT=1, PINGPONG=False),
     "sm90_hm_p1": dict(HEAD_MAJOR=True, PERSISTENT=1)}.items()})
 
