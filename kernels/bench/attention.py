@@ -99,6 +99,13 @@ def attn_check(q, k, v, cu, out, lse, causal=True, max_rows=2048, groups=(0, -1)
 ATTN_TOL = {torch.bfloat16: 1e-2, torch.float16: 2e-3}
 
 
+def _peer_check(log, case, name, q, k, v, cu, y, smoke):
+    """A peer's output against the fp32 reference (``attn_check``, no LSE), logged before its time."""
+    rel, mabs, _, written = attn_check(q, k, v, cu, y, None, max_rows=256 if smoke else 2048)
+    log(f"attn {case} peer {name}: check rel err {rel:.1e}, all written {written}")
+    return dict(rel_err=rel, max_abs_err=mabs)
+
+
 def _varlen_peer(log):
     try:
         from torch.nn.attention import varlen as tv
@@ -167,9 +174,10 @@ def run_attention(mm_tflops, log, rows, on_case, cases, sweep, smoke=False):
                     rel, mabs, lerr, written = attn_check(q, k, v, cu, o, lse, max_rows=256 if smoke else 2048)
                     ok = written and rel < ATTN_TOL[dtype] and lerr < 1e-3
                     res = dict(rel_err=rel, max_abs_err=mabs, lse_err=lerr, written=written, ok=ok)
+                    log(f"attn {case['name']} {tag} {name}: check rel err {rel:.1e}, lse err {lerr:.1e}, "
+                        f"all written {written}: {'ok, timing' if ok else 'MISMATCH, not timed'}")
                     if not ok:
                         all_ok = False
-                        log(f"ATTN MISMATCH {case['name']} {tag} {name}: {res}")
                     else:
                         us = TIMER["bench"]([lambda cfg=cfg: prefill_attention(q, k, v, cu, mx, config=cfg)])
                         res.update(us=us, tflops=flops / us / 1e6, frac_mm=flops / us / 1e6 / mm_tflops)
@@ -191,12 +199,12 @@ def run_attention(mm_tflops, log, rows, on_case, cases, sweep, smoke=False):
                         with sdpa_kernel([be]):
                             fn = (lambda: F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=gqa)) \
                                 if gqa else (lambda: F.scaled_dot_product_attention(qs, ks, vs, is_causal=True))
-                            y = fn()
-                            diff = ((y.transpose(1, 2).reshape(tot, hq, dv).float() - ref_o.float()).norm()
-                                    / ref_o.float().norm()).item()
+                            y = fn().transpose(1, 2).reshape(tot, hq, dv)
+                            diff = ((y.float() - ref_o.float()).norm() / ref_o.float().norm()).item()
+                            chk = _peer_check(log, case["name"], f"sdpa_{bname}", q, k, v, cu, y, smoke)
                             us = TIMER["bench"]([fn])
                         r["peers"][f"sdpa_{bname}"] = dict(us=us, tflops=flops / us / 1e6, frac_mm=flops / us / 1e6 / mm_tflops,
-                                                           rel_diff_vs_ours=diff)
+                                                           rel_diff_vs_ours=diff, **chk)
                     except Exception as ex:  # noqa: BLE001 - unsupported shape for that backend
                         r["peers"][f"sdpa_{bname}"] = dict(error=f"{type(ex).__name__}: {str(ex)[:160]}")
                 del qs, ks, vs
@@ -214,10 +222,11 @@ def run_attention(mm_tflops, log, rows, on_case, cases, sweep, smoke=False):
                             return [F.scaled_dot_product_attention(a, b_, c, is_causal=True) for a, b_, c in views]
 
                         with sdpa_kernel([be]):
-                            loop()
+                            y = torch.cat([o_[0].transpose(0, 1) for o_ in loop()])
+                            chk = _peer_check(log, case["name"], f"sdpa_{bname}_per_seq", q, k, v, cu, y, smoke)
                             us = TIMER["bench"]([loop])
                         r["peers"][f"sdpa_{bname}_per_seq"] = dict(us=us, tflops=flops / us / 1e6,
-                                                                   frac_mm=flops / us / 1e6 / mm_tflops)
+                                                                   frac_mm=flops / us / 1e6 / mm_tflops, **chk)
                         del views
                     except Exception as ex:  # noqa: BLE001
                         r["peers"][f"sdpa_{bname}_per_seq"] = dict(error=f"{type(ex).__name__}: {str(ex)[:160]}")
@@ -225,9 +234,11 @@ def run_attention(mm_tflops, log, rows, on_case, cases, sweep, smoke=False):
                 try:
                     y = varlen_attn(q, k, v, cu, mx)
                     diff = ((y.float() - ref_o.float()).norm() / ref_o.float().norm()).item()
+                    chk = _peer_check(log, case["name"], "torch_varlen_attn", q, k, v, cu, y, smoke)
                     us = TIMER["bench"]([lambda: varlen_attn(q, k, v, cu, mx)])
                     r["peers"]["torch_varlen_attn"] = dict(us=us, tflops=flops / us / 1e6,
-                                                           frac_mm=flops / us / 1e6 / mm_tflops, rel_diff_vs_ours=diff)
+                                                           frac_mm=flops / us / 1e6 / mm_tflops, rel_diff_vs_ours=diff,
+                                                           **chk)
                 except Exception as ex:  # noqa: BLE001
                     r["peers"]["torch_varlen_attn"] = dict(error=f"{type(ex).__name__}: {str(ex)[:160]}")
             del q, k, v, ref_o
