@@ -229,6 +229,10 @@ def mla_decode(
     it to avoid reading seq_lens back to the host, and pass ``num_splits`` too for a
     launch that never synchronises (CUDA graphs). ``total_tokens`` (the host-side sum of
     seq_lens) switches the split rule to "tokens" (see `pick_splits`).
+
+    ``config={"KERNEL": "sm90", ...}`` runs the splits on the Gluon Hopper kernel
+    (``kernels.mla_sm90``; its keys ``STAGES``, ``P_BUFS``) instead of the Triton one; the default
+    is the Triton kernel.
     """
     if not isinstance(q, torch.Tensor) or q.dim() != 3:
         raise ValueError(f"q must be [batch, heads, {KV_LORA + ROPE}], got {getattr(q, 'shape', type(q))}")
@@ -266,11 +270,22 @@ def mla_decode(
         return (out, lse) if return_lse else out
 
     cfg = dict(default_config(nh, q.device.type))
-    if config:
-        if config.get("SWAP"):
-            raise ValueError("config SWAP: the transposed (swap-AB) kernel was removed after it lost the H200 "
-                             "race it ran in (kernels/README.md, MLA decode); leave SWAP out")
-        cfg.update(config)
+    config = dict(config or {})
+    kernel = config.pop("KERNEL", "triton")
+    if kernel not in ("triton", "sm90"):
+        raise ValueError(f"config KERNEL must be 'triton' or 'sm90', got {kernel!r}")
+    if kernel == "sm90":
+        from kernels import mla_sm90
+
+        if not mla_sm90.supported(q, kv_cache):
+            raise ValueError("config KERNEL 'sm90' needs a Hopper GPU, Gluon, a multiple of 64 heads, a 16-bit cache "
+                             "in q's dtype with pages of a multiple of 64 tokens stored one after another")
+        sm90_cfg = mla_sm90.launch_config(config)  # its keys only; the split follows the Triton tile's
+        config = {}
+    if config.get("SWAP"):
+        raise ValueError("config SWAP: the transposed (swap-AB) kernel was removed after it lost the H200 "
+                         "race it ran in (kernels/README.md, MLA decode); leave SWAP out")
+    cfg.update(config)
     bh, bn = cfg["BLOCK_H"], cfg["BLOCK_N"]
     hblocks = triton.cdiv(nh, bh)
     if num_splits is None:
@@ -301,15 +316,20 @@ def mla_decode(
     lse_t = lse if return_lse else out
     lse_st = (lse.stride(0), lse.stride(1)) if return_lse else (0, 0)
     f32 = interpreting() and (q.dtype == torch.bfloat16 or fp8)
-    _mla_split_kernel[(hblocks, bsz, num_splits)](
-        q, kv_cache, block_table, seq_lens, out, lse_t, op, lp,
-        q.stride(0), q.stride(1), kv_cache.stride(0), kv_cache.stride(1), block_table.stride(0),
-        out.stride(0), out.stride(1), *sp, *lse_st,
-        chunk, nh, softmax_scale * ks * LOG2E, ks,
-        DL=KV_LORA, DR=ROPE, PAGE=page, BLOCK_H=bh, BLOCK_N=bn,
-        SINGLE=single, STORE_LSE=bool(return_lse) and single, FP8=fp8, F32=f32,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-    )
+    if kernel == "sm90":
+        mla_sm90.mla_sm90_split(q, kv_cache, block_table, seq_lens, out, lse if single else None,
+                                None if single else op, None if single else lp, chunk, num_splits,
+                                softmax_scale * ks * LOG2E, ks, sm90_cfg)
+    else:
+        _mla_split_kernel[(hblocks, bsz, num_splits)](
+            q, kv_cache, block_table, seq_lens, out, lse_t, op, lp,
+            q.stride(0), q.stride(1), kv_cache.stride(0), kv_cache.stride(1), block_table.stride(0),
+            out.stride(0), out.stride(1), *sp, *lse_st,
+            chunk, nh, softmax_scale * ks * LOG2E, ks,
+            DL=KV_LORA, DR=ROPE, PAGE=page, BLOCK_H=bh, BLOCK_N=bn,
+            SINGLE=single, STORE_LSE=bool(return_lse) and single, FP8=fp8, F32=f32,
+            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        )
     if not single:
         _mla_merge_kernel[(bsz, nh)](
             op, lp, out, lse_t, *sp, out.stride(0), out.stride(1), *lse_st,

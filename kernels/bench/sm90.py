@@ -164,3 +164,23 @@ def prefill_sm90_build(dqk: int = 128, dv: int = 128, config: dict | None = None
               "D2": d2, "HEAD_MAJOR": bool(cfg["HEAD_MAJOR"]), "PERSISTENT": bool(cfg["PERSISTENT"]),
               "CONSUMER_REGS": regs, "num_warps": 4}
     return gluon_sm90_build(_prefill_sm90_kernel, sig, consts, 4, maxnreg)
+
+
+def mla_sm90_build(config: dict | None = None, single: bool = False, dtype: str = "bf16") -> dict:
+    """``gluon_sm90_build`` of the Gluon MLA decode split kernel."""
+    from triton.experimental.gluon import language as gl
+
+    from kernels.mla_sm90 import BLOCK_N, KV_LORA, ROPE, _mla_sm90_kernel, launch_config, registers
+
+    cfg = launch_config(config)
+    gdt = {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype]
+    sig = {"kv_desc": _desc(dtype, gdt, [BLOCK_N, KV_LORA]), "pe_desc": _desc(dtype, gdt, [BLOCK_N, ROPE]),
+           "Q": f"*{dtype}", "BT": "*i32", "SEQ": "*i32", "O": f"*{dtype}", "LSE": "*fp32", "OP": "*fp32",
+           "LP": "*fp32", "score_scale": "fp32", "out_scale": "fp32"}
+    sig.update({n: "i32" for n in ("stride_qb", "stride_qh", "stride_bt", "stride_ob", "stride_oh", "stride_pb",
+                                   "stride_ph", "stride_ps", "stride_lb", "stride_lh", "stride_lsb", "stride_lsh",
+                                   "chunk", "H", "PAGE")})
+    maxnreg, regs = registers()
+    consts = {"SINGLE": single, "STORE_LSE": single, "STAGES": cfg["STAGES"], "LEFT": cfg["LEFT"],
+              "CONSUMER_REGS": regs, "num_warps": 4}
+    return gluon_sm90_build(_mla_sm90_kernel, sig, consts, 4, maxnreg)

@@ -1,0 +1,405 @@
+"""MLA paged decode for Hopper (sm_90) in Gluon: one warpgroup scores and runs the softmax, the
+output's 512 columns split between two warpgroups, key blocks loaded by a TMA producer warp.
+
+Same contract as ``kernels.mla_decode``'s split kernel: query row b, heads [64 hb, 64 hb + 64),
+tokens [s * chunk, end) of sequence b (the last split takes the rest), partial output and
+log2-sum-exp per split (``mla_decode``'s merge kernel combines them) or, with one split, the
+output and LSE directly. 64 heads per program (a warpgroup MMA's rows), so the head count must be
+a multiple of 64 (DeepSeek's 128 on one GPU; the 16-head TP8 case stays on the Triton kernel);
+bf16/fp16 caches with pages of a multiple of 64 tokens.
+
+Why a second kernel: the Triton kernel runs 64 heads x 512 output columns in one program whose
+products, softmax and loads share one instruction stream (3.1x FlashMLA's instructions, the tensor
+pipe 33% busy; kernels/README.md, MLA decode). Here, in partitions (``gl.warp_specialize``):
+
+- a producer warp TMA-loads each 64-token key block, [64, 512] latent and [64, 64] rope, from its
+  page (the block table read once per block) into a ring of ``STAGES``;
+- consumer 0 (4 warps) holds the query block: the latent part in shared memory [64, 512], the
+  rope part in registers (the product's A operand). Per block it finishes S_j = Q K_j^T, runs the
+  online softmax, publishes P_j (bf16) and the rescale factor in shared memory for consumer 1,
+  rescales its output columns [0, 256) and issues O += P_j V_j[:, :256] (P from registers), then
+  issues S_{j+1} before waiting, so the next block's scores run beside both halves' products;
+- consumer 1 (4 warps) owns output columns [256, 512): per block it waits for P_j, rescales and
+  issues O += P_j V_j[:, 256:] (P from shared memory).
+A key block's slot is freed when both consumers' products retired; the P buffers are two, each
+freed by consumer 1. Keys past the sequence are masked (p = 0), and on a partial last block the
+cache rows past it are zeroed in shared memory before the products (an unwritten slot may hold
+anything, NaN included, and 0 x NaN is NaN).
+
+Gluon kernels compile only for a GPU (no interpreter): tests/kernels/test_mla_sm90.py compiles
+this one for sm_90a on any machine (``kernels.bench.sm90.mla_sm90_build``) and checks it against
+the float64 reference on a Hopper GPU."""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+try:  # Gluon ships with Triton >= 3.4; the Hopper modules exist only in the CUDA build
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        mbarrier,
+        tma,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+    _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier  # renamed after 3.6
+    _GL = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
+    HAVE_GLUON = True
+except ImportError:  # pragma: no cover - depends on the Triton build
+    HAVE_GLUON = False
+
+KV_LORA = 512
+ROPE = 64
+BLOCK_H = 64  # heads per program: the rows of one warpgroup MMA
+BLOCK_N = 64  # tokens per key block
+PRODUCER_REGS = 40
+CONFIG_KEYS = ("STAGES", "LEFT")
+SMEM_BYTES = 227 * 1024
+
+
+def smem_bytes(stages: int, itemsize: int = 2) -> int:
+    """Q [64, 576], ``stages`` key blocks [64, 576], the P buffer [64, 64], the rescale factors,
+    the row sums and the mbarriers."""
+    return (itemsize * (BLOCK_H * (KV_LORA + ROPE) + stages * BLOCK_N * (KV_LORA + ROPE) + BLOCK_H * BLOCK_N)
+            + 4 * 2 * BLOCK_H + 8 * (2 * stages + 3))
+
+
+def launch_config(config: dict | None) -> dict:
+    """The launch, checked: 2 stages (Q and two key blocks, 72 KB each, and P fill the 227 KB of an
+    SM's shared memory); consumer 0 keeps output columns [0, ``LEFT``) beside the scores (128:
+    no spills under Triton 3.6, where 256 spilled 80 bytes). A ``ValueError`` names the field."""
+    cfg = dict(STAGES=2, LEFT=128)
+    if config:
+        unknown = sorted(set(config) - set(CONFIG_KEYS))
+        if unknown:
+            raise ValueError(f"mla_sm90 config: unknown keys {unknown}, expected some of {list(CONFIG_KEYS)}")
+        cfg.update(config)
+    if not isinstance(cfg["STAGES"], int) or cfg["STAGES"] < 2:
+        raise ValueError(f"mla_sm90 config: STAGES must be an int >= 2 (the next block's scores are issued before "
+                         f"this block's slot is freed), got {cfg['STAGES']!r}")
+    if cfg["LEFT"] not in (128, 256):
+        raise ValueError(f"mla_sm90 config: LEFT (consumer 0's output columns) must be 128 or 256, got {cfg['LEFT']!r}")
+    need = smem_bytes(cfg["STAGES"])
+    if need > SMEM_BYTES:
+        raise ValueError(f"mla_sm90 config: STAGES {cfg['STAGES']} need {need} bytes of shared memory, more than the "
+                         f"{SMEM_BYTES} an SM has")
+    return cfg
+
+
+def supported(q: torch.Tensor, kv_cache: torch.Tensor) -> bool:
+    """Whether this kernel runs these operands: a Hopper GPU, Gluon, 16-bit q and cache of one
+    dtype, a multiple of 64 heads, pages of a multiple of 64 tokens stored one after another,
+    and rows TMA can address."""
+    if not (HAVE_GLUON and q.is_cuda) or torch.cuda.get_device_capability(q.device) != (9, 0):
+        return False
+    if q.dtype not in (torch.bfloat16, torch.float16) or kv_cache.dtype != q.dtype:
+        return False
+    nh, page = q.shape[1], kv_cache.shape[1]
+    if nh % BLOCK_H or page % BLOCK_N:
+        return False
+    es = kv_cache.element_size()
+    return (kv_cache.stride(2) == 1 and kv_cache.stride(0) == page * kv_cache.stride(1)
+            and (kv_cache.stride(1) * es) % 16 == 0 and kv_cache.data_ptr() % 16 == 0 and q.stride(2) == 1)
+
+
+if HAVE_GLUON:
+    _PRODUCER_REGS = gl.constexpr(PRODUCER_REGS)
+
+    @gluon.jit
+    def _span(SEQ, chunk):
+        """This program's sequence, split and token range [start, end) (the last split takes the
+        rest of the sequence) and its key blocks."""
+        b = gl.program_id(1)
+        s = gl.program_id(2)
+        L = gl.load(SEQ + b)
+        start = s * chunk
+        end = gl.where(s == gl.num_programs(2) - 1, L, gl.minimum(L, start + chunk))
+        return b, s, start, end, gl.cdiv(gl.maximum(end - start, 0), 64)
+
+    @gluon.jit
+    def _producer(kv_desc, pe_desc, kv_bufs, pe_bufs, kv_ready, kv_empty, SEQ, BT, stride_bt, chunk, PAGE,
+                  STAGES: gl.constexpr):
+        """One warp: each key block's latent and rope rows, from its page, into the ring."""
+        b, s, start, end, n_blocks = _span(SEQ, chunk)
+        nbytes: gl.constexpr = kv_desc.block_type.nbytes + pe_desc.block_type.nbytes
+        DL: gl.constexpr = kv_desc.block_type.shape[1]
+        for j in range(n_blocks):
+            st = j % STAGES
+            mbarrier.wait(kv_empty.index(st), ((j // STAGES) & 1) ^ 1)  # the first pass is free
+            tok = start + j * 64
+            page = gl.load(BT + b.to(gl.int64) * stride_bt + tok // PAGE)
+            row = (page * PAGE + tok % PAGE).to(gl.int32)
+            mbarrier.expect(kv_ready.index(st), nbytes)
+            _tma_load(kv_desc, [row, 0], kv_ready.index(st), kv_bufs.index(st))
+            _tma_load(pe_desc, [row, DL], kv_ready.index(st), pe_bufs.index(st))
+
+    @gluon.jit
+    def _release(bar):
+        """This warpgroup's four warps are past their reads (a barrier of this partition's
+        warps), then one arrival."""
+        _cta_barrier()
+        mbarrier.arrive(bar)
+
+    @gluon.jit
+    def _zero_tail(v_cols, valid):
+        """Rows >= ``valid`` of a column slice of a key block's latent rows -> 0 (the cache slots
+        past the sequence may hold anything); the products read it through the async proxy,
+        hence the fence."""
+        blk: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        rows = gl.arange(0, 64, layout=gl.SliceLayout(1, blk))
+        for i in gl.static_range(v_cols.shape[1] // 64):  # 64 columns at a time: 16 registers a thread
+            part = v_cols.slice(i * 64, 64, dim=1)
+            x = part.load(blk)
+            part.store(gl.where((rows < valid)[:, None], x, gl.zeros_like(x)))
+        fence_async_shared()
+        _cta_barrier()
+
+    @gluon.jit
+    def _qk(q_smem, q_pe, kv_bufs, pe_bufs, st, regs):
+        """Issue S = Q K^T of slot st asynchronously into ``regs``: the latent part, then the
+        rope part, chained."""
+        tok = warpgroup_mma(q_smem, kv_bufs.index(st).permute((1, 0)), regs, use_acc=False, is_async=True)
+        return warpgroup_mma(q_pe, pe_bufs.index(st).permute((1, 0)), tok, is_async=True)
+
+    @gluon.jit
+    def _write_out(acc, l_i, m_i, O, LSE, OP, LP, b, s, n_blocks, stride_ob, stride_oh, stride_pb, stride_ph,
+                   stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, out_scale, H, COL0: gl.constexpr,
+                   layout: gl.constexpr, SINGLE: gl.constexpr, STORE_LSE: gl.constexpr, WITH_LSE: gl.constexpr):
+        """Output columns [COL0, COL0 + acc's width) of the program's 64 heads: the output and LSE
+        (one split) or the partial output and log2-sum-exp (an empty split: -inf, output
+        unwritten)."""
+        heads = gl.program_id(0) * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, layout))
+        cols = COL0 + gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, layout))
+        empty = n_blocks == 0
+        l_safe = gl.where(l_i == 0.0, 1.0, l_i)
+        out = acc * (out_scale / l_safe)[:, None]
+        lse2 = gl.where(l_i == 0.0, float("-inf"), m_i + gl.log2(l_safe))
+        if SINGLE:
+            ptrs = O + b.to(gl.int64) * stride_ob + heads[:, None] * stride_oh + cols[None, :]
+            gl.store(ptrs, out.to(O.dtype.element_ty))
+            if STORE_LSE and WITH_LSE:
+                gl.store(LSE + b * stride_lsb + heads * stride_lsh, lse2 * 0.6931471805599453)
+        else:
+            if not empty:
+                ptrs = OP + b.to(gl.int64) * stride_pb + heads[:, None] * stride_ph + s * stride_ps + cols[None, :]
+                gl.store(ptrs, out)
+            if WITH_LSE:
+                gl.store(LP + b * stride_lb + heads * stride_lh + s, lse2)
+
+    @gluon.jit
+    def _scorer(q_smem, q_pe, kv_bufs, pe_bufs, p_bufs, alpha_smem, l_smem, kv_ready, kv_empty, p_ready, p_free, l_ready,
+                Q, SEQ, O, LSE, OP, LP, stride_qb, stride_qh, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps,
+                stride_lb, stride_lh, stride_lsb, stride_lsh, chunk, H, score_scale, out_scale,
+                SINGLE: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr, LEFT: gl.constexpr):
+        """Consumer 0: the scores, the softmax and output columns [0, LEFT)."""
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, 64, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, LEFT, 16])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+        row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+        dtype: gl.constexpr = q_smem.dtype
+        NP: gl.constexpr = p_bufs.shape[0]
+        b, s, start, end, n_blocks = _span(SEQ, chunk)
+        heads = gl.program_id(0) * 64
+        qb = Q + b.to(gl.int64) * stride_qb + heads * stride_qh
+        # the query's latent part into shared memory, 128 columns at a time
+        blk: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
+        r = gl.arange(0, 64, layout=gl.SliceLayout(1, blk))
+        c = gl.arange(0, 128, layout=gl.SliceLayout(0, blk))
+        for i in gl.static_range(4):
+            q_smem.slice(i * 128, 128, dim=1).store(gl.load(qb + r[:, None] * stride_qh + i * 128 + c[None, :]))
+        blk64: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        r64 = gl.arange(0, 64, layout=gl.SliceLayout(1, blk64))
+        c64 = gl.arange(0, 64, layout=gl.SliceLayout(0, blk64))
+        q_pe.store(gl.load(qb + r64[:, None] * stride_qh + 512 + c64[None, :]))
+        fence_async_shared()
+        _cta_barrier()
+        acc = gl.zeros([64, LEFT], gl.float32, o_layout)
+        m_i = gl.full([64], -1.0e30, gl.float32, row_s)
+        l_i = gl.zeros([64], gl.float32, row_s)
+        if n_blocks > 0:
+            mbarrier.wait(kv_ready.index(0), 0)
+            s_tok = _qk(q_smem, q_pe, kv_bufs, pe_bufs, 0, gl.zeros([64, 64], gl.float32, s_layout))
+            sc = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
+            for j in range(n_blocks):
+                st = j % STAGES
+                tok0 = start + j * 64
+                if tok0 + 64 > end:  # the partial last block: keys past the end masked, their rows zeroed
+                    cols = tok0 + gl.arange(0, 64, layout=gl.SliceLayout(0, s_layout))
+                    sc = gl.where((cols < end)[None, :], sc, float("-inf"))
+                    _zero_tail(kv_bufs.index(st).slice(0, LEFT, dim=1), end - tok0)
+                m_new = gl.maximum(m_i, gl.max(sc, axis=1) * score_scale)
+                p = gl.exp2(sc * score_scale - m_new[:, None])
+                alpha = gl.exp2(m_i - m_new)
+                l_i = l_i * alpha + gl.sum(p, axis=1)
+                m_i = m_new
+                # publish P_j and the rescale factor for consumer 1 (its buffer freed two blocks ago)
+                pb = j % NP
+                mbarrier.wait(p_free.index(pb), ((j // NP) & 1) ^ 1)
+                p16 = p.to(dtype)
+                p_bufs.index(pb).store(p16)
+                alpha_smem.index(pb).store(alpha)
+                fence_async_shared()
+                _release(p_ready.index(pb))
+                acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+                p_op = gl.convert_layout(p16, p_layout)
+                o_tok = warpgroup_mma(p_op, kv_bufs.index(st).slice(0, LEFT, dim=1), acc, is_async=True)
+                if j + 1 < n_blocks:  # the next block's scores beside both halves' products
+                    st1 = (j + 1) % STAGES
+                    mbarrier.wait(kv_ready.index(st1), ((j + 1) // STAGES) & 1)
+                    s_nxt = _qk(q_smem, q_pe, kv_bufs, pe_bufs, st1, sc)
+                    acc, p_op, sc = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op, s_nxt))
+                else:
+                    acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
+                _release(kv_empty.index(st))
+        l_smem.store(l_i)
+        _release(l_ready)
+        _write_out(acc, gl.convert_layout(l_i, row_o), gl.convert_layout(m_i, row_o), O, LSE, OP, LP, b, s,
+                   n_blocks, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb,
+                   stride_lsh, out_scale, H, 0, o_layout, SINGLE, STORE_LSE, True)
+
+    @gluon.jit
+    def _pv_part(acc, p_smem, kv_st, alpha, start, tok0, end, COL0: gl.constexpr):
+        """acc (output columns [COL0, COL0 + its width)) rescaled, + P V of those columns, P from
+        shared memory; a partial last block's rows past the sequence zeroed first."""
+        W: gl.constexpr = acc.shape[1]
+        if tok0 + 64 > end:
+            _zero_tail(kv_st.slice(COL0, W, dim=1), end - tok0)
+        tok = warpgroup_mma(p_smem, kv_st.slice(COL0, W, dim=1), acc * alpha[:, None], is_async=True)
+        return warpgroup_mma_wait(num_outstanding=0, deps=(tok,))
+
+    @gluon.jit
+    def _right(kv_bufs, p_bufs, alpha_smem, l_smem, kv_ready, kv_empty, p_ready, p_free, l_ready, SEQ, O, LSE, OP,
+               LP, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb,
+               stride_lsh, chunk, H, out_scale, SINGLE: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr,
+               LEFT: gl.constexpr):
+        """Consumer 1: output columns [LEFT, 512), P from shared memory: [256, 512) in one
+        accumulator, with LEFT = 128 columns [128, 256) in a second (a slice of the key block
+        starts at a multiple of its width)."""
+        la: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
+        lb: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                     instr_shape=[16, 256 - LEFT if LEFT < 256 else 256, 16])
+        NP: gl.constexpr = p_bufs.shape[0]
+        b, s, start, end, n_blocks = _span(SEQ, chunk)
+        acc_a = gl.zeros([64, 256], gl.float32, la)
+        if LEFT < 256:
+            acc_b = gl.zeros([64, 256 - LEFT], gl.float32, lb)
+        for j in range(n_blocks):
+            st = j % STAGES
+            pb = j % NP
+            mbarrier.wait(kv_ready.index(st), (j // STAGES) & 1)
+            mbarrier.wait(p_ready.index(pb), (j // NP) & 1)
+            tok0 = start + j * 64
+            acc_a = _pv_part(acc_a, p_bufs.index(pb), kv_bufs.index(st), alpha_smem.index(pb).load(gl.SliceLayout(1, la)),
+                             start, tok0, end, 256)
+            if LEFT < 256:
+                acc_b = _pv_part(acc_b, p_bufs.index(pb), kv_bufs.index(st),
+                                 alpha_smem.index(pb).load(gl.SliceLayout(1, lb)), start, tok0, end, LEFT)
+            _cta_barrier()
+            mbarrier.arrive(p_free.index(pb))
+            mbarrier.arrive(kv_empty.index(st))
+        mbarrier.wait(l_ready, 0)
+        l_a = l_smem.load(gl.SliceLayout(1, la))
+        _write_out(acc_a, l_a, l_a, O, LSE, OP, LP, b, s, n_blocks, stride_ob, stride_oh, stride_pb, stride_ph,
+                   stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, out_scale, H, 256, la, SINGLE,
+                   STORE_LSE, False)
+        if LEFT < 256:
+            l_b = l_smem.load(gl.SliceLayout(1, lb))
+            _write_out(acc_b, l_b, l_b, O, LSE, OP, LP, b, s, n_blocks, stride_ob, stride_oh, stride_pb, stride_ph,
+                       stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, out_scale, H, LEFT, lb, SINGLE,
+                       STORE_LSE, False)
+
+    @gluon.jit
+    def _mla_sm90_kernel(kv_desc, pe_desc, Q, BT, SEQ, O, LSE, OP, LP,
+                         stride_qb, stride_qh, stride_bt, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps,
+                         stride_lb, stride_lh, stride_lsb, stride_lsh, chunk, H, PAGE, score_scale, out_scale,
+                         SINGLE: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr, LEFT: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
+        """Grid (H / 64, B, splits). The default partition (4 warps) is consumer 0, a 4-warp
+        worker consumer 1, a 1-warp worker the TMA producer."""
+        gl.static_assert(num_warps == 4, "the default partition is one warpgroup")
+        dtype: gl.constexpr = kv_desc.dtype
+        DL: gl.constexpr = kv_desc.block_type.shape[1]
+        gl.static_assert(DL == 512, "the latent part is 512 wide")
+        q_smem = gl.allocate_shared_memory(dtype, [64, DL], kv_desc.layout)
+        kv_bufs = gl.allocate_shared_memory(dtype, [STAGES, 64, DL], kv_desc.layout)
+        pe_bufs = gl.allocate_shared_memory(dtype, [STAGES, 64, 64], pe_desc.layout)
+        q_pe = gl.allocate_shared_memory(dtype, [64, 64], pe_desc.layout)
+        p_bufs = gl.allocate_shared_memory(dtype, [1, 64, 64], pe_desc.layout)  # one: consumer 1 frees it
+        plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+        alpha_smem = gl.allocate_shared_memory(gl.float32, [1, 64], plain)  # indexed to [64]: a rank-1 layout
+        l_smem = gl.allocate_shared_memory(gl.float32, [64], plain)
+        kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        p_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+        p_free = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+        l_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(kv_ready.index(i), count=1)
+            mbarrier.init(kv_empty.index(i), count=2)
+        for i in gl.static_range(1):
+            mbarrier.init(p_ready.index(i), count=1)
+            mbarrier.init(p_free.index(i), count=1)
+        mbarrier.init(l_ready, count=1)
+        gl.warp_specialize([
+            (_scorer, (q_smem, q_pe, kv_bufs, pe_bufs, p_bufs, alpha_smem, l_smem, kv_ready, kv_empty, p_ready, p_free,
+                       l_ready, Q, SEQ, O, LSE, OP, LP, stride_qb, stride_qh, stride_ob, stride_oh, stride_pb,
+                       stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, chunk, H, score_scale,
+                       out_scale, SINGLE, STORE_LSE, STAGES, LEFT)),
+            (_right, (kv_bufs, p_bufs, alpha_smem, l_smem, kv_ready, kv_empty, p_ready, p_free, l_ready, SEQ, O, LSE,
+                      OP, LP, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb,
+                      stride_lsh, chunk, H, out_scale, SINGLE, STORE_LSE, STAGES, LEFT)),
+            (_producer, (kv_desc, pe_desc, kv_bufs, pe_bufs, kv_ready, kv_empty, SEQ, BT, stride_bt, chunk, PAGE,
+                         STAGES)),
+        ], [4, 1], [CONSUMER_REGS, _PRODUCER_REGS])
+
+
+def registers() -> tuple[int, int]:
+    """(maxnreg, registers per consumer thread): two consumer warpgroups and the producer's on
+    one SM's 64K registers, the producer keeping ``PRODUCER_REGS``."""
+    maxnreg = 65536 // (3 * 128) // 8 * 8
+    return maxnreg, min((maxnreg * 3 - PRODUCER_REGS) // 2 // 8 * 8, 256)
+
+
+def descriptors(kv_cache: torch.Tensor):
+    """TMA descriptors over the cache as a [blocks x page, 576] matrix: a key block's latent rows
+    [64, 512] and rope rows [64, 64]."""
+    rows = kv_cache.shape[0] * kv_cache.shape[1]
+    m = kv_cache.as_strided((rows, KV_LORA + ROPE), (kv_cache.stride(1), 1))
+    dt = _GL[kv_cache.dtype]
+
+    def desc(block):
+        return TensorDescriptor(m, list(m.shape), list(m.stride()), block,
+                                gl.NVMMASharedLayout.get_default_for(block, dt))
+
+    return desc([BLOCK_N, KV_LORA]), desc([BLOCK_N, ROPE])
+
+
+def mla_sm90_split(q, kv_cache, block_table, seq_lens, out, lse, op, lp, chunk, num_splits, score_scale, out_scale,
+                   config: dict | None = None):
+    """Launch on operands ``mla_decode`` checked (``supported`` holds): the split kernel's
+    outputs, as ``kernels.mla_decode._mla_split_kernel`` writes them."""
+    cfg = launch_config(config)
+    if chunk % BLOCK_N:
+        raise ValueError(f"mla_sm90: the split length ({chunk} tokens) must be a multiple of {BLOCK_N}")
+    bsz, nh, _ = q.shape
+    single = num_splits == 1
+    kv_desc, pe_desc = descriptors(kv_cache)
+    sp = (0, 0, 0, 0, 0) if single else (op.stride(0), op.stride(1), op.stride(2), lp.stride(0), lp.stride(1))
+    lse_st = (lse.stride(0), lse.stride(1)) if lse is not None else (0, 0)
+    maxnreg, regs = registers()
+    _mla_sm90_kernel[(nh // BLOCK_H, bsz, num_splits)](
+        kv_desc, pe_desc, q, block_table, seq_lens, out, lse if lse is not None else out,
+        op if op is not None else out, lp if lp is not None else out,
+        q.stride(0), q.stride(1), block_table.stride(0), out.stride(0), out.stride(1), *sp, *lse_st,
+        chunk, nh, kv_cache.shape[1], score_scale, out_scale,
+        SINGLE=single, STORE_LSE=lse is not None and single, STAGES=cfg["STAGES"], LEFT=cfg["LEFT"],
+        CONSUMER_REGS=regs,
+        num_warps=4, maxnreg=maxnreg)

@@ -1,0 +1,141 @@
+"""The Gluon sm_90 MLA decode split kernel (kernels/mla_sm90.py), behind
+``mla_decode(config={"KERNEL": "sm90"})``.
+
+Gluon has no CPU interpreter: on any machine the kernel is compiled for sm_90a through this
+Triton's own ptxas and the build is checked for its products' structure (per key block 32 + 4
+k-steps of Q K^T, 4 of each output half's P V, one of them with P in registers), no serialised
+wgmma, registers that hardly spill, and shared memory that fits; on a Hopper GPU the numbers are
+checked against the float64 reference, with the cache slots past every sequence poisoned with NaN
+(a partial last block must not read them into the output)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from engine_extra import require
+
+require("torch", "triton")
+import torch  # noqa: E402
+
+from kernels import mla_sm90 as sm90  # noqa: E402
+from kernels.mla_decode import mla_decode  # noqa: E402
+from kernels.reference import mla_decode_reference  # noqa: E402
+
+HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+ROOT = Path(__file__).resolve().parents[2]
+needs_hopper = pytest.mark.skipif(not HOPPER, reason="the Gluon kernel runs only on a Hopper (sm_90) GPU")
+needs_gluon = pytest.mark.skipif(not sm90.HAVE_GLUON, reason="this Triton build has no Gluon Hopper modules")
+TOL = {torch.bfloat16: 1e-2, torch.float16: 1.5e-3}  # as tests/kernels/test_mla_decode.py
+SCALE = 192**-0.5
+
+
+@needs_gluon
+@pytest.mark.parametrize("single,left", [(False, 128), (True, 128), (False, 256)],
+                         ids=["splits", "one_split", "left_256"])
+def test_the_build(single, left):
+    # in a process of its own without TRITON_INTERPRET, which patches Triton's language for the
+    # process that ran it
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    code = ("import json, sys; from kernels.bench.sm90 import mla_sm90_build; "
+            "i = mla_sm90_build(dict(LEFT=int(sys.argv[2])), single=sys.argv[1] == '1'); i.pop('ptx'); "
+            "print(json.dumps(i))")
+    out = subprocess.run([sys.executable, "-c", code, "1" if single else "0", str(left)], capture_output=True, text=True,
+                         env=env, cwd=ROOT, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    info = json.loads(out.stdout.strip().splitlines()[-1])
+    assert not info["serialized"], info["ptxas_info"]
+    # the default (consumer 0 keeps 128 output columns): none under Triton 3.6, a few scalars
+    # (16-32 bytes) under 3.9; 256 columns spill more (80 / 272 bytes), never a tile
+    assert info["spill_bytes"] <= (64 if left == 128 else 512), info["ptxas_info"]
+    # consumer 0: Q K^T before the loop and in it (512 / 16 + 64 / 16 k-steps each), P V on its
+    # columns with P in registers (64 / 16); consumer 1: P V on [256, 512) and, with consumer 0
+    # on 128 columns, on [128, 256), P from shared memory
+    assert info["hgmma"] == 2 * (32 + 4) + 4 + 4 * (2 if left == 128 else 1), info
+    assert info["hgmma_reg_a"] == 4, info
+    assert info["hmma"] == 0 and info["qgmma"] == 0, info
+    assert sm90.smem_bytes(2) - 1024 <= info["shared"] <= sm90.SMEM_BYTES, info
+
+
+def test_a_config_is_checked_before_launch():
+    assert sm90.launch_config(None) == dict(STAGES=2, LEFT=128)
+    with pytest.raises(ValueError, match=r"unknown keys \['BLOCK_H'\]"):
+        sm90.launch_config(dict(BLOCK_H=32))
+    with pytest.raises(ValueError, match="STAGES must be an int >= 2"):
+        sm90.launch_config(dict(STAGES=1))
+    with pytest.raises(ValueError, match="LEFT .* must be 128 or 256, got 192"):
+        sm90.launch_config(dict(LEFT=192))
+    with pytest.raises(ValueError, match="STAGES 3 need 3[0-9]+ bytes of shared memory"):
+        sm90.launch_config(dict(STAGES=3))  # Q and three 72 KB key blocks
+
+
+def test_asking_for_it_where_it_cannot_run_is_a_clear_error():
+    q = torch.zeros(1, 128, 576, dtype=torch.bfloat16)
+    cache = torch.zeros(2, 64, 576, dtype=torch.bfloat16)
+    bt = torch.zeros(1, 2, dtype=torch.int32)
+    sl = torch.tensor([10], dtype=torch.int32)
+    assert not sm90.supported(q, cache)
+    if not HOPPER:
+        with pytest.raises(ValueError, match="KERNEL 'sm90' needs a Hopper GPU"):
+            mla_decode(q, cache, bt, sl, SCALE, max_seq_len=10, config=dict(KERNEL="sm90"))
+    with pytest.raises(ValueError, match="KERNEL must be 'triton' or 'sm90', got 'cuda'"):
+        mla_decode(q, cache, bt, sl, SCALE, max_seq_len=10, config=dict(KERNEL="cuda"))
+
+
+def _case(lens, heads, dtype, page, seed):
+    gen = torch.Generator().manual_seed(seed)
+    pages = [max(1, -(-n // page)) for n in lens]
+    nblk = sum(pages) + 3
+    cache = torch.randn(nblk, page, 576, generator=gen).to(dtype)
+    perm = torch.randperm(nblk, generator=gen)  # pages scattered through the pool
+    bt = torch.zeros(len(lens), max(pages) + 2, dtype=torch.int32)
+    i = 0
+    for b, (n, p) in enumerate(zip(lens, pages)):
+        bt[b, :p] = perm[i:i + p]
+        i += p
+        last = int(bt[b, p - 1])
+        cache[last, n - (p - 1) * page if n else 0:] = float("nan")  # the slots past the sequence
+    q = torch.randn(len(lens), heads, 576, generator=gen).to(dtype)
+    return q.cuda(), cache.cuda(), bt.cuda(), torch.tensor(lens, dtype=torch.int32).cuda()
+
+
+def _check(lens, heads=128, dtype=torch.bfloat16, page=64, num_splits=None, config=None, seed=0):
+    q, cache, bt, sl = _case(lens, heads, dtype, page, seed)
+    assert sm90.supported(q, cache)
+    out = torch.full((len(lens), heads, 512), float("nan"), dtype=dtype, device="cuda")  # poison
+    o, lse = mla_decode(q, cache, bt, sl, SCALE, max_seq_len=max(lens), num_splits=num_splits, out=out,
+                        return_lse=True, config=dict(KERNEL="sm90", **(config or {})))
+    assert not torch.isnan(o).any()
+    ro, rl = mla_decode_reference(q.cpu(), torch.nan_to_num(cache.cpu()), bt.cpu(), sl.cpu(), SCALE,
+                                  compute_dtype=torch.float64)
+    err = ((o.cpu().double() - ro).norm() / ro.norm()).item()
+    assert err < TOL[dtype], err
+    seen = torch.isfinite(rl)
+    assert torch.equal(torch.isfinite(lse.cpu()), seen)
+    assert (lse.cpu().double()[seen] - rl[seen]).abs().max() < 1e-4
+    for b, n in enumerate(lens):
+        if n == 0:
+            assert (o[b] == 0).all()
+
+
+@needs_hopper
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("num_splits", [1, 3, None], ids=["one_split", "three_splits", "auto"])
+@pytest.mark.parametrize("config", [None, dict(LEFT=256)], ids=["default", "left_256"])
+def test_ragged_batch_matches_the_reference(num_splits, config):
+    # empty, one token, one block exactly, partial blocks either side of one, several blocks
+    _check([0, 1, 64, 63, 65, 300, 1000], num_splits=num_splits, config=config, seed=num_splits or 7)
+
+
+@needs_hopper
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("case", [
+    dict(lens=[129, 700], dtype=torch.float16),
+    dict(lens=[200, 64, 1], heads=64),  # one head block
+    dict(lens=[300, 517], page=128),  # 64-token blocks inside larger pages
+    dict(lens=[4096] * 4, num_splits=4),
+], ids=["fp16", "64_heads", "page_128", "long"])
+def test_cases_match_the_reference(case):
+    _check(seed=11, **case)
