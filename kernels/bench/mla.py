@@ -7,7 +7,8 @@ Outputs are poisoned (NaN) before each call; a variant is timed only after it ma
 the reference. `--sweep` adds the tile variants (MLA_SWEEP) or, with `--mla-sweep
 splits`, the split rules (MLA_SPLIT_SWEEP); `--budget-s` stops them, never the default.
 FlashMLA's sm90 dense decode (kernels/bench/flashmla.py, bf16 caches) races where its
-sources are carried. Every timing is a CUDA-graph replay with the L2 scrubbed before each
+sources are carried; on Hopper the Gluon kernel (kernels/mla_sm90.py, MLA_SM90) runs beside the
+default on bf16 caches with a multiple of 64 heads. Every timing is a CUDA-graph replay with the L2 scrubbed before each
 call (harness.graph_cold_us); each peer's check is logged before its time.
 """
 
@@ -63,6 +64,8 @@ MLA_SPLIT_SWEEP = {
     128: {"waves": dict(rule="waves", waves=2), "fill_r1": dict(rule="fill", resident=1),
           "tokens_s3": dict(num_stages=3)},
 }
+# the Gluon Hopper kernel, raced beside the default wherever it runs (bf16 caches, 64k heads)
+MLA_SM90 = {"sm90": dict(KERNEL="sm90"), "sm90_left256": dict(KERNEL="sm90", LEFT=256)}
 PAGE = 64
 
 
@@ -191,6 +194,9 @@ def run_mla(copy_gbs, mm_tflops, log, rows, on_case, cases, sweep, smoke=False):
                 return math.sqrt(num / den), lerr, bool(torch.isfinite(o).all())
 
             cfgs = {"default": None}
+            if (not smoke and kvt == "bf16" and h % 64 == 0 and H.DEV == "cuda"
+                    and torch.cuda.get_device_capability() == (9, 0)):  # the Gluon kernel (kernels/mla_sm90.py)
+                cfgs.update(MLA_SM90)
             if sweep and not smoke:
                 cfgs.update((MLA_SPLIT_SWEEP if SWEEP_SET["mla"] == "splits" else MLA_SWEEP)[16 if h <= 16 else 128])
             for name, cfg in cfgs.items():
@@ -281,8 +287,10 @@ def mla_table(meta, mla):
         "MLA decode (kv_lora 512 + rope 64, page 64, bf16 queries; CUDA-graph replays, L2 scrubbed, medians). GB/s counts the bytes that",
         "must move: every cached row once + queries + outputs. (of copy) = fraction of the measured copy rate.",
         "",
-        "| case | kv | ours us | GB/s | of copy | TFLOP/s | best variant | GB/s | FlashMLA us | GB/s | ours / FlashMLA speed | vLLM triton us | GB/s | torch gather us | err |",
-        "|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---|",
+        "sm90 = the Gluon Hopper kernel (kernels/mla_sm90.py) at its default, where it runs.",
+        "",
+        "| case | kv | ours us | GB/s | of copy | TFLOP/s | best variant | GB/s | FlashMLA us | GB/s | ours / FlashMLA speed | sm90 us | sm90 / FlashMLA speed | vLLM triton us | GB/s | torch gather us | err |",
+        "|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in mla:
         d = r["variants"].get("default", {})
@@ -291,10 +299,12 @@ def mla_table(meta, mla):
         tp = r["peers"].get("torch_gather_bmm", {})
         fm = r["peers"].get("flashmla", {})
         speed = fm["us"] / d["us"] if "us" in fm and "us" in d else float("nan")
+        g = r["variants"].get("sm90", {})
+        g_speed = fm["us"] / g["us"] if "us" in fm and "us" in g else float("nan")
         lines.append(
             f"| {r['case']} | {r['kv']} | {d.get('us', float('nan')):.1f} | {d.get('gbs', float('nan')):.0f} | {d.get('frac_copy', float('nan')):.0%} "
             f"| {d.get('tflops', float('nan')):.0f} | {best[1]} | {best[0]:.0f} | {fm.get('us', float('nan')):.1f} | {fm.get('gbs', float('nan')):.0f} "
-            f"| {speed:.2f} | {vp.get('us', float('nan')):.1f} | {vp.get('gbs', float('nan')):.0f} "
+            f"| {speed:.2f} | {g.get('us', float('nan')):.1f} | {g_speed:.2f} | {vp.get('us', float('nan')):.1f} | {vp.get('gbs', float('nan')):.0f} "
             f"| {tp.get('us', float('nan')):.1f} | {d.get('rel_err', float('nan')):.1e} |"
         )
     return "\n".join(lines)
