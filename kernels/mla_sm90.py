@@ -59,7 +59,7 @@ ROPE = 64
 BLOCK_H = 64  # heads per program: the rows of one warpgroup MMA
 BLOCK_N = 64  # tokens per key block
 PRODUCER_REGS = 40
-CONFIG_KEYS = ("STAGES", "LEFT")
+CONFIG_KEYS = ("STAGES", "LEFT", "PREFETCH")
 SMEM_BYTES = 227 * 1024
 
 
@@ -73,8 +73,11 @@ def smem_bytes(stages: int, itemsize: int = 2) -> int:
 def launch_config(config: dict | None) -> dict:
     """The launch, checked: 2 stages (Q and two key blocks, 72 KB each, and P fill the 227 KB of an
     SM's shared memory); consumer 0 keeps output columns [0, ``LEFT``) beside the scores (128:
-    no spills under Triton 3.6, where 256 spilled 80 bytes). A ``ValueError`` names the field."""
-    cfg = dict(STAGES=2, LEFT=128)
+    no spills under Triton 3.6, where 256 spilled 80 bytes). ``PREFETCH`` issues block j + 1's
+    scores before block j's slot is freed (they then run beside the products, but with two slots
+    block j + 2's load has only the softmax to land); without it, block j's scores start block
+    j's turn. Both unraced. A ``ValueError`` names the field."""
+    cfg = dict(STAGES=2, LEFT=128, PREFETCH=False)
     if config:
         unknown = sorted(set(config) - set(CONFIG_KEYS))
         if unknown:
@@ -196,7 +199,8 @@ if HAVE_GLUON:
     def _scorer(q_smem, q_pe, kv_bufs, pe_bufs, p_bufs, alpha_smem, l_smem, kv_ready, kv_empty, p_ready, p_free, l_ready,
                 Q, SEQ, O, LSE, OP, LP, stride_qb, stride_qh, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps,
                 stride_lb, stride_lh, stride_lsb, stride_lsh, chunk, H, score_scale, out_scale,
-                SINGLE: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr, LEFT: gl.constexpr):
+                SINGLE: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr, LEFT: gl.constexpr,
+                PREFETCH: gl.constexpr):
         """Consumer 0: the scores, the softmax and output columns [0, LEFT)."""
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, 64, 16])
@@ -225,12 +229,18 @@ if HAVE_GLUON:
         acc = gl.zeros([64, LEFT], gl.float32, o_layout)
         m_i = gl.full([64], -1.0e30, gl.float32, row_s)
         l_i = gl.zeros([64], gl.float32, row_s)
+        sc = gl.zeros([64, 64], gl.float32, s_layout)
         if n_blocks > 0:
-            mbarrier.wait(kv_ready.index(0), 0)
-            s_tok = _qk(q_smem, q_pe, kv_bufs, pe_bufs, 0, gl.zeros([64, 64], gl.float32, s_layout))
-            sc = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
+            if PREFETCH:
+                mbarrier.wait(kv_ready.index(0), 0)
+                s_tok = _qk(q_smem, q_pe, kv_bufs, pe_bufs, 0, sc)
+                sc = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
             for j in range(n_blocks):
                 st = j % STAGES
+                if not PREFETCH:  # this block's scores now: its slot had a whole block to load
+                    mbarrier.wait(kv_ready.index(st), (j // STAGES) & 1)
+                    s_tok = _qk(q_smem, q_pe, kv_bufs, pe_bufs, st, sc)
+                    sc = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
                 tok0 = start + j * 64
                 if tok0 + 64 > end:  # the partial last block: keys past the end masked, their rows zeroed
                     cols = tok0 + gl.arange(0, 64, layout=gl.SliceLayout(0, s_layout))
@@ -252,7 +262,7 @@ if HAVE_GLUON:
                 acc = acc * gl.convert_layout(alpha, row_o)[:, None]
                 p_op = gl.convert_layout(p16, p_layout)
                 o_tok = warpgroup_mma(p_op, kv_bufs.index(st).slice(0, LEFT, dim=1), acc, is_async=True)
-                if j + 1 < n_blocks:  # the next block's scores beside both halves' products
+                if PREFETCH and j + 1 < n_blocks:  # the next block's scores beside both halves' products
                     st1 = (j + 1) % STAGES
                     mbarrier.wait(kv_ready.index(st1), ((j + 1) // STAGES) & 1)
                     s_nxt = _qk(q_smem, q_pe, kv_bufs, pe_bufs, st1, sc)
@@ -321,7 +331,8 @@ if HAVE_GLUON:
     def _mla_sm90_kernel(kv_desc, pe_desc, Q, BT, SEQ, O, LSE, OP, LP,
                          stride_qb, stride_qh, stride_bt, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps,
                          stride_lb, stride_lh, stride_lsb, stride_lsh, chunk, H, PAGE, score_scale, out_scale,
-                         SINGLE: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr, LEFT: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
+                         SINGLE: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr, LEFT: gl.constexpr,
+                         PREFETCH: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
         """Grid (H / 64, B, splits). The default partition (4 warps) is consumer 0, a 4-warp
         worker consumer 1, a 1-warp worker the TMA producer."""
         gl.static_assert(num_warps == 4, "the default partition is one warpgroup")
@@ -352,7 +363,7 @@ if HAVE_GLUON:
             (_scorer, (q_smem, q_pe, kv_bufs, pe_bufs, p_bufs, alpha_smem, l_smem, kv_ready, kv_empty, p_ready, p_free,
                        l_ready, Q, SEQ, O, LSE, OP, LP, stride_qb, stride_qh, stride_ob, stride_oh, stride_pb,
                        stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, chunk, H, score_scale,
-                       out_scale, SINGLE, STORE_LSE, STAGES, LEFT)),
+                       out_scale, SINGLE, STORE_LSE, STAGES, LEFT, PREFETCH)),
             (_right, (kv_bufs, p_bufs, alpha_smem, l_smem, kv_ready, kv_empty, p_ready, p_free, l_ready, SEQ, O, LSE,
                       OP, LP, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb,
                       stride_lsh, chunk, H, out_scale, SINGLE, STORE_LSE, STAGES, LEFT)),
@@ -401,5 +412,5 @@ def mla_sm90_split(q, kv_cache, block_table, seq_lens, out, lse, op, lp, chunk, 
         q.stride(0), q.stride(1), block_table.stride(0), out.stride(0), out.stride(1), *sp, *lse_st,
         chunk, nh, kv_cache.shape[1], score_scale, out_scale,
         SINGLE=single, STORE_LSE=lse is not None and single, STAGES=cfg["STAGES"], LEFT=cfg["LEFT"],
-        CONSUMER_REGS=regs,
+        PREFETCH=bool(cfg["PREFETCH"]), CONSUMER_REGS=regs,
         num_warps=4, maxnreg=maxnreg)

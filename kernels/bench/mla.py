@@ -65,7 +65,8 @@ MLA_SPLIT_SWEEP = {
           "tokens_s3": dict(num_stages=3)},
 }
 # the Gluon Hopper kernel, raced beside the default wherever it runs (bf16 caches, 64k heads)
-MLA_SM90 = {"sm90": dict(KERNEL="sm90"), "sm90_left256": dict(KERNEL="sm90", LEFT=256)}
+MLA_SM90 = {"sm90": dict(KERNEL="sm90"), "sm90_prefetch": dict(KERNEL="sm90", PREFETCH=True),
+            "sm90_left256": dict(KERNEL="sm90", LEFT=256)}
 PAGE = 64
 
 

@@ -182,5 +182,5 @@ def mla_sm90_build(config: dict | None = None, single: bool = False, dtype: str 
                                    "chunk", "H", "PAGE")})
     maxnreg, regs = registers()
     consts = {"SINGLE": single, "STORE_LSE": single, "STAGES": cfg["STAGES"], "LEFT": cfg["LEFT"],
-              "CONSUMER_REGS": regs, "num_warps": 4}
+              "PREFETCH": bool(cfg["PREFETCH"]), "CONSUMER_REGS": regs, "num_warps": 4}
     return gluon_sm90_build(_mla_sm90_kernel, sig, consts, 4, maxnreg)

@@ -33,16 +33,18 @@ SCALE = 192**-0.5
 
 
 @needs_gluon
-@pytest.mark.parametrize("single,left", [(False, 128), (True, 128), (False, 256)],
-                         ids=["splits", "one_split", "left_256"])
-def test_the_build(single, left):
+@pytest.mark.parametrize("single,left,prefetch", [(False, 128, False), (True, 128, False), (False, 256, False),
+                                                  (False, 128, True)],
+                         ids=["splits", "one_split", "left_256", "prefetch"])
+def test_the_build(single, left, prefetch):
     # in a process of its own without TRITON_INTERPRET, which patches Triton's language for the
     # process that ran it
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     code = ("import json, sys; from kernels.bench.sm90 import mla_sm90_build; "
-            "i = mla_sm90_build(dict(LEFT=int(sys.argv[2])), single=sys.argv[1] == '1'); i.pop('ptx'); "
-            "print(json.dumps(i))")
-    out = subprocess.run([sys.executable, "-c", code, "1" if single else "0", str(left)], capture_output=True, text=True,
+            "i = mla_sm90_build(dict(LEFT=int(sys.argv[2]), PREFETCH=sys.argv[3] == '1'), single=sys.argv[1] == '1'); "
+            "i.pop('ptx'); print(json.dumps(i))")
+    out = subprocess.run([sys.executable, "-c", code, "1" if single else "0", str(left), "1" if prefetch else "0"],
+                         capture_output=True, text=True,
                          env=env, cwd=ROOT, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     info = json.loads(out.stdout.strip().splitlines()[-1])
@@ -50,17 +52,17 @@ def test_the_build(single, left):
     # the default (consumer 0 keeps 128 output columns): none under Triton 3.6, a few scalars
     # (16-32 bytes) under 3.9; 256 columns spill more (80 / 272 bytes), never a tile
     assert info["spill_bytes"] <= (64 if left == 128 else 512), info["ptxas_info"]
-    # consumer 0: Q K^T before the loop and in it (512 / 16 + 64 / 16 k-steps each), P V on its
-    # columns with P in registers (64 / 16); consumer 1: P V on [256, 512) and, with consumer 0
-    # on 128 columns, on [128, 256), P from shared memory
-    assert info["hgmma"] == 2 * (32 + 4) + 4 + 4 * (2 if left == 128 else 1), info
+    # consumer 0: Q K^T in the loop (512 / 16 + 64 / 16 k-steps) and, prefetching, once more
+    # before it, P V on its columns with P in registers (64 / 16); consumer 1: P V on [256, 512)
+    # and, with consumer 0 on 128 columns, on [128, 256), P from shared memory
+    assert info["hgmma"] == (2 if prefetch else 1) * (32 + 4) + 4 + 4 * (2 if left == 128 else 1), info
     assert info["hgmma_reg_a"] == 4, info
     assert info["hmma"] == 0 and info["qgmma"] == 0, info
     assert sm90.smem_bytes(2) - 1024 <= info["shared"] <= sm90.SMEM_BYTES, info
 
 
 def test_a_config_is_checked_before_launch():
-    assert sm90.launch_config(None) == dict(STAGES=2, LEFT=128)
+    assert sm90.launch_config(None) == dict(STAGES=2, LEFT=128, PREFETCH=False)
     with pytest.raises(ValueError, match=r"unknown keys \['BLOCK_H'\]"):
         sm90.launch_config(dict(BLOCK_H=32))
     with pytest.raises(ValueError, match="STAGES must be an int >= 2"):
@@ -123,7 +125,7 @@ def _check(lens, heads=128, dtype=torch.bfloat16, page=64, num_splits=None, conf
 @needs_hopper
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("num_splits", [1, 3, None], ids=["one_split", "three_splits", "auto"])
-@pytest.mark.parametrize("config", [None, dict(LEFT=256)], ids=["default", "left_256"])
+@pytest.mark.parametrize("config", [None, dict(LEFT=256), dict(PREFETCH=True)], ids=["default", "left_256", "prefetch"])
 def test_ragged_batch_matches_the_reference(num_splits, config):
     # empty, one token, one block exactly, partial blocks either side of one, several blocks
     _check([0, 1, 64, 63, 65, 300, 1000], num_splits=num_splits, config=config, seed=num_splits or 7)
