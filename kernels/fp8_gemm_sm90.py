@@ -67,6 +67,8 @@ try:  # Gluon ships with Triton >= 3.4; the Hopper modules exist only in the CUD
     _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
     _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
     _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier  # renamed after 3.6
+
+
     _GL_OUT = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
     HAVE_GLUON = True
 except ImportError:  # pragma: no cover - depends on the Triton build
@@ -118,6 +120,20 @@ if HAVE_GLUON:
         """Block kb's combined scale per row: activation group scale x weight block scale."""
         return gl.load(as_ptrs + kb * stride_ask, mask=mask_m, other=0.0) * gl.load(bs_ptrs + kb * stride_bsk)
 
+    # Warpgroup W's rows of block g's activation scales, from the stage the producer loaded them
+    # into (SCALE_TMA; read before the stage is freed): the [1, BLOCK_M] box viewed as a vector
+    # (Triton 3.6 names the view _reinterpret, later releases reinterpret)
+    if hasattr(gl.shared_memory_descriptor, "reinterpret"):
+        @gluon.jit
+        def _stage_scale(s_bufs, g, W: gl.constexpr, HALF: gl.constexpr, STAGES: gl.constexpr, layout: gl.constexpr):
+            v = s_bufs.index(g % STAGES).reinterpret(gl.float32, [s_bufs.shape[2]], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+            return v.slice(W * HALF, HALF).load(gl.SliceLayout(1, layout))
+    else:
+        @gluon.jit
+        def _stage_scale(s_bufs, g, W: gl.constexpr, HALF: gl.constexpr, STAGES: gl.constexpr, layout: gl.constexpr):
+            v = s_bufs.index(g % STAGES)._reinterpret(gl.float32, [s_bufs.shape[2]], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+            return v.slice(W * HALF, HALF).load(gl.SliceLayout(1, layout))
+
     @gluon.jit
     def _promote(acc, tile, scale):
         """acc + tile * scale[:, None] as FFMAs that keep their place in the program: inline
@@ -129,11 +145,13 @@ if HAVE_GLUON:
             dtype=gl.float32, is_pure=False, pack=1)
 
     @gluon.jit
-    def _ws_producer(a_desc, b_desc, ready, empty, a_bufs, b_bufs, M, N, K, GROUP_M: gl.constexpr,
-                     STAGES: gl.constexpr):
+    def _ws_producer(a_desc, b_desc, s_desc, ready, empty, a_bufs, b_bufs, s_bufs, M, N, K, GROUP_M: gl.constexpr,
+                     STAGES: gl.constexpr, SCALE_TMA: gl.constexpr):
         """One warp: for each of this program's tiles and K blocks, wait until every consumer
         warpgroup has freed the stage (``empty``: one arrival per warpgroup), then load the
-        block's A and B tiles into it (``ready`` completes on their bytes)."""
+        block's A and B tiles into it (``ready`` completes on their bytes); with ``SCALE_TMA``
+        also the block's activation scales of the tile's rows (a row of the column-major scales'
+        [K / 128, M] transpose)."""
         BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
         BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
         pid = gl.program_id(0)
@@ -141,7 +159,8 @@ if HAVE_GLUON:
         num_m = gl.cdiv(M, BLOCK_M)
         num_n = gl.cdiv(N, BLOCK_N)
         n_k = K // 128
-        nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
+        nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes + (
+            s_desc.block_type.nbytes if SCALE_TMA else 0)
         for j in range(gl.cdiv(num_m * num_n - pid, nprog)):
             pid_m, pid_n = _tile(pid + j * nprog, num_m, num_n, GROUP_M)
             for kb in range(n_k):
@@ -152,6 +171,8 @@ if HAVE_GLUON:
                 mbarrier.expect(ready.index(s), nbytes)
                 _tma_load(a_desc, [pid_m * BLOCK_M, kb * 128], ready.index(s), a_bufs.index(s))
                 _tma_load(b_desc, [pid_n * BLOCK_N, kb * 128], ready.index(s), b_bufs.index(s))
+                if SCALE_TMA:
+                    _tma_load(s_desc, [kb, pid_m * BLOCK_M], ready.index(s), s_bufs.index(s))
 
     @gluon.jit
     def _ws_mma(a_bufs, b_bufs, ready, g, regs, W: gl.constexpr, HALF: gl.constexpr, STAGES: gl.constexpr):
@@ -173,9 +194,10 @@ if HAVE_GLUON:
         mbarrier.arrive(empty.index(g % STAGES))
 
     @gluon.jit
-    def _ws_consumer(a_bufs, b_bufs, ready, empty, c_desc, c_bufs, as_ptr, bs_ptr, M, N, K, stride_asm, stride_ask,
-                     stride_bsn, stride_bsk, W: gl.constexpr, CONSUMERS: gl.constexpr, GROUP_M: gl.constexpr,
-                     STAGES: gl.constexpr, PAIR_RELEASE: gl.constexpr):
+    def _ws_consumer(a_bufs, b_bufs, s_bufs, ready, empty, c_desc, c_bufs, as_ptr, bs_ptr, M, N, K, stride_asm,
+                     stride_ask, stride_bsn, stride_bsk, W: gl.constexpr, CONSUMERS: gl.constexpr,
+                     GROUP_M: gl.constexpr, STAGES: gl.constexpr, PAIR_RELEASE: gl.constexpr,
+                     SCALE_TMA: gl.constexpr):
         """Consumer warpgroup W: rows [W * 64, W * 64 + 64) of every tile, the overlapped
         promotion (two register sets, block k's products issued before block k - 1's are
         waited for), and its own TMA store of those rows."""
@@ -201,27 +223,41 @@ if HAVE_GLUON:
             acc = gl.zeros([HALF, BLOCK_N], gl.float32, layout)
             spare_a = gl.zeros([HALF, BLOCK_N], gl.float32, layout)
             tok_b = _ws_mma(a_bufs, b_bufs, ready, g0, gl.zeros([HALF, BLOCK_N], gl.float32, layout), W, HALF, STAGES)
-            # each block's scales are loaded a pair of blocks before its promotion: with
-            # column-major activation scales (vLLM's) every block's are new cache lines, and
-            # loaded one block ahead their latency showed (1.1-1.25x the row-major time)
-            cur_b = _scale(as_ptrs, bs_ptrs, mask_m, 0, stride_ask, stride_bsk)
-            cur_a = _scale(as_ptrs, bs_ptrs, mask_m & (n_k > 1), 1, stride_ask, stride_bsk)
+            if SCALE_TMA:  # each block's scales from its stage, read once its loads landed
+                cur_b = _stage_scale(s_bufs, g0, W, HALF, STAGES, layout) * gl.load(bs_ptrs)
+                cur_a = cur_b
+            else:
+                # each block's scales are loaded a pair of blocks before its promotion: with
+                # column-major activation scales (vLLM's) every block's are new cache lines, and
+                # loaded one block ahead their latency showed (1.1-1.25x the row-major time)
+                cur_b = _scale(as_ptrs, bs_ptrs, mask_m, 0, stride_ask, stride_bsk)
+                cur_a = _scale(as_ptrs, bs_ptrs, mask_m & (n_k > 1), 1, stride_ask, stride_bsk)
             for kb in range(1, n_k - 1, 2):
-                nxt_b = _scale(as_ptrs, bs_ptrs, mask_m, kb + 1, stride_ask, stride_bsk)
-                nxt_a = _scale(as_ptrs, bs_ptrs, mask_m & (kb + 2 < n_k), kb + 2, stride_ask, stride_bsk)
+                if not SCALE_TMA:
+                    nxt_b = _scale(as_ptrs, bs_ptrs, mask_m, kb + 1, stride_ask, stride_bsk)
+                    nxt_a = _scale(as_ptrs, bs_ptrs, mask_m & (kb + 2 < n_k), kb + 2, stride_ask, stride_bsk)
                 tok_a = _ws_mma(a_bufs, b_bufs, ready, g0 + kb, spare_a, W, HALF, STAGES)
+                if SCALE_TMA:
+                    cur_a = _stage_scale(s_bufs, g0 + kb, W, HALF, STAGES, layout) * gl.load(bs_ptrs + kb * stride_bsk)
                 done_b = warpgroup_mma_wait(num_outstanding=1, deps=(tok_b,))  # block kb - 1 retired
                 if not PAIR_RELEASE:
                     _ws_release(empty, g0 + kb - 1, STAGES)
                 acc = _promote(acc, done_b, cur_b)  # while block kb's products run
                 tok_b = _ws_mma(a_bufs, b_bufs, ready, g0 + kb + 1, done_b, W, HALF, STAGES)
+                if SCALE_TMA:
+                    cur_b = (_stage_scale(s_bufs, g0 + kb + 1, W, HALF, STAGES, layout)
+                             * gl.load(bs_ptrs + (kb + 1) * stride_bsk))
                 spare_a = warpgroup_mma_wait(num_outstanding=1, deps=(tok_a,))  # block kb retired
                 _ws_release(empty, g0 + kb, STAGES, PAIR_RELEASE)  # paired: blocks kb - 1 and kb
                 acc = _promote(acc, spare_a, cur_a)
-                cur_b = nxt_b
-                cur_a = nxt_a
+                if not SCALE_TMA:
+                    cur_b = nxt_b
+                    cur_a = nxt_a
             if n_k % 2 == 0:  # block n_k - 1 left (set A), its scales in cur_a
                 tok_a = _ws_mma(a_bufs, b_bufs, ready, g0 + n_k - 1, spare_a, W, HALF, STAGES)
+                if SCALE_TMA:
+                    cur_a = (_stage_scale(s_bufs, g0 + n_k - 1, W, HALF, STAGES, layout)
+                             * gl.load(bs_ptrs + (n_k - 1) * stride_bsk))
                 done_b = warpgroup_mma_wait(num_outstanding=1, deps=(tok_b,))
                 _ws_release(empty, g0 + n_k - 2, STAGES)
                 acc = _promote(acc, done_b, cur_b)
@@ -246,6 +282,7 @@ if HAVE_GLUON:
         a_desc,
         b_desc,
         c_desc,
+        s_desc,
         as_ptr,
         bs_ptr,
         M,
@@ -259,12 +296,14 @@ if HAVE_GLUON:
         STAGES: gl.constexpr,
         CONSUMER_REGS: gl.constexpr,
         PAIR_RELEASE: gl.constexpr,
+        SCALE_TMA: gl.constexpr,
         num_warps: gl.constexpr,
     ):
         """Warp-specialised: the default partition (4 warps) is consumer warpgroup 0, a second
         4-warp partition consumer 1 when the tile has 128 rows, and a 1-warp partition the
         TMA producer (its registers given to the consumers). c_desc's block is one
-        warpgroup's rows."""
+        warpgroup's rows; s_desc's (``SCALE_TMA``) a tile's activation scales of one K block, a
+        [1, BLOCK_M] box of their [K / 128, M] transpose (unused otherwise)."""
         HALF: gl.constexpr = c_desc.block_type.shape[0]
         BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
         BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
@@ -276,6 +315,10 @@ if HAVE_GLUON:
         a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, 128], a_desc.layout)
         b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, 128], b_desc.layout)
         c_bufs = gl.allocate_shared_memory(c_desc.dtype, [CONSUMERS, HALF, BLOCK_N], c_desc.layout)
+        if SCALE_TMA:
+            s_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BLOCK_M], s_desc.layout)
+        else:  # unused
+            s_bufs = c_bufs
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(STAGES):
@@ -283,17 +326,22 @@ if HAVE_GLUON:
             mbarrier.init(empty.index(i), count=CONSUMERS)
         if CONSUMERS == 2:
             gl.warp_specialize([
-                (_ws_consumer, (a_bufs, b_bufs, ready, empty, c_desc, c_bufs, as_ptr, bs_ptr, M, N, K, stride_asm,
-                                stride_ask, stride_bsn, stride_bsk, 0, CONSUMERS, GROUP_M, STAGES, PAIR_RELEASE)),
-                (_ws_consumer, (a_bufs, b_bufs, ready, empty, c_desc, c_bufs, as_ptr, bs_ptr, M, N, K, stride_asm,
-                                stride_ask, stride_bsn, stride_bsk, 1, CONSUMERS, GROUP_M, STAGES, PAIR_RELEASE)),
-                (_ws_producer, (a_desc, b_desc, ready, empty, a_bufs, b_bufs, M, N, K, GROUP_M, STAGES)),
+                (_ws_consumer, (a_bufs, b_bufs, s_bufs, ready, empty, c_desc, c_bufs, as_ptr, bs_ptr, M, N, K,
+                                stride_asm, stride_ask, stride_bsn, stride_bsk, 0, CONSUMERS, GROUP_M, STAGES,
+                                PAIR_RELEASE, SCALE_TMA)),
+                (_ws_consumer, (a_bufs, b_bufs, s_bufs, ready, empty, c_desc, c_bufs, as_ptr, bs_ptr, M, N, K,
+                                stride_asm, stride_ask, stride_bsn, stride_bsk, 1, CONSUMERS, GROUP_M, STAGES,
+                                PAIR_RELEASE, SCALE_TMA)),
+                (_ws_producer, (a_desc, b_desc, s_desc, ready, empty, a_bufs, b_bufs, s_bufs, M, N, K, GROUP_M,
+                                STAGES, SCALE_TMA)),
             ], [4, 1], [CONSUMER_REGS, _PRODUCER_REGS])
         else:
             gl.warp_specialize([
-                (_ws_consumer, (a_bufs, b_bufs, ready, empty, c_desc, c_bufs, as_ptr, bs_ptr, M, N, K, stride_asm,
-                                stride_ask, stride_bsn, stride_bsk, 0, CONSUMERS, GROUP_M, STAGES, PAIR_RELEASE)),
-                (_ws_producer, (a_desc, b_desc, ready, empty, a_bufs, b_bufs, M, N, K, GROUP_M, STAGES)),
+                (_ws_consumer, (a_bufs, b_bufs, s_bufs, ready, empty, c_desc, c_bufs, as_ptr, bs_ptr, M, N, K,
+                                stride_asm, stride_ask, stride_bsn, stride_bsk, 0, CONSUMERS, GROUP_M, STAGES,
+                                PAIR_RELEASE, SCALE_TMA)),
+                (_ws_producer, (a_desc, b_desc, s_desc, ready, empty, a_bufs, b_bufs, s_bufs, M, N, K, GROUP_M,
+                                STAGES, SCALE_TMA)),
             ], [1], [_PRODUCER_REGS])
 
 
@@ -336,12 +384,13 @@ def ws_registers(block_m: int, per_sm: int) -> tuple[int, int]:
     return maxnreg, consumer
 
 
-CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "GROUP_M", "STAGES", "PERSISTENT", "PAIR_RELEASE")
+CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "GROUP_M", "STAGES", "PERSISTENT", "PAIR_RELEASE", "SCALE_TMA")
 
 
 def launch_config(config: dict) -> dict:
     """A config's keys for the kernel, checked: ``CONFIG_KEYS`` (``PERSISTENT``: programs per
-    SM, 0 or absent for one program per tile). Race 7's JSON records configs with ``WS=True``
+    SM, 0 or absent for one program per tile; ``SCALE_TMA``: the producer TMA-loads each stage's
+    activation scales, for column-major scales, opt-in until raced). Race 7's JSON records configs with ``WS=True``
     and ``num_warps=4`` from when the single-stream kernel ran beside this one; those two are
     accepted with those values."""
     cfg = dict(config)
@@ -373,12 +422,27 @@ def fp8_gemm_sm90(a, a_scale, b, b_scale, out_dtype=torch.bfloat16, config: dict
     # each consumer warpgroup stores its own 64 rows
     c_desc = TensorDescriptor.from_tensor(
         out, [64, bn], gl.NVMMASharedLayout.get_default_for([64, bn], _GL_OUT[out_dtype]))
+    scale_tma = bool(cfg.get("SCALE_TMA", False))
+    s_desc = _scale_desc(a_scale, bm) if scale_tma else a_desc
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
     grid = (min(tiles, per_sm * sms) if per_sm else tiles,)
     maxnreg, regs = ws_registers(bm, per_sm)
     _fp8_gemm_sm90_ws_kernel[grid](
-        a_desc, b_desc, c_desc, a_scale, b_scale, m, n, k,
+        a_desc, b_desc, c_desc, s_desc, a_scale, b_scale, m, n, k,
         a_scale.stride(0), a_scale.stride(1), b_scale.stride(0), b_scale.stride(1),
         GROUP_M=cfg["GROUP_M"], STAGES=cfg["STAGES"], CONSUMER_REGS=regs,
-        PAIR_RELEASE=cfg.get("PAIR_RELEASE", False), num_warps=4, maxnreg=maxnreg)
+        PAIR_RELEASE=cfg.get("PAIR_RELEASE", False), SCALE_TMA=scale_tma, num_warps=4, maxnreg=maxnreg)
     return out
+
+
+def _scale_desc(a_scale: torch.Tensor, block_m: int):
+    """A TMA descriptor over column-major activation scales as their [K / 128, M] transpose,
+    one K block's scales of a tile's rows per box; a ``ValueError`` when the scales are not laid
+    out so (TMA needs the transpose's rows contiguous and 16-byte aligned: M a multiple of 4)."""
+    m = a_scale.shape[0]
+    t = a_scale.t()
+    if t.stride(1) != 1 or (t.stride(0) * 4) % 16 or t.data_ptr() % 16:
+        raise ValueError(f"fp8_gemm_sm90 config SCALE_TMA: the activation scales must be column-major with M a "
+                         f"multiple of 4 (got shape {tuple(a_scale.shape)}, strides {a_scale.stride()})")
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+    return TensorDescriptor(t, [t.shape[0], m], [t.stride(0), 1], [1, block_m], layout)

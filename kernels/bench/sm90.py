@@ -133,12 +133,16 @@ def fp8_gemm_sm90_build(config: dict) -> dict:
 
     cfg = launch_config(config)
     bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
+    scale_tma = bool(cfg.get("SCALE_TMA", False))
+    s_layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
     sig = {"a_desc": _desc("fp8e4nv", gl.float8e4nv, [bm, BLOCK_K]), "b_desc": _desc("fp8e4nv", gl.float8e4nv, [bn, BLOCK_K]),
-           "c_desc": _desc("bf16", gl.bfloat16, [64, bn]), "as_ptr": "*fp32", "bs_ptr": "*fp32"}
+           "c_desc": _desc("bf16", gl.bfloat16, [64, bn]),
+           "s_desc": f"tensordesc<fp32[1, {bm}],{s_layout!r}>" if scale_tma else _desc("fp8e4nv", gl.float8e4nv, [bm, BLOCK_K]),
+           "as_ptr": "*fp32", "bs_ptr": "*fp32"}
     sig.update({n: "i32" for n in ("M", "N", "K", "stride_asm", "stride_ask", "stride_bsn", "stride_bsk")})
     maxnreg, regs = ws_registers(bm, cfg.get("PERSISTENT", 0))
     consts = {"GROUP_M": cfg["GROUP_M"], "STAGES": cfg["STAGES"], "CONSUMER_REGS": regs,
-              "PAIR_RELEASE": cfg.get("PAIR_RELEASE", False), "num_warps": 4}
+              "PAIR_RELEASE": cfg.get("PAIR_RELEASE", False), "SCALE_TMA": scale_tma, "num_warps": 4}
     return gluon_sm90_build(_fp8_gemm_sm90_ws_kernel, sig, consts, 4, maxnreg)
 
 

@@ -43,7 +43,8 @@ def _id(c):
 
 
 @needs_gluon
-@pytest.mark.parametrize("cfg", [CONFIGS[0], CONFIGS[2], CONFIGS[4], CONFIGS[5]], ids=_id)
+@pytest.mark.parametrize("cfg", [CONFIGS[0], CONFIGS[2], CONFIGS[4], CONFIGS[5], dict(CONFIGS[0], SCALE_TMA=True)],
+                         ids=lambda c: _id(c) + ("_scale_tma" if c.get("SCALE_TMA") else ""))
 def test_the_build_keeps_its_wgmmas_in_flight(cfg):
     # in a process of its own without TRITON_INTERPRET: the interpreter, which the CPU test
     # runs use, patches Triton's language for the process it ran in
@@ -73,6 +74,15 @@ def test_a_config_is_checked_before_launch():
     for m, n, k in [(64, 7168, 2048), (64, 32768, 512), (1024, 2112, 7168), (4096, 7168, 16384), (4096, 4096, 7168)]:
         cfg = sm90.pick_config(m, n, k, 132)
         assert sm90.launch_config(cfg) == cfg
+
+
+def test_tma_scales_need_column_major_scales():
+    assert sm90.launch_config(dict(CONFIGS[0], SCALE_TMA=True))["SCALE_TMA"] is True
+    row_major = torch.ones(256, 4)
+    with pytest.raises(ValueError, match="SCALE_TMA: the activation scales must be column-major with M a multiple of 4"):
+        sm90._scale_desc(row_major, 128)
+    with pytest.raises(ValueError, match="M a multiple of 4"):
+        sm90._scale_desc(torch.ones(4, 130).t(), 128)  # column-major, M = 130: rows of 520 bytes
 
 
 def test_supported_says_no_off_hopper():
@@ -124,6 +134,18 @@ def test_column_major_activation_scales():
     qa, sa, qw, sw = _operands(192, 384, 1024, gen)
     sa_cm = sa.t().contiguous().t()
     y = sm90.fp8_gemm_sm90(qa, sa_cm, qw, sw)
+    _close(y, fp8_gemm_reference(qa, sa, qw, sw).cuda())
+
+
+@needs_hopper
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("cfg", [CONFIGS[0], CONFIGS[2], CONFIGS[3], CONFIGS[5]], ids=_id)
+@pytest.mark.parametrize("m,n,k", [(200, 264, 384), (256, 512, 512), (1100, 2112, 1792), (2048, 4096, 256)])
+def test_column_major_scales_loaded_by_tma(cfg, m, n, k):
+    # each stage's scales come with its tiles (M tails zero-filled), read before the stage is freed
+    gen = torch.Generator().manual_seed(m + k)
+    qa, sa, qw, sw = _operands(m, n, k, gen)
+    y = sm90.fp8_gemm_sm90(qa, sa.t().contiguous().t(), qw, sw, config=dict(cfg, SCALE_TMA=True))
     _close(y, fp8_gemm_reference(qa, sa, qw, sw).cuda())
 
 
