@@ -50,29 +50,15 @@ from __future__ import annotations
 import torch
 import triton
 
-try:  # Gluon ships with Triton >= 3.4; the Hopper modules exist only in the CUDA build
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import (
-        fence_async_shared,
-        mbarrier,
-        tma,
-        warpgroup_mma,
-        warpgroup_mma_wait,
-    )
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+from kernels.sm90_common import HAVE_GLUON
 
-    # Triton 3.6 (the H200's) names the TMA copies async_copy_global_to_shared /
-    # async_copy_shared_to_global; later releases renamed them async_load / async_store
-    _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
-    _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
-    _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier  # renamed after 3.6
-
-
-    _GL_OUT = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
-    HAVE_GLUON = True
-except ImportError:  # pragma: no cover - depends on the Triton build
-    HAVE_GLUON = False
+if HAVE_GLUON:
+    from kernels.sm90_common import GL_DTYPE as _GL_OUT
+    from kernels.sm90_common import TensorDescriptor, fence_async_shared, gl, gluon, mbarrier, tma
+    from kernels.sm90_common import cta_barrier as _cta_barrier
+    from kernels.sm90_common import tma_load as _tma_load
+    from kernels.sm90_common import tma_store as _tma_store
+    from kernels.sm90_common import warpgroup_mma, warpgroup_mma_wait
 
 BLOCK_K = 128  # the format's scale block along K
 PRODUCER_REGS = 40  # registers per thread of the TMA producer's warpgroup (the consumers get the rest)

@@ -33,26 +33,15 @@ the float64 reference on a Hopper GPU."""
 from __future__ import annotations
 
 import torch
-import triton
 
-try:  # Gluon ships with Triton >= 3.4; the Hopper modules exist only in the CUDA build
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import (
-        fence_async_shared,
-        mbarrier,
-        tma,
-        warpgroup_mma,
-        warpgroup_mma_wait,
-    )
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+from kernels.sm90_common import HAVE_GLUON
 
-    _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
-    _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier  # renamed after 3.6
-    _GL = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
-    HAVE_GLUON = True
-except ImportError:  # pragma: no cover - depends on the Triton build
-    HAVE_GLUON = False
+if HAVE_GLUON:
+    from kernels.sm90_common import GL_DTYPE as _GL
+    from kernels.sm90_common import (TensorDescriptor, fence_async_shared, gl, gluon, mbarrier, release,
+                                     warpgroup_mma, warpgroup_mma_wait)
+    from kernels.sm90_common import cta_barrier as _cta_barrier
+    from kernels.sm90_common import tma_load as _tma_load
 
 KV_LORA = 512
 ROPE = 64
@@ -141,13 +130,6 @@ if HAVE_GLUON:
             mbarrier.expect(kv_ready.index(st), nbytes)
             _tma_load(kv_desc, [row, 0], kv_ready.index(st), kv_bufs.index(st))
             _tma_load(pe_desc, [row, DL], kv_ready.index(st), pe_bufs.index(st))
-
-    @gluon.jit
-    def _release(bar):
-        """This warpgroup's four warps are past their reads (a barrier of this partition's
-        warps), then one arrival."""
-        _cta_barrier()
-        mbarrier.arrive(bar)
 
     @gluon.jit
     def _zero_tail(v_cols, valid):
@@ -258,7 +240,7 @@ if HAVE_GLUON:
                 p_bufs.index(pb).store(p16)
                 alpha_smem.index(pb).store(alpha)
                 fence_async_shared()
-                _release(p_ready.index(pb))
+                release(p_ready.index(pb))
                 acc = acc * gl.convert_layout(alpha, row_o)[:, None]
                 p_op = gl.convert_layout(p16, p_layout)
                 o_tok = warpgroup_mma(p_op, kv_bufs.index(st).slice(0, LEFT, dim=1), acc, is_async=True)
@@ -269,9 +251,9 @@ if HAVE_GLUON:
                     acc, p_op, sc = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op, s_nxt))
                 else:
                     acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
-                _release(kv_empty.index(st))
+                release(kv_empty.index(st))
         l_smem.store(l_i)
-        _release(l_ready)
+        release(l_ready)
         _write_out(acc, gl.convert_layout(l_i, row_o), gl.convert_layout(m_i, row_o), O, LSE, OP, LP, b, s,
                    n_blocks, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb,
                    stride_lsh, out_scale, H, 0, o_layout, SINGLE, STORE_LSE, True)

@@ -41,19 +41,12 @@ from __future__ import annotations
 import torch
 import triton
 
-try:  # Gluon ships with Triton >= 3.4; the Hopper modules exist only in the CUDA build
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+from kernels.sm90_common import HAVE_GLUON
 
-    # Triton 3.6 (the H200's) names the TMA load async_copy_global_to_shared; later releases async_load
-    _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
-    _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier  # renamed after 3.6
-    _GL = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
-    HAVE_GLUON = True
-except ImportError:  # pragma: no cover - depends on the Triton build
-    HAVE_GLUON = False
+if HAVE_GLUON:
+    from kernels.sm90_common import GL_DTYPE as _GL
+    from kernels.sm90_common import TensorDescriptor, gl, gluon, mbarrier, release, warpgroup_mma, warpgroup_mma_wait
+    from kernels.sm90_common import tma_load as _tma_load
 
 LOG2E = 1.4426950408889634
 BLOCK_M = 128  # query rows per tile: two consumer warpgroups of 64
@@ -228,13 +221,6 @@ if HAVE_GLUON:
         return tok
 
     @gluon.jit
-    def _release(bar):
-        """This warpgroup's four warps are past their reads of a slot (a barrier of this
-        partition's warps), then one arrival."""
-        _cta_barrier()
-        mbarrier.arrive(bar)
-
-    @gluon.jit
     def _softmax(s, m_i, rows, cols, diag, Lk, qk_scale, MASK: gl.constexpr, CAUSAL: gl.constexpr):
         """Block scores -> (p, new running max, alpha) in the log2 domain; masked keys -> p = 0.
         m_i starts finite, so rows that see no key keep p = 0 and alpha = 1."""
@@ -287,7 +273,7 @@ if HAVE_GLUON:
                     mbarrier.wait(k_ready.index(s0), (g // STAGES) & 1)
                     s_tok = _qk(q_rows, q2_rows, k_bufs, k2_bufs, s0, gl.zeros([HALF, BN], gl.float32, s_layout), D2)
                     s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
-                    _release(k_empty.index(s0))
+                    release(k_empty.index(s0))
                     if n_full <= 0:
                         p, m_i, alpha = _softmax(s, m_i, rows, cols0, diag, Lk, qk_scale, True, CAUSAL)
                     else:
@@ -310,7 +296,7 @@ if HAVE_GLUON:
                             mbarrier.arrive(sched.index(1 - W))
                         turn += 1
                         s = warpgroup_mma_wait(num_outstanding=1, deps=(s_tok,))  # S_j done, PV_{j-1} may run
-                        _release(k_empty.index(sj))
+                        release(k_empty.index(sj))
                         if j * BN >= n_full:
                             p, m_new, alpha = _softmax(s, m_i, rows, cols0 + j * BN, diag, Lk, qk_scale, True, CAUSAL)
                         else:
@@ -318,18 +304,18 @@ if HAVE_GLUON:
                                                        CAUSAL)
                         l_i = l_i * alpha + gl.sum(p, axis=1)
                         acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
-                        _release(v_empty.index(sp))
+                        release(v_empty.index(sp))
                         p_op = gl.convert_layout(p.to(dtype), p_layout)
                         m_i = m_new
-                    _release(q_empty)  # the tile's last QK^T has retired
+                    release(q_empty)  # the tile's last QK^T has retired
                     sl = (g + n_blocks - 1) % STAGES
                     mbarrier.wait(v_ready.index(sl), ((g + n_blocks - 1) // STAGES) & 1)
                     acc = acc * gl.convert_layout(alpha, row_o)[:, None]
                     o_tok = warpgroup_mma(p_op, v_bufs.index(sl), acc, is_async=True)
                     acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
-                    _release(v_empty.index(sl))
+                    release(v_empty.index(sl))
                 else:
-                    _release(q_empty)
+                    release(q_empty)
                 # epilogue: out = acc / l (0 where a row saw no key), masked to the sequence's rows
                 empty = l_i == 0.0
                 l_safe = gl.where(empty, 1.0, l_i)
@@ -355,9 +341,7 @@ if HAVE_GLUON:
         worker the TMA producer. q_desc's block is the tile's [128, D1] rows, q2_desc's the next
         D2 columns (D2 = 0: q2_desc and k2_desc unused)."""
         BM: gl.constexpr = q_desc.block_type.shape[0]
-        D1: gl.constexpr = q_desc.block_type.shape[1]
         BN: gl.constexpr = k_desc.block_type.shape[0]
-        DV: gl.constexpr = v_desc.block_type.shape[1]
         gl.static_assert(BM == 128, "two consumer warpgroups of 64 query rows")
         gl.static_assert(num_warps == 4, "the default partition is one warpgroup")
         HB = H * B

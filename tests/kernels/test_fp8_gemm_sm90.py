@@ -8,23 +8,17 @@ for what the kernel exists for: fp8 warpgroup MMAs (QGMMA), no register spills, 
 accumulator or reading it early would cause."""
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from engine_extra import require
 
 require("torch", "triton")
 import torch  # noqa: E402
+from sm90_build import ROOT, build, needs_hopper  # noqa: E402
 
 from kernels import fp8_gemm_sm90 as sm90  # noqa: E402
 from kernels.reference import fp8_gemm_reference, per_block_quant_fp8, per_token_group_quant_fp8  # noqa: E402
 
-HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
-ROOT = Path(__file__).resolve().parents[2]
-needs_hopper = pytest.mark.skipif(not HOPPER, reason="the Gluon kernel runs only on a Hopper (sm_90) GPU")
 needs_gluon = pytest.mark.skipif(not sm90.HAVE_GLUON, reason="this Triton build has no Gluon Hopper modules")
 
 CONFIGS = [
@@ -46,15 +40,7 @@ def _id(c):
 @pytest.mark.parametrize("cfg", [CONFIGS[0], CONFIGS[2], CONFIGS[4], CONFIGS[5], dict(CONFIGS[0], SCALE_TMA=True)],
                          ids=lambda c: _id(c) + ("_scale_tma" if c.get("SCALE_TMA") else ""))
 def test_the_build_keeps_its_wgmmas_in_flight(cfg):
-    # in a process of its own without TRITON_INTERPRET: the interpreter, which the CPU test
-    # runs use, patches Triton's language for the process it ran in
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    code = ("import json, sys; from kernels.bench.sm90 import fp8_gemm_sm90_build; "
-            "print(json.dumps(fp8_gemm_sm90_build(json.loads(sys.argv[1]))))")
-    out = subprocess.run([sys.executable, "-c", code, json.dumps(cfg)], capture_output=True, text=True, env=env,
-                         cwd=ROOT, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    info = json.loads(out.stdout.strip().splitlines()[-1])
+    info = build("fp8_gemm_sm90_build", cfg)
     assert not info["serialized"], info["ptxas_info"]
     assert info["spill_bytes"] == 0, info["ptxas_info"]
     # 4 k=32 fp8 wgmma instructions per 128-wide K block; the pair loop, the first block and

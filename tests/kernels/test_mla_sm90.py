@@ -8,25 +8,17 @@ wgmma, registers that hardly spill, and shared memory that fits; on a Hopper GPU
 checked against the float64 reference, with the cache slots past every sequence poisoned with NaN
 (a partial last block must not read them into the output)."""
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 from engine_extra import require
 
 require("torch", "triton")
 import torch  # noqa: E402
+from sm90_build import HOPPER, build, needs_hopper  # noqa: E402
 
 from kernels import mla_sm90 as sm90  # noqa: E402
 from kernels.mla_decode import mla_decode  # noqa: E402
 from kernels.reference import mla_decode_reference  # noqa: E402
 
-HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
-ROOT = Path(__file__).resolve().parents[2]
-needs_hopper = pytest.mark.skipif(not HOPPER, reason="the Gluon kernel runs only on a Hopper (sm_90) GPU")
 needs_gluon = pytest.mark.skipif(not sm90.HAVE_GLUON, reason="this Triton build has no Gluon Hopper modules")
 TOL = {torch.bfloat16: 1e-2, torch.float16: 1.5e-3}  # as tests/kernels/test_mla_decode.py
 SCALE = 192**-0.5
@@ -37,17 +29,7 @@ SCALE = 192**-0.5
                                                   (False, 128, True)],
                          ids=["splits", "one_split", "left_256", "prefetch"])
 def test_the_build(single, left, prefetch):
-    # in a process of its own without TRITON_INTERPRET, which patches Triton's language for the
-    # process that ran it
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    code = ("import json, sys; from kernels.bench.sm90 import mla_sm90_build; "
-            "i = mla_sm90_build(dict(LEFT=int(sys.argv[2]), PREFETCH=sys.argv[3] == '1'), single=sys.argv[1] == '1'); "
-            "i.pop('ptx'); print(json.dumps(i))")
-    out = subprocess.run([sys.executable, "-c", code, "1" if single else "0", str(left), "1" if prefetch else "0"],
-                         capture_output=True, text=True,
-                         env=env, cwd=ROOT, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    info = json.loads(out.stdout.strip().splitlines()[-1])
+    info = build("mla_sm90_build", dict(LEFT=left, PREFETCH=prefetch), single=single)
     assert not info["serialized"], info["ptxas_info"]
     # the default (consumer 0 keeps 128 output columns): none under Triton 3.6, a few scalars
     # (16-32 bytes) under 3.9; 256 columns spill more (80 / 272 bytes), never a tile

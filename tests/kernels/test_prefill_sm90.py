@@ -8,24 +8,18 @@ loop, Q K^T and P V in it, one P V after, per consumer warpgroup), no spills and
 serialised wgmma."""
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from engine_extra import require
 
 require("torch", "triton")
 import torch  # noqa: E402
+from sm90_build import HOPPER, ROOT, build, needs_hopper  # noqa: E402
 
 from kernels import prefill_sm90 as sm90  # noqa: E402
 from kernels.prefill_attention import prefill_attention  # noqa: E402
 from kernels.reference import varlen_attention_reference  # noqa: E402
 
-HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
-ROOT = Path(__file__).resolve().parents[2]
-needs_hopper = pytest.mark.skipif(not HOPPER, reason="the Gluon kernel runs only on a Hopper (sm_90) GPU")
 needs_gluon = pytest.mark.skipif(not sm90.HAVE_GLUON, reason="this Triton build has no Gluon Hopper modules")
 TOL = {torch.bfloat16: 1e-2, torch.float16: 1.5e-3}  # as tests/kernels/test_prefill_attention.py
 
@@ -38,16 +32,7 @@ TOL = {torch.bfloat16: 1e-2, torch.float16: 1.5e-3}  # as tests/kernels/test_pre
     (192, dict(BLOCK_N=64, STAGES=3, PERSISTENT=1)),
 ], ids=["d128", "mla192", "d128_persistent_s3", "mla192_n64"])
 def test_the_build_keeps_p_in_registers_and_does_not_spill(dqk, config):
-    # in a process of its own without TRITON_INTERPRET, which patches Triton's language for the
-    # process that ran it
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    code = ("import json, sys; from kernels.bench.sm90 import prefill_sm90_build; "
-            "i = prefill_sm90_build(int(sys.argv[1]), 128, json.loads(sys.argv[2])); i.pop('ptx'); "
-            "print(json.dumps(i))")
-    out = subprocess.run([sys.executable, "-c", code, str(dqk), json.dumps(config)], capture_output=True, text=True,
-                         env=env, cwd=ROOT, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    info = json.loads(out.stdout.strip().splitlines()[-1])
+    info = build("prefill_sm90_build", dqk, 128, config)
     assert info["spill_bytes"] == 0 and not info["serialized"], info["ptxas_info"]
     bn = sm90.launch_config(config, dqk, 128)["BLOCK_N"]
     # per consumer: Q K^T before the loop and in it (Dqk / 16 k-steps each), P V in it and after

@@ -1,0 +1,42 @@
+"""What the Gluon Hopper kernels (``fp8_gemm_sm90``, ``prefill_sm90``, ``mla_sm90``) share: Gluon's
+Hopper modules (absent from Triton builds without them: ``HAVE_GLUON`` is then False), the names
+Triton 3.6 (the H200's) and later releases give the same operations, and the release of a ring
+slot by one warp-specialised partition."""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["HAVE_GLUON", "GL_DTYPE", "TensorDescriptor", "cta_barrier", "fence_async_shared", "gl", "gluon", "mbarrier",
+           "release", "tma", "tma_load", "tma_store", "warpgroup_mma", "warpgroup_mma_wait"]
+
+try:  # Gluon ships with Triton >= 3.4; the Hopper modules exist only in the CUDA build
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        mbarrier,
+        tma,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    # Triton 3.6 names the TMA copies async_copy_global_to_shared / async_copy_shared_to_global;
+    # later releases renamed them async_load / async_store
+    tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+    tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+    cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier  # renamed after 3.6
+    GL_DTYPE = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
+    HAVE_GLUON = True
+
+    @gluon.jit
+    def release(bar):
+        """This partition's warps are past their reads of a slot (a barrier of the partition's
+        own warps, ``bar.sync id, threads``: the other partitions are not held), then one
+        arrival on the slot's mbarrier."""
+        cta_barrier()
+        mbarrier.arrive(bar)
+
+except ImportError:  # pragma: no cover - depends on the Triton build
+    HAVE_GLUON = False
