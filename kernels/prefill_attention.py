@@ -300,8 +300,8 @@ def prefill_attention(
         from kernels import prefill_sm90
 
         if not prefill_sm90.supported(q, k, v, out):
-            raise ValueError("config KERNEL 'sm90' needs a Hopper GPU, Gluon, Dqk a power of two (or one plus a "
-                             "smaller one) up to 256, Dv 64 or 128 and TMA-aligned q, k, v")
+            raise ValueError("config KERNEL 'sm90' needs a Hopper GPU, Gluon, Dqk 128 or 192, Dv 128 and "
+                             "TMA-aligned q, k, v")
         prefill_sm90.prefill_sm90(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, out,
                                   lse if return_lse else None, scale, causal, cfg)
         return (out, lse) if return_lse else out

@@ -1,10 +1,12 @@
-"""Variable-length prefill attention for Hopper (sm_90) in Gluon: warp-specialised, the softmax
-of one key block overlapped with the tensor-core products of the next.
+"""Variable-length prefill attention for Hopper (sm_90) in Gluon: warp-specialised, each key
+block's softmax overlapped with the tensor-core products around it.
 
 Same contract as ``kernels.prefill_attention.prefill_attention`` (packed q [Tq, Hq, Dqk], k
 [Tk, Hkv, Dqk], v [Tk, Hkv, Dv], ``cu_seqlens``, bottom-right causal mask, GQA, natural-log LSE
-[Hq, Tq]), for Dqk a power of two or one plus a smaller one up to 256 (128; DeepSeek MLA's
-192 = 128 + 64, two chained products) and Dv 64 or 128, fp16/bf16.
+[Hq, Tq]), fp16/bf16, for the head dims checked on the H200: Dqk 128 and DeepSeek MLA's
+192 = 128 + 64 (two chained products), Dv 128 (``supported``; other splits ``split_dqk``
+accepts compile, but have not run on a GPU, so ``prefill_attention`` keeps the Triton kernel
+for them).
 
 Why a second kernel: the Triton kernel issues each key block's two products and its softmax in
 one instruction stream, so the tensor cores idle while the exponentials run (kernels/README.md,
@@ -22,10 +24,11 @@ FlashAttention-3 runs it on Hopper, in partitions (``gl.warp_specialize``):
   retired instead, the kernel took 0.99-1.06x the time, H200 race 8b). With ``PINGPONG`` the
   two consumers take turns issuing their products (an mbarrier each, arrived by the other after
   it issued), so one's softmax runs while the other's products occupy the tensor cores;
-- tiles are ordered heaviest first (the last query blocks of a sequence see the most keys). With
-  ``PERSISTENT`` one program per SM walks them in rounds that alternate direction
-  (``_tile_index``), and the producer loads the next tile's Q and first key blocks while the
-  consumers finish this one; without it, a program per tile, launched heaviest first.
+- tiles are ordered heaviest first (the last query blocks of a sequence see the most keys), or
+  with ``HEAD_MAJOR`` one (sequence, head) after another, last block first. With ``PERSISTENT``
+  one program per SM walks them in rounds that alternate direction (``_tile_index``), and the
+  producer loads the next tile's Q and first key blocks while the consumers finish this one;
+  without it, a program per tile, in that order.
 
 Causal work: key blocks that every row of the tile sees run unmasked; the diagonal and the
 ragged tail (keys past the sequence, which TMA reads from the next sequence or zero-fills)
@@ -106,18 +109,13 @@ def launch_config(config: dict | None, dqk: int, dv: int, waves: float = 0.0) ->
 
 
 def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor | None = None) -> bool:
-    """Whether this kernel can run these operands: a Hopper GPU, Gluon, 16-bit inputs, head dims
-    it tiles (``split_dqk``, at most 256; Dv 64 or 128) and bases and strides TMA accepts."""
+    """Whether this kernel runs these operands: a Hopper GPU, Gluon, 16-bit inputs, the head dims
+    checked on the H200 (Dqk 128 or 192, Dv 128) and bases and strides TMA accepts."""
     if not (HAVE_GLUON and q.is_cuda) or torch.cuda.get_device_capability(q.device) != (9, 0):
         return False
     if q.dtype not in (torch.bfloat16, torch.float16) or k.dtype != q.dtype or v.dtype != q.dtype:
         return False
-    dqk, dv = q.shape[2], v.shape[2]
-    try:
-        split_dqk(dqk)
-    except ValueError:
-        return False
-    if dqk > 256 or dv not in (64, 128):
+    if q.shape[2] not in (128, 192) or v.shape[2] != 128:
         return False
     es = q.element_size()
     for t in (q, k, v):
