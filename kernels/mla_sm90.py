@@ -14,18 +14,20 @@ pipe 33% busy; kernels/README.md, MLA decode). Here, in partitions (``gl.warp_sp
 
 - a producer warp TMA-loads each 64-token key block, [64, 512] latent and [64, 64] rope, from its
   page (the block table read once per block) into a ring of ``STAGES``;
-- consumer 0 (4 warps) holds the query block: the latent part in shared memory [64, 512], the
-  rope part in registers (the product's A operand). Per block it finishes S_j = Q K_j^T, runs the
-  online softmax, publishes P_j (bf16) and the rescale factor in shared memory for consumer 1,
-  rescales its output columns [0, 256) and issues O += P_j V_j[:, :256] (P from registers), then
-  issues S_{j+1} before waiting, so the next block's scores run beside both halves' products;
-- consumer 1 (4 warps) owns output columns [256, 512): per block it waits for P_j, rescales and
-  issues O += P_j V_j[:, 256:] (P from shared memory).
-A key block's slot is freed when both consumers' products retired; the P buffers are two, each
-freed by consumer 1. Keys past the sequence are masked (p = 0), and on a partial last block the
-cache rows past it are zeroed in shared memory before the products (an unwritten slot may hold
-anything, NaN included, and 0 x NaN is NaN).
+- consumer 0 (4 warps) stages the query block in shared memory ([64, 512] latent, [64, 64]
+  rope) once. Per block it computes S_j = Q K_j^T, runs the online softmax, publishes P_j (bf16)
+  and the rescale factor in shared memory for consumer 1, rescales its output columns
+  [0, ``LEFT``) and issues O += P_j V_j on them (P from registers). With ``PREFETCH`` it issues
+  S_{j+1} before it waits for that product, so the next block's scores run beside both
+  consumers' products (at the price of block j + 2's load landing later, see ``launch_config``);
+- consumer 1 (4 warps) owns the other output columns ([``LEFT``, 512): [256, 512) and, with LEFT
+  128, [128, 256) in a second accumulator): per block it waits for P_j, rescales and issues
+  O += P_j V_j on them (P from shared memory), then frees P.
+A key block's slot is freed when both consumers' products retired. Keys past the sequence are
+masked (p = 0), and on a partial last block the cache rows past it are zeroed in shared memory
+before the products (an unwritten slot may hold anything, NaN included, and 0 x NaN is NaN).
 
+Not yet run on a GPU: ``mla_decode`` takes it only when asked (``config={"KERNEL": "sm90"}``).
 Gluon kernels compile only for a GPU (no interpreter): tests/kernels/test_mla_sm90.py compiles
 this one for sm_90a on any machine (``kernels.bench.sm90.mla_sm90_build``) and checks it against
 the float64 reference on a Hopper GPU."""
