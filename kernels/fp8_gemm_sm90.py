@@ -50,7 +50,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from kernels.sm90_common import HAVE_GLUON
+from kernels.sm90_common import HAVE_GLUON, split_registers
 
 if HAVE_GLUON:
     from kernels.sm90_common import GL_DTYPE as _GL_OUT
@@ -360,14 +360,9 @@ def pick_config(m: int, n: int, k: int, num_sms: int) -> dict:
 
 
 def ws_registers(block_m: int, per_sm: int) -> tuple[int, int]:
-    """(maxnreg, registers per consumer thread) of a launch: the kernel runs 4 warps per
-    consumer warpgroup plus the producer's warpgroup (registers are allocated per warpgroup),
-    ``max(per_sm, 1)`` programs share an SM's 64K registers, the producer keeps
-    ``PRODUCER_REGS`` a thread and the consumers split the rest (``setmaxnreg`` takes multiples of 8, at most 256)."""
-    groups = block_m // 64 + 1
-    maxnreg = min(65536 // (max(per_sm, 1) * groups * 128), 256) // 8 * 8
-    consumer = min((maxnreg * groups - PRODUCER_REGS) // (groups - 1) // 8 * 8, 256)
-    return maxnreg, consumer
+    """(maxnreg, registers per consumer thread) of a launch: one consumer warpgroup per 64 rows
+    of the tile, the producer keeping ``PRODUCER_REGS`` (``sm90_common.split_registers``)."""
+    return split_registers(block_m // 64, per_sm, PRODUCER_REGS)
 
 
 CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "GROUP_M", "STAGES", "PERSISTENT", "PAIR_RELEASE", "SCALE_TMA")

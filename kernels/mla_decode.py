@@ -231,7 +231,7 @@ def mla_decode(
     seq_lens) switches the split rule to "tokens" (see `pick_splits`).
 
     ``config={"KERNEL": "sm90", ...}`` runs the splits on the Gluon Hopper kernel
-    (``kernels.mla_sm90``; its keys ``STAGES``, ``P_BUFS``) instead of the Triton one; the default
+    (``kernels.mla_sm90``; its keys ``STAGES``, ``LEFT``, ``PREFETCH``) instead of the Triton one; the default
     is the Triton kernel.
     """
     if not isinstance(q, torch.Tensor) or q.dim() != 3:

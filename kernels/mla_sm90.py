@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.sm90_common import HAVE_GLUON
+from kernels.sm90_common import HAVE_GLUON, SMEM_BYTES, split_registers
 
 if HAVE_GLUON:
     from kernels.sm90_common import GL_DTYPE as _GL
@@ -51,7 +51,6 @@ BLOCK_H = 64  # heads per program: the rows of one warpgroup MMA
 BLOCK_N = 64  # tokens per key block
 PRODUCER_REGS = 40
 CONFIG_KEYS = ("STAGES", "LEFT", "PREFETCH")
-SMEM_BYTES = 227 * 1024
 
 
 def smem_bytes(stages: int, itemsize: int = 2) -> int:
@@ -156,7 +155,7 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _write_out(acc, l_i, m_i, O, LSE, OP, LP, b, s, n_blocks, stride_ob, stride_oh, stride_pb, stride_ph,
-                   stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, out_scale, H, COL0: gl.constexpr,
+                   stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, out_scale, COL0: gl.constexpr,
                    layout: gl.constexpr, SINGLE: gl.constexpr, STORE_LSE: gl.constexpr, WITH_LSE: gl.constexpr):
         """Output columns [COL0, COL0 + acc's width) of the program's 64 heads: the output and LSE
         (one split) or the partial output and log2-sum-exp (an empty split: -inf, output
@@ -182,7 +181,7 @@ if HAVE_GLUON:
     @gluon.jit
     def _scorer(q_smem, q_pe, kv_bufs, pe_bufs, p_bufs, alpha_smem, l_smem, kv_ready, kv_empty, p_ready, p_free, l_ready,
                 Q, SEQ, O, LSE, OP, LP, stride_qb, stride_qh, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps,
-                stride_lb, stride_lh, stride_lsb, stride_lsh, chunk, H, score_scale, out_scale,
+                stride_lb, stride_lh, stride_lsb, stride_lsh, chunk, score_scale, out_scale,
                 SINGLE: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr, LEFT: gl.constexpr,
                 PREFETCH: gl.constexpr):
         """Consumer 0: the scores, the softmax and output columns [0, LEFT)."""
@@ -258,10 +257,10 @@ if HAVE_GLUON:
         release(l_ready)
         _write_out(acc, gl.convert_layout(l_i, row_o), gl.convert_layout(m_i, row_o), O, LSE, OP, LP, b, s,
                    n_blocks, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb,
-                   stride_lsh, out_scale, H, 0, o_layout, SINGLE, STORE_LSE, True)
+                   stride_lsh, out_scale, 0, o_layout, SINGLE, STORE_LSE, True)
 
     @gluon.jit
-    def _pv_part(acc, p_smem, kv_st, alpha, start, tok0, end, COL0: gl.constexpr):
+    def _pv_part(acc, p_smem, kv_st, alpha, tok0, end, COL0: gl.constexpr):
         """acc (output columns [COL0, COL0 + its width)) rescaled, + P V of those columns, P from
         shared memory; a partial last block's rows past the sequence zeroed first."""
         W: gl.constexpr = acc.shape[1]
@@ -273,7 +272,7 @@ if HAVE_GLUON:
     @gluon.jit
     def _right(kv_bufs, p_bufs, alpha_smem, l_smem, kv_ready, kv_empty, p_ready, p_free, l_ready, SEQ, O, LSE, OP,
                LP, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb,
-               stride_lsh, chunk, H, out_scale, SINGLE: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr,
+               stride_lsh, chunk, out_scale, SINGLE: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr,
                LEFT: gl.constexpr):
         """Consumer 1: output columns [LEFT, 512), P from shared memory: [256, 512) in one
         accumulator, with LEFT = 128 columns [128, 256) in a second (a slice of the key block
@@ -293,31 +292,31 @@ if HAVE_GLUON:
             mbarrier.wait(p_ready.index(pb), (j // NP) & 1)
             tok0 = start + j * 64
             acc_a = _pv_part(acc_a, p_bufs.index(pb), kv_bufs.index(st), alpha_smem.index(pb).load(gl.SliceLayout(1, la)),
-                             start, tok0, end, 256)
+                             tok0, end, 256)
             if LEFT < 256:
                 acc_b = _pv_part(acc_b, p_bufs.index(pb), kv_bufs.index(st),
-                                 alpha_smem.index(pb).load(gl.SliceLayout(1, lb)), start, tok0, end, LEFT)
+                                 alpha_smem.index(pb).load(gl.SliceLayout(1, lb)), tok0, end, LEFT)
             _cta_barrier()
             mbarrier.arrive(p_free.index(pb))
             mbarrier.arrive(kv_empty.index(st))
         mbarrier.wait(l_ready, 0)
         l_a = l_smem.load(gl.SliceLayout(1, la))
         _write_out(acc_a, l_a, l_a, O, LSE, OP, LP, b, s, n_blocks, stride_ob, stride_oh, stride_pb, stride_ph,
-                   stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, out_scale, H, 256, la, SINGLE,
+                   stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, out_scale, 256, la, SINGLE,
                    STORE_LSE, False)
         if LEFT < 256:
             l_b = l_smem.load(gl.SliceLayout(1, lb))
             _write_out(acc_b, l_b, l_b, O, LSE, OP, LP, b, s, n_blocks, stride_ob, stride_oh, stride_pb, stride_ph,
-                       stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, out_scale, H, LEFT, lb, SINGLE,
+                       stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, out_scale, LEFT, lb, SINGLE,
                        STORE_LSE, False)
 
     @gluon.jit
     def _mla_sm90_kernel(kv_desc, pe_desc, Q, BT, SEQ, O, LSE, OP, LP,
                          stride_qb, stride_qh, stride_bt, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps,
-                         stride_lb, stride_lh, stride_lsb, stride_lsh, chunk, H, PAGE, score_scale, out_scale,
+                         stride_lb, stride_lh, stride_lsb, stride_lsh, chunk, PAGE, score_scale, out_scale,
                          SINGLE: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr, LEFT: gl.constexpr,
                          PREFETCH: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
-        """Grid (H / 64, B, splits). The default partition (4 warps) is consumer 0, a 4-warp
+        """Grid (heads / 64, B, splits). The default partition (4 warps) is consumer 0, a 4-warp
         worker consumer 1, a 1-warp worker the TMA producer."""
         gl.static_assert(num_warps == 4, "the default partition is one warpgroup")
         dtype: gl.constexpr = kv_desc.dtype
@@ -346,21 +345,20 @@ if HAVE_GLUON:
         gl.warp_specialize([
             (_scorer, (q_smem, q_pe, kv_bufs, pe_bufs, p_bufs, alpha_smem, l_smem, kv_ready, kv_empty, p_ready, p_free,
                        l_ready, Q, SEQ, O, LSE, OP, LP, stride_qb, stride_qh, stride_ob, stride_oh, stride_pb,
-                       stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, chunk, H, score_scale,
+                       stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, chunk, score_scale,
                        out_scale, SINGLE, STORE_LSE, STAGES, LEFT, PREFETCH)),
             (_right, (kv_bufs, p_bufs, alpha_smem, l_smem, kv_ready, kv_empty, p_ready, p_free, l_ready, SEQ, O, LSE,
                       OP, LP, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb,
-                      stride_lsh, chunk, H, out_scale, SINGLE, STORE_LSE, STAGES, LEFT)),
+                      stride_lsh, chunk, out_scale, SINGLE, STORE_LSE, STAGES, LEFT)),
             (_producer, (kv_desc, pe_desc, kv_bufs, pe_bufs, kv_ready, kv_empty, SEQ, BT, stride_bt, chunk, PAGE,
                          STAGES)),
         ], [4, 1], [CONSUMER_REGS, _PRODUCER_REGS])
 
 
 def registers() -> tuple[int, int]:
-    """(maxnreg, registers per consumer thread): two consumer warpgroups and the producer's on
-    one SM's 64K registers, the producer keeping ``PRODUCER_REGS``."""
-    maxnreg = 65536 // (3 * 128) // 8 * 8
-    return maxnreg, min((maxnreg * 3 - PRODUCER_REGS) // 2 // 8 * 8, 256)
+    """(maxnreg, registers per consumer thread): two consumer warpgroups, one program per SM,
+    the producer keeping ``PRODUCER_REGS``."""
+    return split_registers(2, 1, PRODUCER_REGS)
 
 
 def descriptors(kv_cache: torch.Tensor):
@@ -394,7 +392,7 @@ def mla_sm90_split(q, kv_cache, block_table, seq_lens, out, lse, op, lp, chunk, 
         kv_desc, pe_desc, q, block_table, seq_lens, out, lse if lse is not None else out,
         op if op is not None else out, lp if lp is not None else out,
         q.stride(0), q.stride(1), block_table.stride(0), out.stride(0), out.stride(1), *sp, *lse_st,
-        chunk, nh, kv_cache.shape[1], score_scale, out_scale,
+        chunk, kv_cache.shape[1], score_scale, out_scale,
         SINGLE=single, STORE_LSE=lse is not None and single, STAGES=cfg["STAGES"], LEFT=cfg["LEFT"],
         PREFETCH=bool(cfg["PREFETCH"]), CONSUMER_REGS=regs,
         num_warps=4, maxnreg=maxnreg)

@@ -4,7 +4,7 @@ block's softmax overlapped with the tensor-core products around it.
 Same contract as ``kernels.prefill_attention.prefill_attention`` (packed q [Tq, Hq, Dqk], k
 [Tk, Hkv, Dqk], v [Tk, Hkv, Dv], ``cu_seqlens``, bottom-right causal mask, GQA, natural-log LSE
 [Hq, Tq]), fp16/bf16, for the head dims checked on the H200: Dqk 128 and DeepSeek MLA's
-192 = 128 + 64 (two chained products), Dv 128 (``supported``; other splits ``split_dqk``
+192 = 128 + 64 (two chained products), Dv 128 (``supported``; other splits ``split_head_dim``
 accepts compile, but have not run on a GPU, so ``prefill_attention`` keeps the Triton kernel
 for them).
 
@@ -44,18 +44,17 @@ from __future__ import annotations
 import torch
 import triton
 
-from kernels.sm90_common import HAVE_GLUON
+from kernels.prefill_attention import LOG2E, split_head_dim
+from kernels.sm90_common import HAVE_GLUON, SMEM_BYTES, split_registers
 
 if HAVE_GLUON:
     from kernels.sm90_common import GL_DTYPE as _GL
     from kernels.sm90_common import TensorDescriptor, gl, gluon, mbarrier, release, warpgroup_mma, warpgroup_mma_wait
     from kernels.sm90_common import tma_load as _tma_load
 
-LOG2E = 1.4426950408889634
 BLOCK_M = 128  # query rows per tile: two consumer warpgroups of 64
 PRODUCER_REGS = 40
 CONFIG_KEYS = ("BLOCK_N", "STAGES", "PINGPONG", "PERSISTENT", "HEAD_MAJOR")
-SMEM_BYTES = 227 * 1024  # an sm_90 CTA's shared memory
 
 
 def smem_bytes(dqk: int, dv: int, block_n: int, stages: int, itemsize: int = 2) -> int:
@@ -169,6 +168,17 @@ if HAVE_GLUON:
         return b, h, q_start, Lq, m0, k_start, Lk, diag, n_full, gl.cdiv(hi, BN)
 
     @gluon.jit
+    def _round_tile(r, total, HB, NUM_MB, H, CU_Q, CU_K, CAUSAL: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr,
+                    HEAD_MAJOR: gl.constexpr):
+        """This program's tile of round r (``_tile_index``) and whether it has rows to compute:
+        (live, then ``_tile_of``'s fields). A round past the last tile decodes the last tile (no
+        read past ``cu_seqlens``) and is not live."""
+        t = _tile_index(r, gl.num_programs(0))
+        b, h, q_start, Lq, m0, k_start, Lk, diag, n_full, n_blocks = _tile_of(
+            gl.minimum(t, total - 1), HB, NUM_MB, H, CU_Q, CU_K, CAUSAL, BM, BN, HEAD_MAJOR)
+        return (t < total) & (m0 < Lq), b, h, q_start, Lq, m0, k_start, Lk, diag, n_full, n_blocks
+
+    @gluon.jit
     def _producer(q_desc, q2_desc, k_desc, k2_desc, v_desc, q_smem, q2_smem, k_bufs, k2_bufs, v_bufs, q_ready, q_empty,
                   k_ready, k_empty, v_ready, v_empty, CU_Q, CU_K, H, GROUP, HB, NUM_MB, total, stride_qh, stride_kh,
                   stride_vh, CAUSAL: gl.constexpr, STAGES: gl.constexpr, D2: gl.constexpr, HEAD_MAJOR: gl.constexpr):
@@ -182,12 +192,10 @@ if HAVE_GLUON:
         BN: gl.constexpr = k_desc.block_type.shape[0]
         g = 0
         tq = 0
-        G = gl.num_programs(0)
-        for r in range(gl.cdiv(total, G)):
-            t = _tile_index(r, G)
-            b, h, q_start, Lq, m0, k_start, Lk, diag, n_full, n_blocks = _tile_of(
-                t, HB, NUM_MB, H, CU_Q, CU_K, CAUSAL, BM, BN, HEAD_MAJOR)
-            if (t < total) & (m0 < Lq):
+        for r in range(gl.cdiv(total, gl.num_programs(0))):
+            live, b, h, q_start, Lq, m0, k_start, Lk, diag, n_full, n_blocks = _round_tile(
+                r, total, HB, NUM_MB, H, CU_Q, CU_K, CAUSAL, BM, BN, HEAD_MAJOR)
+            if live:
                 kvh = h // GROUP
                 mbarrier.wait(q_empty, (tq & 1) ^ 1)  # the first wait passes (the phase before 0)
                 mbarrier.expect(q_ready, q_bytes)
@@ -254,12 +262,10 @@ if HAVE_GLUON:
         g = 0
         tq = 0
         turn = 0  # issue points taken in turns with the other consumer (PINGPONG)
-        G = gl.num_programs(0)
-        for r in range(gl.cdiv(total, G)):
-            t = _tile_index(r, G)
-            b, h, q_start, Lq, m0, k_start, Lk, diag, n_full, n_blocks = _tile_of(
-                t, HB, NUM_MB, H, CU_Q, CU_K, CAUSAL, BM, BN, HEAD_MAJOR)
-            if (t < total) & (m0 < Lq):
+        for r in range(gl.cdiv(total, gl.num_programs(0))):
+            live, b, h, q_start, Lq, m0, k_start, Lk, diag, n_full, n_blocks = _round_tile(
+                r, total, HB, NUM_MB, H, CU_Q, CU_K, CAUSAL, BM, BN, HEAD_MAJOR)
+            if live:
                 rows = m0 + W * HALF + gl.arange(0, HALF, layout=row_s)
                 cols0 = gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))
                 acc = gl.zeros([HALF, DV], gl.float32, o_layout)
@@ -351,9 +357,9 @@ if HAVE_GLUON:
         else:
             # a program per tile: one past its sequence's rows (most of a varlen batch's grid) returns
             # before the partitions start
-            b, h, q_start, Lq, m0, k_start, Lk, diag, n_full, n_blocks = _tile_of(
-                gl.program_id(0), HB, NUM_MB, H, CU_Q, CU_K, CAUSAL, BM, BN, HEAD_MAJOR)
-            if m0 < Lq:
+            live, b, h, q_start, Lq, m0, k_start, Lk, diag, n_full, n_blocks = _round_tile(
+                0, total, HB, NUM_MB, H, CU_Q, CU_K, CAUSAL, BM, BN, HEAD_MAJOR)
+            if live:
                 _partitions(q_desc, q2_desc, k_desc, k2_desc, v_desc, O, LSE, CU_Q, CU_K, H, GROUP, NUM_MB, HB,
                             total, stride_qh, stride_kh, stride_vh, stride_ot, stride_oh, stride_lse_h, qk_scale,
                             CAUSAL, STORE_LSE, STAGES, PINGPONG, D2, HEAD_MAJOR, CONSUMER_REGS)
@@ -410,11 +416,9 @@ if HAVE_GLUON:
 
 
 def registers(per_sm: int = 1) -> tuple[int, int]:
-    """(maxnreg, registers per consumer thread): two consumer warpgroups and the producer's,
-    ``per_sm`` programs per SM sharing 64K registers, the producer keeping ``PRODUCER_REGS``."""
-    groups = 3
-    maxnreg = min(65536 // (max(per_sm, 1) * groups * 128), 256) // 8 * 8
-    return maxnreg, min((maxnreg * groups - PRODUCER_REGS) // (groups - 1) // 8 * 8, 256)
+    """(maxnreg, registers per consumer thread): two consumer warpgroups, the producer keeping
+    ``PRODUCER_REGS``."""
+    return split_registers(2, per_sm, PRODUCER_REGS)
 
 
 def _matrix(t: torch.Tensor) -> torch.Tensor:
@@ -423,22 +427,11 @@ def _matrix(t: torch.Tensor) -> torch.Tensor:
     return t.as_strided((t.shape[0], (t.shape[1] - 1) * t.stride(1) + t.shape[2]), (t.stride(0), 1))
 
 
-def split_dqk(dqk: int) -> tuple[int, int]:
-    """Dqk = D1 + D2 with D1 the largest power of two <= Dqk and D2 a power of two or 0 (the
-    tiles TMA and the products take): 128 = 128 + 0, 192 = 128 + 64."""
-    d1 = 1 << (dqk.bit_length() - 1)
-    d2 = dqk - d1
-    if d1 < 16 or (d2 and (d2 < 16 or d2 & (d2 - 1))):
-        raise ValueError(f"prefill_sm90: q/k head dim {dqk} must be a power of two >= 16 or such a power plus a "
-                         f"smaller power of two >= 16 (128, 192 = 128 + 64)")
-    return d1, d2
-
-
 def descriptors(q, k, v, block_n: int):
     """TMA descriptors: Q's tile [128, D1] and [128, D2], K's key block [BLOCK_N, D1] and
     [BLOCK_N, D2] (D2 = 0: the D1 ones again), V's [BLOCK_N, Dv]."""
     dt = _GL[q.dtype]
-    d1, d2 = split_dqk(q.shape[2])
+    d1, d2 = split_head_dim(q.shape[2])
 
     def desc(t, block):
         m = _matrix(t)
@@ -470,6 +463,6 @@ def prefill_sm90(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, out, lse, so
         hq, hq // hkv, num_mb, batch, q.stride(1), k.stride(1), v.stride(1), out.stride(0), out.stride(1),
         lse.stride(0) if lse is not None else 0, softmax_scale * LOG2E,
         CAUSAL=bool(causal), STORE_LSE=lse is not None, STAGES=cfg["STAGES"], PINGPONG=bool(cfg["PINGPONG"]),
-        D2=split_dqk(dqk)[1], HEAD_MAJOR=bool(cfg["HEAD_MAJOR"]),
+        D2=split_head_dim(dqk)[1], HEAD_MAJOR=bool(cfg["HEAD_MAJOR"]),
         PERSISTENT=bool(per_sm), CONSUMER_REGS=regs, num_warps=4, maxnreg=maxnreg)
     return out

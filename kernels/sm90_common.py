@@ -7,8 +7,21 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["HAVE_GLUON", "GL_DTYPE", "TensorDescriptor", "cta_barrier", "fence_async_shared", "gl", "gluon", "mbarrier",
+__all__ = ["HAVE_GLUON", "SMEM_BYTES", "split_registers", "GL_DTYPE", "TensorDescriptor", "cta_barrier", "fence_async_shared", "gl", "gluon", "mbarrier",
            "release", "tma", "tma_load", "tma_store", "warpgroup_mma", "warpgroup_mma_wait"]
+
+SMEM_BYTES = 227 * 1024  # the shared memory one sm_90 CTA may take
+
+
+def split_registers(consumers: int, per_sm: int, producer_regs: int) -> tuple[int, int]:
+    """(maxnreg, registers per consumer thread) of a warp-specialised launch: ``consumers``
+    warpgroups plus the producer's (registers are allocated per warpgroup), ``max(per_sm, 1)``
+    programs sharing an SM's 64K registers, the producer keeping ``producer_regs`` a thread and
+    the consumers splitting the rest (``setmaxnreg`` takes multiples of 8, at most 256)."""
+    groups = consumers + 1
+    maxnreg = min(65536 // (max(per_sm, 1) * groups * 128), 256) // 8 * 8
+    return maxnreg, min((maxnreg * groups - producer_regs) // consumers // 8 * 8, 256)
+
 
 try:  # Gluon ships with Triton >= 3.4; the Hopper modules exist only in the CUDA build
     from triton.experimental import gluon

@@ -73,8 +73,10 @@ def sm90_report():
             info = fp8_gemm_sm90_build(cfg)
             info.pop("ptxas_info"), info.pop("ptx")
             print(f"fp8_gemm_sm90 default for M {m} N {n} K {k} {cfg}: {info}")
+        from kernels.prefill_sm90 import default_config as prefill_default
+
         for dqk, waves in [(128, 31.0), (128, 7.8), (192, 15.5)]:
-            info = prefill_sm90_build(dqk, 128, None if waves >= 12 else dict(PERSISTENT=1))
+            info = prefill_sm90_build(dqk, 128, prefill_default(dqk, 128, waves))
             info.pop("ptxas_info"), info.pop("ptx")
             print(f"prefill_sm90 Dqk {dqk} Dv 128 default at {waves} tiles per SM: {info}")
     return 0
@@ -151,12 +153,13 @@ def prefill_sm90_build(dqk: int = 128, dv: int = 128, config: dict | None = None
     """``gluon_sm90_build`` of the Gluon prefill attention kernel for these head dims and config."""
     from triton.experimental.gluon import language as gl
 
-    from kernels.prefill_sm90 import BLOCK_M, _prefill_sm90_kernel, launch_config, registers, split_dqk
+    from kernels.prefill_attention import split_head_dim
+    from kernels.prefill_sm90 import BLOCK_M, _prefill_sm90_kernel, launch_config, registers
 
     cfg = launch_config(config, dqk, dv)
     gdt = {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype]
     bn = cfg["BLOCK_N"]
-    d1, d2 = split_dqk(dqk)
+    d1, d2 = split_head_dim(dqk)
     sig = {"q_desc": _desc(dtype, gdt, [BLOCK_M, d1]), "q2_desc": _desc(dtype, gdt, [BLOCK_M, d2 or d1]),
            "k_desc": _desc(dtype, gdt, [bn, d1]), "k2_desc": _desc(dtype, gdt, [bn, d2 or d1]),
            "v_desc": _desc(dtype, gdt, [bn, dv]), "O": f"*{dtype}", "LSE": "*fp32", "CU_Q": "*i32", "CU_K": "*i32",
@@ -183,7 +186,7 @@ def mla_sm90_build(config: dict | None = None, single: bool = False, dtype: str 
            "LP": "*fp32", "score_scale": "fp32", "out_scale": "fp32"}
     sig.update({n: "i32" for n in ("stride_qb", "stride_qh", "stride_bt", "stride_ob", "stride_oh", "stride_pb",
                                    "stride_ph", "stride_ps", "stride_lb", "stride_lh", "stride_lsb", "stride_lsh",
-                                   "chunk", "H", "PAGE")})
+                                   "chunk", "PAGE")})
     maxnreg, regs = registers()
     consts = {"SINGLE": single, "STORE_LSE": single, "STAGES": cfg["STAGES"], "LEFT": cfg["LEFT"],
               "PREFETCH": bool(cfg["PREFETCH"]), "CONSUMER_REGS": regs, "num_warps": 4}

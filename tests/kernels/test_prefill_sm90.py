@@ -56,9 +56,10 @@ def test_a_config_is_checked_before_launch():
         sm90.launch_config(dict(PERSISTENT=2), 128, 128)
     with pytest.raises(ValueError, match="STAGES must be a positive int"):
         sm90.launch_config(dict(STAGES=0), 128, 128)
-    assert sm90.split_dqk(192) == (128, 64) and sm90.split_dqk(128) == (128, 0)
+    # the Triton kernel's split of the q.k head dim, which the TMA blocks follow
+    assert sm90.split_head_dim(192) == (128, 64) and sm90.split_head_dim(128) == (128, 0)
     with pytest.raises(ValueError, match="head dim 176"):
-        sm90.split_dqk(176)  # 128 + 48
+        sm90.split_head_dim(176)  # 128 + 48
 
 
 def test_asking_for_it_off_hopper_is_a_clear_error():
