@@ -34,7 +34,7 @@ try:  # Triton >= 3.4 (host-side TMA descriptors); absent on older Triton
 except ImportError:  # pragma: no cover
     TensorDescriptor = None
 
-LOG2E = 1.4426950408889634
+from kernels.attention_dims import LOG2E, split_head_dim  # also imported from here by callers
 
 
 def interpreting() -> bool:
@@ -191,18 +191,6 @@ def _prefill_fwd_kernel(
     if STORE_LSE:
         lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
         tl.store(LSE + h * stride_lse_h + q_start + offs_m, lse, mask=m_ok)
-
-
-def split_head_dim(d: int) -> tuple[int, int]:
-    """d = d1 + d2 with d1 the largest power of two <= d and d2 a power of two >= 16 or 0."""
-    d1 = 1 << (d.bit_length() - 1)
-    d2 = d - d1
-    if d1 < 16 or (d2 and (d2 < 16 or d2 & (d2 - 1))):
-        raise ValueError(
-            f"q/k head dim {d} is not supported: it must be a power of two >= 16, or such a power "
-            f"plus a smaller power of two >= 16 (e.g. 128, 192 = 128 + 64, 96 = 64 + 32)"
-        )
-    return d1, d2
 
 
 def default_config(dqk: int, dv: int, device_type: str) -> dict:

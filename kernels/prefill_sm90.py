@@ -44,7 +44,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from kernels.prefill_attention import LOG2E, split_head_dim
+from kernels.attention_dims import LOG2E, split_head_dim
 from kernels.sm90_common import HAVE_GLUON, SMEM_BYTES, split_registers
 
 if HAVE_GLUON:

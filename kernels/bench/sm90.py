@@ -153,7 +153,7 @@ def prefill_sm90_build(dqk: int = 128, dv: int = 128, config: dict | None = None
     """``gluon_sm90_build`` of the Gluon prefill attention kernel for these head dims and config."""
     from triton.experimental.gluon import language as gl
 
-    from kernels.prefill_attention import split_head_dim
+    from kernels.attention_dims import split_head_dim
     from kernels.prefill_sm90 import BLOCK_M, _prefill_sm90_kernel, launch_config, registers
 
     cfg = launch_config(config, dqk, dv)
