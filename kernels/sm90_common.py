@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["HAVE_GLUON", "SMEM_BYTES", "split_registers", "GL_DTYPE", "TensorDescriptor", "cta_barrier", "fence_async_shared", "gl", "gluon", "mbarrier",
-           "release", "tma", "tma_load", "tma_store", "warpgroup_mma", "warpgroup_mma_wait"]
+__all__ = ["HAVE_GLUON", "SMEM_BYTES", "split_registers", "GL_DTYPE", "TensorDescriptor", "async_copy", "cp_async", "cta_barrier", "fence_async_shared", "gl", "gluon", "mbarrier",
+           "mma_v2", "release", "tma", "tma_load", "tma_store", "warpgroup_mma", "warpgroup_mma_wait"]
 
 SMEM_BYTES = 227 * 1024  # the shared memory one sm_90 CTA may take
 
@@ -33,6 +33,7 @@ try:  # Gluon ships with Triton >= 3.4; the Hopper modules exist only in the CUD
         warpgroup_mma,
         warpgroup_mma_wait,
     )
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     # Triton 3.6 names the TMA copies async_copy_global_to_shared / async_copy_shared_to_global;
@@ -40,6 +41,8 @@ try:  # Gluon ships with Triton >= 3.4; the Hopper modules exist only in the CUD
     tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
     tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
     cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier  # renamed after 3.6
+    # cp.async (Ampere's global -> shared copy): async_copy_global_to_shared in 3.6, async_load later
+    cp_async = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
     GL_DTYPE = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
     HAVE_GLUON = True
 

@@ -82,13 +82,16 @@ def sm90_report():
     return 0
 
 
-def gluon_sm90_build(fn, sig: dict, consts: dict, num_warps: int, maxnreg: int | None = None) -> dict:
+def gluon_sm90_build(fn, sig: dict, consts: dict, num_warps: int, maxnreg: int | None = None,
+                     aligned: tuple = ()) -> dict:
     """Compile a Gluon kernel for sm_90a on this machine (no GPU needed) and report what ptxas and
     the SASS say: registers, spills, whether ptxas serialised its wgmmas (info C7514), the
     warpgroup MMA (QGMMA fp8, HGMMA 16-bit; ``hgmma_reg_a`` those with the A operand in registers)
     and mma.sync (HMMA) instruction counts, shared memory.
-    ``sig`` maps the non-constexpr arguments to their types. Run it in a process without
-    TRITON_INTERPRET (the interpreter patches Triton's language for the process it runs in)."""
+    ``sig`` maps the non-constexpr arguments to their types; ``aligned`` names the pointer and
+    integer arguments a launch would see divisible by 16 (Triton's launcher specialises them so,
+    which is what lets it vectorise their loads). Run it in a process without TRITON_INTERPRET
+    (the interpreter patches Triton's language for the process it runs in)."""
     import re
     import subprocess
 
@@ -97,7 +100,8 @@ def gluon_sm90_build(fn, sig: dict, consts: dict, num_warps: int, maxnreg: int |
     from triton.experimental.gluon._runtime import GluonASTSource
 
     sig = dict(sig, **{n: "constexpr" for n in consts})
-    src = GluonASTSource(fn=fn, signature=sig, constexprs=consts, attrs={})
+    attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned}
+    src = GluonASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
     options = dict(num_warps=num_warps) if maxnreg is None else dict(num_warps=num_warps, maxnreg=maxnreg)
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
     ptxas = get_ptxas(90).path  # the ptxas this Triton builds sm_90 with
@@ -191,3 +195,16 @@ def mla_sm90_build(config: dict | None = None, single: bool = False, dtype: str 
     consts = {"SINGLE": single, "STORE_LSE": single, "STAGES": cfg["STAGES"], "LEFT": cfg["LEFT"],
               "PREFETCH": bool(cfg["PREFETCH"]), "CONSUMER_REGS": regs, "num_warps": 4}
     return gluon_sm90_build(_mla_sm90_kernel, sig, consts, 4, maxnreg)
+
+
+def w4a16_sm90_build(config: dict | None = None, dtype: str = "bf16") -> dict:
+    """``gluon_sm90_build`` of the Gluon W4A16 kernel (``kernels/w4a16_sm90.py``) for a packed tile
+    and ring depth, pointers and the K-dimension integers 16-byte aligned as at a launch."""
+    from kernels.w4a16_sm90 import _w4a16_sm90_kernel, launch_config
+
+    cfg = launch_config(16, 4096, 4096, 132, config)
+    sig = {"X": f"*{dtype}", "W": "*i32", "SZ": "*i32", "O": f"*{dtype}", "WS": "*fp32", "CNT": "*i32"}
+    sig.update({n: "i32" for n in ("M", "N", "K", "stride_xm", "stride_om", "steps_per_split", "nsplit")})
+    consts = {"NREP": cfg["NREP"], "KW": cfg["KW"], "STAGES": cfg["STAGES"], "F16": dtype == "fp16", "num_warps": 4}
+    return gluon_sm90_build(_w4a16_sm90_kernel, sig, consts, 4,
+                            aligned=("X", "W", "SZ", "O", "WS", "CNT", "N", "K", "stride_xm", "stride_om"))

@@ -495,6 +495,9 @@ def add_args(ap):
     ap.add_argument("--no-gemlite", action="store_true", help="W4A16 race without gemlite (it autotunes per shape)")
     ap.add_argument("--w4-shapes", default="",
                     help="race 5 on these K x N shapes instead of the catalog's (e.g. 13824x5120,8192x8192)")
+    ap.add_argument("--w4-set", choices=["mma4", "sm90"], default="mma4",
+                    help="race 5's candidates: the v4 tile kernel's configs (mma4), or the Gluon sm_90 kernel's "
+                         "(kernels/w4a16_sm90.py) beside the shipped default")
     ap.add_argument("--gemlite-deadline-s", type=float, default=420.0,
                     help="start no gemlite shape later than this many seconds into the run")
     ap.add_argument("--profile-gemv", action="store_true",

@@ -55,10 +55,35 @@ def mma4_name(bn, bk, w, st, wv, red, deq, mr):
     return f"mma4_bn{bn}_bk{bk}_w{w}_st{st}_x{wv}_{red}_{deq}" + (f"_r{mr}" if mr else "")
 
 
-def candidates(m, n, k, sms):
+# (NREP, KW, STAGES, programs per SM) of the Gluon sm_90 kernel (kernels/w4a16_sm90.py), raced
+# with --w4-set sm90: the packed tile 64 x 64 (16 bytes a thread a step), 128 x 32, 128 x 128
+# (64 bytes), ring depth and the K split
+SM90 = [(2, 2, 6, 4), (2, 2, 6, 2), (2, 2, 8, 8), (4, 1, 8, 4), (4, 4, 4, 2), (4, 4, 4, 4), (2, 2, 4, 4)]
+
+
+def sm90_name(nrep, kw, st, per_sm):
+    return f"sm90_{32 * kw}x{32 * nrep}_st{st}_x{per_sm}"
+
+
+def sm90_candidates(m, n, k, sms):
+    """The Gluon kernel's configs that fit the shape (N a multiple of the packed tile's width)."""
+    out = {}
+    for nrep, kw, st, per_sm in SM90:
+        if n % (32 * nrep) == 0 and k % (32 * kw) == 0:
+            tiles = n // (32 * nrep)
+            out[sm90_name(nrep, kw, st, per_sm)] = dict(PATH="sm90", NREP=nrep, KW=kw, STAGES=st,
+                                                        SPLIT=max(1, round(per_sm * sms / tiles)))
+    return out
+
+
+def candidates(m, n, k, sms, kind="mma4"):
     """Named configs: main's pick_config first ("default": the GEMV at M <= 2, the v2 tile
-    kernel from M = 3, as on main), then a GEMV alternative (M <= 2) and the v4 tile kernel."""
+    kernel from M = 3, as on main), then a GEMV alternative (M <= 2) and the v4 tile kernel;
+    or (``kind`` "sm90") the default and the Gluon sm_90 kernel's configs."""
     c = {"default": pick_config(m, n, k, sms)}
+    if kind == "sm90":
+        c.update(sm90_candidates(m, n, k, sms))
+        return c
     if m <= 2:
         c["gemv_bn256_bk32_w4_x4"] = gemv_config(m, n, k, sms, rows=m, block_n=256, block_k=32, num_warps=4, waves=4,
                                                  scale_each=m == 2)
@@ -89,8 +114,23 @@ def _import_gemlite(log):
         return None
 
 
+def _caller(c, ws, x, packs):
+    """(one call on the first weight copy, calls over every copy) of candidate config ``c``: the
+    Gluon kernel's on weights repacked once per tile shape (``packs`` caches them), outside the
+    timing as tinygemm's packing is; the rest through ``w4a16_gemm``."""
+    if c.get("PATH") == "sm90":
+        from kernels.w4a16_sm90 import repack, w4a16_sm90
+
+        tile = (c["NREP"], c["KW"])
+        if tile not in packs:
+            packs[tile] = [repack(*w, x.dtype, nrep=tile[0], kw=tile[1]) for w in ws]
+        cfg = {kk: v for kk, v in c.items() if kk != "PATH"}
+        return (lambda: w4a16_sm90(x, packs[tile][0], cfg)), [lambda p=p: w4a16_sm90(x, p, cfg) for p in packs[tile]]
+    return (lambda: w4a16_gemm(x, *ws[0], config=c)), [lambda w=w: w4a16_gemm(x, *w, config=c) for w in ws]
+
+
 def run_race5(copy_gbs, log, rows, on_shape, shapes=SHAPES, ms=MS, smoke=False, deadline=float("inf"),
-              gemlite_shapes=(), gemlite_deadline=float("inf")):
+              gemlite_shapes=(), gemlite_deadline=float("inf"), kind="mma4"):
     sms = 132 if smoke else torch.cuda.get_device_properties(0).multi_processor_count
     gl_version = _import_gemlite(log) if gemlite_shapes else None
     all_ok = True
@@ -116,6 +156,7 @@ def run_race5(copy_gbs, log, rows, on_shape, shapes=SHAPES, ms=MS, smoke=False, 
                 gl = [gemlite_layer(*w) for w in ws]
             except Exception as ex:  # noqa: BLE001
                 log(f"gemlite pack failed on {k}x{n}: {type(ex).__name__}: {str(ex)[:160]}")
+        packs = {}
         for m in ms:
             x = torch.randn(m, k, device=H.DEV, dtype=torch.bfloat16)
             ref = x.float() @ deq0
@@ -144,26 +185,28 @@ def run_race5(copy_gbs, log, rows, on_shape, shapes=SHAPES, ms=MS, smoke=False, 
                 r["peers"]["tinygemm"] = dict(error=tg_err)
             if gl is not None:
                 peer("gemlite", lambda: gl[0](x), [lambda g=g: g(x) for g in gl])
-            for name, c in candidates(m, n, k, sms).items():
+            for name, c in candidates(m, n, k, sms, kind).items():
                 try:
-                    e = max(_err(w4a16_gemm(x, *ws[0], config=c), ref), _err(w4a16_gemm(x, *ws[0], config=c), ref))
+                    one, calls = _caller(c, ws, x, packs)
+                    e = max(_err(one(), ref), _err(one(), ref))
                     if not e < 1e-2:
                         all_ok = False
                         r["cand"][name] = dict(error=f"mismatch {e:.2e}", cfg=c)
                         log(f"race5 MISMATCH {k}x{n} m={m} {name}: {e:.2e}")
                         continue
-                    if c.get("DEQ") == "asm" and (k, n) == shapes[0] and m in (ms[0], ms[-1]):
-                        # the fp16 build of the PRMT unpack (its own magic constant), once
+                    if (c.get("DEQ") == "asm" or c.get("PATH") == "sm90") and (k, n) == shapes[0] and m in (ms[0], ms[-1]):
+                        # the fp16 build of the PRMT / sm_90 unpack (its own magic constant), once
                         xh = x.half()
-                        eh = _err(w4a16_gemm(xh, *ws[0], config=c), xh.float() @ deq0)
+                        oneh, _ = _caller(c, ws[:1], xh, {})
+                        eh = _err(oneh(), xh.float() @ deq0)
                         r.setdefault("fp16_checks", {})[name] = eh
                         if not eh < 1e-2:
                             all_ok = False
                             r["cand"][name] = dict(error=f"fp16 mismatch {eh:.2e}", cfg=c)
                             log(f"race5 MISMATCH fp16 {k}x{n} m={m} {name}: {eh:.2e}")
                             continue
-                    t = timer([lambda w=w, c=c: w4a16_gemm(x, *w, config=c) for w in ws])
-                    e2 = _err(w4a16_gemm(x, *ws[0], config=c), ref)
+                    t = timer(calls)
+                    e2 = _err(one(), ref)
                     ok2 = e2 < 1e-2
                     all_ok &= ok2
                     r["cand"][name] = dict(us=t, rel_err=e, rel_err_after=e2, cfg=c)
@@ -182,7 +225,7 @@ def run_race5(copy_gbs, log, rows, on_shape, shapes=SHAPES, ms=MS, smoke=False, 
             log(f"race5 {k}x{n} m={m}: best {b[1]} {b[0]:.1f} us ({r['roofline_us'] / b[0]:.0%} of roofline), "
                 f"default {r['cand'].get('default', {}).get('us', float('nan')):.1f}, best peer {bp[1]} {bp[0]:.1f}; "
                 + " ".join(f"{kk}={v['us']:.1f}" for kk, v in {**r["peers"], **r["cand"]}.items() if "us" in v))
-        del ws, dense, deq0, tg, gl
+        del ws, dense, deq0, tg, gl, packs
         if not smoke:
             torch.cuda.empty_cache()
         log(f"race5 shape {k}x{n} took {time.time() - t_shape:.0f} s")
@@ -212,8 +255,9 @@ def run(run_, args):
     ok, glv = run_race5(run_.copy_gbs, run_.log, run_.res["w4a16_race5"], run_.dump, deadline=t0 + args.budget_s,
                         shapes=shapes,
                         gemlite_shapes=[(7168, 18432)] if not args.no_gemlite else (),
-                        gemlite_deadline=t0 + args.gemlite_deadline_s)
+                        gemlite_deadline=t0 + args.gemlite_deadline_s, kind=args.w4_set)
     run_.meta["gemlite"] = glv
+    run_.meta["w4_set"] = args.w4_set
     run_.log(f"w4a16 race5 correctness: {'OK' if ok else 'FAILED'}")
     return run_.finish(ok, table(run_.meta, run_.res["w4a16_race5"]))
 

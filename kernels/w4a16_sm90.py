@@ -1,0 +1,328 @@
+"""W4A16 GEMM for decode batches (M <= 16) on Hopper in Gluon: packed weights loaded once into
+the registers of the ``mma.sync`` operand they feed, no shared-memory round trip of the
+dequantised tile.
+
+Why a second W4A16 kernel: the Triton tile kernels (``w4a16_mma.py``) stage AutoAWQ's
+[K, N / 8] tiles through shared memory and unpack them after the shared-memory reads (611
+instructions per K step per warp in the v4 kernel's sm_90 build; race 5 found it
+latency-bound at 13-38% of the weight-read roofline, kernels/README.md, W4A16). Here the
+weights are repacked once, at load time (``repack``), into the order in which each thread
+holds its ``mma.m16n8k16`` B fragments (the order Marlin, IST-DASLab/marlin, introduced for
+the same reason):
+
+- a K step covers ``BK = 32 KW`` rows and ``BN = 32 NREP`` columns (4 warps); thread
+  ``t = 32 warp + 4 nlo + q`` holds columns ``n = 32 nrep + 8 warp + nlo`` and rows
+  ``k = 32 kw + 16 k4 + 8 k3 + 2 q + k0`` (the B fragment of ``mma.m16n8k16``), its
+  ``KW x NREP`` words contiguous (one 16-byte copy at ``KW x NREP = 4``);
+- word ``j = KW nrep + kw`` holds 8 nibbles, nibble ``p`` the row with ``k0 = p // 4``,
+  ``k3 = p % 2``, ``k4 = (p // 2) % 2``, so ``(w >> 4 i) & 0x000F000F`` is the pair of rows
+  ``(k, k + 1)`` one 32-bit B register holds (i = 0: the first k16 slice's first register, 1:
+  its second, 2 and 3: the next slice's);
+- OR-ing that pair into 0x4300 (bf16 128; fp16 1024 = 0x6400) gives base + q exactly in both
+  halves; one ``sub.{bf16,f16}x2`` of base + z (exact) and one ``mul`` by the scale make the
+  operand: 15 instructions per 8 weights (3 shifts, 4 LOP3, 4 HADD2, 4 HMUL2);
+- scales and zero points are repacked to one int32 per (group, column): the scale in the
+  activation dtype in the low half, base + z in the high half.
+
+The tile is assembled by ``gl.join`` / ``reshape`` / ``permute`` in exactly the register order
+of ``DotOperandLayout(1, mma v2, k_width=2)``: ``convert_layout(..., assert_trivial=True)``
+makes a build fail if it ever needed data movement. A ring of ``STAGES`` shared-memory slots is
+filled by ``cp.async`` (packed words, scale words and the activations' [16, BK] tile); each
+slot is read once into registers (16-byte loads, ``ldmatrix`` for the activations). K is
+split over ``SPLIT`` programs per column tile; partial sums go to an fp32 workspace by atomic
+adds and the tile's last program writes the output (``w4a16_mma._atomic_tile``'s scheme).
+
+The scale is rounded to the activation dtype once (bf16: 8 bits of mantissa), as Marlin's bf16
+path does; the product (q - z) * s is rounded once to the activation dtype, the sums are fp32.
+
+Gluon kernels compile only for a GPU (no interpreter): ``unpack_repacked`` decodes the packed
+words as the kernel does, in PyTorch, so the layout is tested on any machine;
+tests/kernels/test_w4a16_sm90.py also builds the kernel for sm_90a here and checks it against
+the fp32 reference on a Hopper GPU."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kernels.sm90_common import HAVE_GLUON
+
+GROUP = 128
+WARPS = 4
+T = 32 * WARPS  # threads per program
+CONFIG_KEYS = ("NREP", "KW", "STAGES", "SPLIT")
+MAX_M = 16  # one mma row block
+
+if HAVE_GLUON:
+    from kernels.sm90_common import async_copy, gl, gluon, mma_v2
+    from kernels.sm90_common import cp_async as _cp_async
+    from kernels.sm90_common import cta_barrier as _cta_barrier
+
+    # (w >> 4i) & 0x000F000F | MAGIC: the pair of rows (k, k + 1) as base + q; minus base + z,
+    # times the scale. $8 the packed word, $9 the scale pair, $10 the base + zero pair.
+    def _asm(kind: str) -> str:
+        magic = "0x43004300" if kind == "bf16" else "0x64006400"
+        lines = ["{", ".reg .b32 t0, t1, t2, t3, u;", f"lop3.b32 t0, $8, 0x000F000F, {magic}, 0xea;"]
+        for i in (1, 2, 3):
+            lines += [f"shr.u32 u, $8, {4 * i};", f"lop3.b32 t{i}, u, 0x000F000F, {magic}, 0xea;"]
+        lines += [f"sub.{kind}x2 t{i}, t{i}, $10;" for i in range(4)]
+        lines += [f"mul.{kind}x2 t{i}, t{i}, $9;" for i in range(4)]
+        lines += [f"mov.b32 {{${2 * i}, ${2 * i + 1}}}, t{i};" for i in range(4)]
+        return "\n".join(lines + ["}"])
+
+    _T = gl.constexpr(T)
+    _ASM_BF16 = gl.constexpr(_asm("bf16"))
+    _ASM_F16 = gl.constexpr(_asm("f16"))
+
+
+@dataclass(frozen=True)
+class PackedW4:
+    """AutoAWQ weights repacked for this kernel (``repack``): ``words`` int32, the B fragments
+    of every [BK, BN] tile (column tiles outer, K steps inner); ``sz`` int32 [K / 128, N], the
+    scale (low half) and base + zero point (high half) in ``dtype``."""
+
+    words: torch.Tensor
+    sz: torch.Tensor
+    k: int
+    n: int
+    nrep: int
+    kw: int
+    dtype: torch.dtype
+
+
+def _check_tile(nrep: int, kw: int):
+    if nrep not in (1, 2, 4) or kw not in (1, 2, 4):
+        raise ValueError(f"w4a16_sm90: NREP and KW must be 1, 2 or 4, got NREP={nrep!r}, KW={kw!r}")
+    if nrep * kw < 4:
+        raise ValueError(f"w4a16_sm90: NREP x KW must be at least 4 (a thread's words one 16-byte copy), "
+                         f"got {nrep} x {kw}")
+
+
+def repack(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype,
+           nrep: int = 2, kw: int = 2) -> PackedW4:
+    """AutoAWQ (qweight int32 [K, N / 8], qzeros int32 [K / 128, N / 8], scales [K / 128, N]) ->
+    ``PackedW4`` for activations of ``dtype`` (bf16 or fp16), tiles of 32 ``kw`` rows by 32
+    ``nrep`` columns. Runs once per weight (at load), on the weights' device."""
+    from kernels.reference import awq_unpack
+
+    _check_tile(nrep, kw)
+    if dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"w4a16_sm90: activation dtype must be bf16 or fp16, got {dtype}")
+    k, n = qweight.shape[0], qweight.shape[1] * 8
+    bk, bn = 32 * kw, 32 * nrep
+    if k % GROUP or k % bk or n % bn:
+        raise ValueError(f"w4a16_sm90: K ({k}) must be a multiple of {max(GROUP, bk)} and N ({n}) of {bn}")
+    q = awq_unpack(qweight).to(torch.int64)  # [K, N]
+    # rows k = 32 kw + 16 k4 + 8 k3 + 4 k2 + 2 k1 + k0 of K step kt; columns n = 32 nrep + 8 warp + nlo of tile nt
+    q = q.view(k // bk, kw, 2, 2, 2, 2, 2, n // bn, nrep, WARPS, 8)
+    #            0     1  2(k4) 3(k3) 4(k2) 5(k1) 6(k0) 7  8     9      10
+    # -> [nt, kt, warp, nlo, k2, k1 | nrep, kw | k0, k4, k3]: thread, word, nibble p = 4 k0 + 2 k4 + k3
+    q = q.permute(7, 0, 9, 10, 4, 5, 8, 1, 6, 2, 3).reshape(-1, 8)
+    words = torch.zeros(q.shape[0], dtype=torch.int64, device=q.device)
+    for p in range(8):
+        words |= q[:, p] << (4 * p)
+    words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+    z = awq_unpack(qzeros).to(torch.float32)
+    base = 128.0 if dtype == torch.bfloat16 else 1024.0
+    lo = scales.to(dtype).view(torch.int16).to(torch.int32) & 0xFFFF
+    hi = (z + base).to(dtype).view(torch.int16).to(torch.int32) & 0xFFFF
+    sz = (lo | (hi << 16)).contiguous()
+    return PackedW4(words.contiguous(), sz, k, n, nrep, kw, dtype)
+
+
+def unpack_repacked(p: PackedW4) -> torch.Tensor:
+    """The dequantised [K, N] weights in ``p.dtype``, decoded from the packed words the way the
+    kernel decodes them (thread t, word j, nibble pair i), in PyTorch."""
+    bk, bn, J = 32 * p.kw, 32 * p.nrep, p.kw * p.nrep
+    kt_n, nt_n = p.k // bk, p.n // bn
+    w = p.words.to(torch.int64).view(nt_n, kt_n, T, J) & 0xFFFFFFFF
+    dev = w.device
+    t = torch.arange(T, device=dev)
+    warp, nlo, qq = t // 32, (t % 32) // 4, t % 4
+    j = torch.arange(J, device=dev)
+    nrep, kw = j // p.kw, j % p.kw
+    out = torch.empty(p.k, p.n, dtype=torch.float32, device=dev)
+    base = 128.0 if p.dtype == torch.bfloat16 else 1024.0
+    s = (p.sz & 0xFFFF).to(torch.int16).view(p.dtype).float()
+    zb = ((p.sz >> 16) & 0xFFFF).to(torch.int16).view(p.dtype).float()
+    for nib in range(8):  # the kernel: pair i = nib % 4 from (w >> 4i) & 0x000F000F, row k0 = nib // 4
+        i, k0 = nib % 4, nib // 4
+        k3, k4 = i % 2, i // 2
+        q = ((w >> (4 * nib)) & 0xF).float()  # [nt, kt, T, J]
+        rows = (32 * kw[None, :] + 16 * k4 + 8 * k3 + 2 * qq[:, None] + k0)  # [T, J]
+        cols = (32 * nrep[None, :] + 8 * warp[:, None] + nlo[:, None])  # [T, J]
+        kk = (torch.arange(kt_n, device=dev)[:, None, None] * bk + rows[None]).expand(nt_n, -1, -1, -1)
+        nn = (torch.arange(nt_n, device=dev)[:, None, None, None] * bn + cols[None, None]).expand(-1, kt_n, -1, -1)
+        g = kk // GROUP
+        v = ((q + base).to(p.dtype).float() - zb[g, nn]).to(p.dtype).float() * s[g, nn]
+        out[kk.reshape(-1), nn.reshape(-1)] = v.to(p.dtype).float().reshape(-1)
+    return out.to(p.dtype)
+
+
+def launch_config(m: int, n: int, k: int, num_sms: int, config: dict | None = None, packed: PackedW4 | None = None
+                  ) -> dict:
+    """The launch, checked: the packed tile (``NREP``, ``KW``: the ``repack`` arguments), ring
+    slots ``STAGES`` and the K split ``SPLIT`` (default: about 4 programs per SM, K steps split
+    evenly, no empty split). A ``ValueError`` names the field."""
+    cfg = dict(NREP=packed.nrep if packed else 2, KW=packed.kw if packed else 2, STAGES=6, SPLIT=None)
+    if config:
+        unknown = sorted(set(config) - set(CONFIG_KEYS))
+        if unknown:
+            raise ValueError(f"w4a16_sm90 config: unknown keys {unknown}, expected some of {list(CONFIG_KEYS)}")
+        cfg.update(config)
+    _check_tile(cfg["NREP"], cfg["KW"])
+    if packed is not None and (cfg["NREP"], cfg["KW"]) != (packed.nrep, packed.kw):
+        raise ValueError(f"w4a16_sm90 config: NREP/KW {cfg['NREP']}/{cfg['KW']} differ from the packed weights' "
+                         f"{packed.nrep}/{packed.kw} (repack with them)")
+    if not isinstance(cfg["STAGES"], int) or not 2 <= cfg["STAGES"] <= 16:
+        raise ValueError(f"w4a16_sm90 config: STAGES must be an int in [2, 16], got {cfg['STAGES']!r}")
+    if not 1 <= m <= MAX_M:
+        raise ValueError(f"w4a16_sm90: M must be in [1, {MAX_M}], got {m}")
+    bk, bn = 32 * cfg["KW"], 32 * cfg["NREP"]
+    steps, tiles = k // bk, n // bn
+    split = cfg["SPLIT"]
+    if split is None:
+        split = max(1, min(steps, round(4 * num_sms / tiles)))
+    if not isinstance(split, int) or split < 1:
+        raise ValueError(f"w4a16_sm90 config: SPLIT must be an int >= 1, got {split!r}")
+    per = -(-steps // min(split, steps))
+    cfg.update(SPLIT=-(-steps // per), STEPS_PER_SPLIT=per)  # no empty splits
+    return cfg
+
+
+if HAVE_GLUON:
+
+    @gluon.jit
+    def _issue(wbuf, szbuf, xbuf, W, SZ, X, step, s_end, t, j, xm, xk, M, N, stride_xm, nt, KT,
+               KW: gl.constexpr, NREP: gl.constexpr, STAGES: gl.constexpr):
+        """cp.async of K step ``step``'s packed words, scale words and activations into its slot
+        (nothing past the program's last step: the group is committed empty)."""
+        J: gl.constexpr = KW * NREP
+        BK: gl.constexpr = 32 * KW
+        slot = step % STAGES
+        if step < s_end:
+            wp = W + ((nt * KT + step).to(gl.int64) * (_T * J) + t[:, None] * J + j[None, :])
+            _cp_async(wbuf.index(slot), wp)
+            g = (step * BK + 32 * (j % KW)) // 128  # the scale group of word j's rows
+            col = nt * (32 * NREP) + 32 * (j // KW)  # + this thread's column in each 32
+            sp = SZ + (g[None, :].to(gl.int64) * N + col[None, :] + ((t // 32) * 8 + (t % 32) // 4)[:, None])
+            _cp_async(szbuf.index(slot), sp)
+            xp = X + (xm[:, None] * stride_xm + step * BK + xk[None, :])
+            _cp_async(xbuf.index(slot), xp, mask=(xm < M)[:, None])
+        async_copy.commit_group()
+
+    @gluon.jit
+    def _w4a16_sm90_kernel(X, W, SZ, O, WS, CNT, M, N, K, stride_xm, stride_om, steps_per_split, nsplit,
+                           NREP: gl.constexpr, KW: gl.constexpr, STAGES: gl.constexpr, F16: gl.constexpr,
+                           num_warps: gl.constexpr):
+        """Grid (N / BN, SPLIT): column tile ``nt``, K steps [split x steps_per_split, ...)."""
+        gl.static_assert(num_warps == 4, "4 warps: the packed tile's thread order")
+        J: gl.constexpr = KW * NREP
+        BK: gl.constexpr = 32 * KW
+        BN: gl.constexpr = 32 * NREP
+        dt: gl.constexpr = gl.float16 if F16 else gl.bfloat16
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 4], instr_shape=[16, 8])
+        a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+        b_l: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
+        wl: gl.constexpr = gl.BlockedLayout([1, J], [32, 1], [4, 1], [1, 0])
+        XV: gl.constexpr = BK // 8  # 16-byte chunks per activation row
+        xl: gl.constexpr = gl.BlockedLayout([1, 8], [32 // XV, XV], [4, 1], [1, 0])
+        plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+        xsh: gl.constexpr = gl.NVMMASharedLayout.get_default_for([16, BK], dt)
+        wbuf = gl.allocate_shared_memory(gl.int32, [STAGES, _T, J], plain)
+        szbuf = gl.allocate_shared_memory(gl.int32, [STAGES, _T, J], plain)
+        xbuf = gl.allocate_shared_memory(dt, [STAGES, 16, BK], xsh)
+
+        nt = gl.program_id(0)
+        sk = gl.program_id(1)
+        KT = K // BK
+        s0 = sk * steps_per_split
+        s_end = gl.minimum(s0 + steps_per_split, KT)
+        t = gl.arange(0, _T, layout=gl.SliceLayout(1, wl))
+        j = gl.arange(0, J, layout=gl.SliceLayout(0, wl))
+        xm = gl.arange(0, 16, layout=gl.SliceLayout(1, xl))
+        xk = gl.arange(0, BK, layout=gl.SliceLayout(0, xl))
+        for i in gl.static_range(STAGES - 1):
+            _issue(wbuf, szbuf, xbuf, W, SZ, X, s0 + i, s_end, t, j, xm, xk, M, N, stride_xm, nt, KT, KW, NREP,
+                   STAGES)
+        acc = gl.zeros([16, BN], gl.float32, mma)
+        for step in range(s0, s_end):
+            async_copy.wait_group(STAGES - 2)
+            _cta_barrier()  # every thread's copies of this slot landed; the slot refilled below was read
+            slot = step % STAGES
+            w = wbuf.index(slot).load(wl)
+            sz = szbuf.index(slot).load(wl)
+            a = xbuf.index(slot).load(a_l)
+            _issue(wbuf, szbuf, xbuf, W, SZ, X, step + STAGES - 1, s_end, t, j, xm, xk, M, N, stride_xm, nt, KT,
+                   KW, NREP, STAGES)
+            s2 = (sz & 0xFFFF) | (sz << 16)
+            z2 = ((sz >> 16) & 0xFFFF) | (sz & -65536)
+            if F16:
+                v0, v1, v2, v3, v4, v5, v6, v7 = gl.inline_asm_elementwise(
+                    _ASM_F16, "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r", [w, s2, z2], dtype=[gl.float16] * 8, is_pure=True, pack=1)
+            else:
+                v0, v1, v2, v3, v4, v5, v6, v7 = gl.inline_asm_elementwise(
+                    _ASM_BF16, "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r", [w, s2, z2], dtype=[gl.bfloat16] * 8, is_pure=True, pack=1)
+            # output v = k0 + 2 k3 + 4 k4: joined innermost first, so the new dims are [k0, k3, k4]
+            b = gl.join(gl.join(gl.join(v0, v1), gl.join(v2, v3)), gl.join(gl.join(v4, v5), gl.join(v6, v7)))
+            b = gl.reshape(b, [4, 8, 2, 2, NREP, KW, 2, 2, 2])  # warp, nlo, k2, k1, nrep, kw, k0, k3, k4
+            b = gl.permute(b, [5, 8, 7, 2, 3, 6, 4, 0, 1])  # kw, k4, k3, k2, k1, k0 | nrep, warp, nlo
+            b = gl.convert_layout(gl.reshape(b, [BK, BN]), b_l, assert_trivial=True)
+            acc = mma_v2(a, b, acc)
+        async_copy.wait_group(0)
+
+        rows = gl.arange(0, 16, layout=gl.SliceLayout(1, mma))
+        cols = nt * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, mma))
+        mask = (rows < M)[:, None] & (cols < N)[None, :]
+        if nsplit == 1:
+            gl.store(O + rows[:, None] * stride_om + cols[None, :], acc.to(dt), mask=mask)
+        else:
+            # split-K in one kernel: w4a16_mma._atomic_tile's scheme (fp32 adds into the zeroed
+            # workspace, the tile's last program writes the output and zeroes the workspace)
+            wsp = WS + rows[:, None] * N + cols[None, :]
+            gl.atomic_add(wsp, acc, mask=mask, sem="relaxed")
+            _cta_barrier()
+            old = gl.atomic_add(CNT + nt, 1, sem="acq_rel")
+            if old == nsplit - 1:
+                v = gl.load(wsp, mask=mask, other=0.0, cache_modifier=".cg")
+                gl.store(wsp, gl.zeros_like(v), mask=mask)
+                gl.store(O + rows[:, None] * stride_om + cols[None, :], v.to(dt), mask=mask)
+                gl.atomic_xchg(CNT + nt, 0, sem="relaxed")
+
+
+def supported(x: torch.Tensor, packed: PackedW4) -> bool:
+    """Hopper, Gluon, M <= 16 rows of the packed weights' dtype."""
+    if not (HAVE_GLUON and x.is_cuda) or torch.cuda.get_device_capability(x.device) != (9, 0):
+        return False
+    return x.dtype == packed.dtype and 1 <= x.reshape(-1, x.shape[-1]).shape[0] <= MAX_M
+
+
+def w4a16_sm90(x: torch.Tensor, packed: PackedW4, config: dict | None = None) -> torch.Tensor:
+    """x [..., K] (``packed.dtype``, at most 16 rows) @ the packed weights -> [..., N]."""
+    from kernels.w4a16_gemm import _atomic_workspace, _num_sms
+
+    if x.shape[-1] != packed.k:
+        raise ValueError(f"w4a16_sm90: x has K = {x.shape[-1]}, the packed weights {packed.k}")
+    if x.dtype != packed.dtype:
+        raise ValueError(f"w4a16_sm90: x is {x.dtype}, the weights were packed for {packed.dtype}")
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, packed.k)
+    if x2.stride(-1) != 1 or x2.data_ptr() % 16 or (x2.stride(0) * x2.element_size()) % 16:
+        x2 = x2.contiguous()
+    m = x2.shape[0]
+    cfg = launch_config(m, packed.n, packed.k, _num_sms(x.device), config, packed)
+    out = torch.empty(m, packed.n, dtype=x.dtype, device=x.device)
+    tiles = packed.n // (32 * cfg["NREP"])
+    ws = cnt = out
+    if cfg["SPLIT"] > 1:
+        got = _atomic_workspace(x.device, m * packed.n, tiles)
+        if got is None:
+            raise RuntimeError("w4a16_sm90: the split-K workspace must be allocated outside CUDA-graph capture "
+                               "(run the shape once before capturing)")
+        ws, cnt = got
+    _w4a16_sm90_kernel[(tiles, cfg["SPLIT"])](
+        x2, packed.words, packed.sz, out, ws, cnt, m, packed.n, packed.k, x2.stride(0), out.stride(0),
+        cfg["STEPS_PER_SPLIT"], cfg["SPLIT"], NREP=cfg["NREP"], KW=cfg["KW"], STAGES=cfg["STAGES"],
+        F16=x.dtype == torch.float16, num_warps=4)
+    return out.view(*lead, packed.n)
