@@ -6,7 +6,11 @@
 - on CUDA, points vLLM 0.32's ``GroupedTopKRouter`` (which calls the module function
   ``grouped_topk`` rather than the ``GroupedTopk`` op) at the same kernel;
 - registers the quantization config ``dsvolc_awq`` (``--quantization dsvolc_awq``) that
-  runs AutoAWQ checkpoints' linear layers through ``kernels.w4a16_gemm`` on CUDA;
+  runs AutoAWQ checkpoints' linear layers through ``kernels.w4a16_gemm`` on CUDA; on Hopper
+  each layer's qweight is repacked once after loading for the Gluon kernel
+  (``kernels.w4a16_sm90``: faster than tinygemm, gemlite's raced points and bf16 cuBLAS at
+  64 of race 9's 65 points; ``DSVOLC_W4A16_SM90=0`` keeps AutoAWQ's layout and the Triton
+  kernels);
 - with ``DSVOLC_FP8_GEMM=1`` (off by default: it lost the FP8 race), puts
   ``kernels.fp8_gemm`` first among vLLM's block-FP8 linear kernels (DeepSeek-V3/R1 FP8
   checkpoints' dense layers; the MoE experts keep vLLM's fused-MoE path).
@@ -183,18 +187,51 @@ def _make_grouped_topk_cls():
     return DsvolcGroupedTopk
 
 
+def repack_for_sm90(qweight, qzeros, scales):
+    """AutoAWQ weights repacked for the Gluon W4A16 kernel (``w4a16_sm90.PackedW4``) where it runs
+    (a Hopper GPU, Gluon, a packed tile that divides N) and ``DSVOLC_W4A16_SM90`` is not "0";
+    else None (the layer keeps AutoAWQ's layout and the Triton kernels)."""
+    if os.environ.get("DSVOLC_W4A16_SM90", "1") == "0" or not qweight.is_cuda:
+        return None
+    from kernels import w4a16_sm90
+
+    if not w4a16_sm90.HAVE_GLUON or torch.cuda.get_device_capability(qweight.device) != (9, 0):
+        return None
+    tile = w4a16_sm90.tile_for(qweight.shape[1] * 8, qweight.shape[0])
+    if tile is None:
+        return None
+    return w4a16_sm90.repack(qweight, qzeros, scales, nrep=tile[0], kw=tile[1])
+
+
 def _make_quant_classes():
     from vllm.model_executor.layers.linear import LinearBase
     from vllm.model_executor.layers.quantization.auto_awq import AutoAWQConfig, AutoAWQLinearMethod
     from vllm.platforms import current_platform
 
     class DsvolcAWQLinearMethod(AutoAWQLinearMethod):
-        """AutoAWQ weights as loaded by vLLM (qweight/qzeros/scales), run by w4a16_gemm."""
+        """AutoAWQ weights as loaded by vLLM (qweight/qzeros/scales), run by w4a16_gemm. On
+        Hopper (``repack_for_sm90``) qweight is repacked once after loading, in place of the
+        AutoAWQ words (the same bytes), for the Gluon kernel (kernels/w4a16_sm90.py, race 9)."""
+
+        def process_weights_after_loading(self, layer):
+            super().process_weights_after_loading(layer)
+            packed = repack_for_sm90(layer.qweight.data, layer.qzeros.data, layer.scales.data)
+            if packed is not None:
+                layer.qweight = torch.nn.Parameter(packed.words, requires_grad=False)
+                layer.dsvolc_w4_tile = (packed.nrep, packed.kw)
 
         def apply(self, layer, x, bias=None):
             from kernels.w4a16_gemm import w4a16_gemm
 
-            out = w4a16_gemm(x, layer.qweight, layer.qzeros, layer.scales)
+            tile = getattr(layer, "dsvolc_w4_tile", None)
+            if tile is not None:
+                from kernels.w4a16_sm90 import PackedW4
+
+                n = layer.scales.shape[1]
+                w = PackedW4(layer.qweight, layer.qzeros, layer.scales, layer.scales.shape[0] * 128, n, *tile)
+                out = w4a16_gemm(x, w)
+            else:
+                out = w4a16_gemm(x, layer.qweight, layer.qzeros, layer.scales)
             if bias is not None:
                 out.add_(bias)
             return out

@@ -243,16 +243,38 @@ def _run_mma4(x2, qweight, qzeros, scales, out, cfg):
         _splitk_reduce_kernel[(triton.cdiv(m * n, block),)](ws, out, m * n, SPLIT=split, BLOCK=block)
 
 
+def _gemm_packed(x: torch.Tensor, p, config: dict | None) -> torch.Tensor:
+    """Weights repacked by ``w4a16_sm90.repack``: the Gluon kernel for M <= 64 on Hopper (race 9),
+    else dequantise the packed words once and multiply with cuBLAS."""
+    from kernels import w4a16_sm90
+
+    if x.shape[-1] != p.k:
+        raise ValueError(f"w4a16_gemm: x has K = {x.shape[-1]}, the packed weights {p.k}")
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, p.k)
+    m = x2.shape[0]
+    if m == 0:
+        return torch.empty(*lead, p.n, dtype=x.dtype, device=x.device)
+    if m <= w4a16_sm90.MAX_M and w4a16_sm90.supported(x2, p):
+        return w4a16_sm90.w4a16_sm90(x, p, config)
+    w = w4a16_sm90.dequant_packed(p, x.dtype)
+    return torch.matmul(x2 if x2.stride(-1) == 1 else x2.contiguous(), w).view(*lead, p.n)
+
+
 def w4a16_gemm(
     x: torch.Tensor,
-    qweight: torch.Tensor,
-    qzeros: torch.Tensor,
-    scales: torch.Tensor,
+    qweight,
+    qzeros: torch.Tensor | None = None,
+    scales: torch.Tensor | None = None,
     config: dict | None = None,
 ) -> torch.Tensor:
     """x [..., K] fp16/bf16 -> [..., N] in x's dtype. `config` (default pick_config) selects
-    the path with its "PATH" key; a config without one runs the tensor-core tile kernel."""
+    the path with its "PATH" key; a config without one runs the tensor-core tile kernel.
+    ``qweight`` may instead be a ``w4a16_sm90.PackedW4`` (AutoAWQ weights repacked once, as the
+    vLLM plugin does on Hopper): then `config` is the Gluon kernel's (``w4a16_sm90.launch_config``)."""
     assert x.dtype in (torch.float16, torch.bfloat16)
+    if not isinstance(qweight, torch.Tensor):
+        return _gemm_packed(x, qweight, config)
     k = x.shape[-1]
     n = qweight.shape[1] * 8
     assert qweight.shape[0] == k and qweight.dtype == torch.int32

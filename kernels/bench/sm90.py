@@ -197,14 +197,15 @@ def mla_sm90_build(config: dict | None = None, single: bool = False, dtype: str 
     return gluon_sm90_build(_mla_sm90_kernel, sig, consts, 4, maxnreg)
 
 
-def w4a16_sm90_build(config: dict | None = None, dtype: str = "bf16") -> dict:
+def w4a16_sm90_build(config: dict | None = None, dtype: str = "bf16", reduce: int = 2, block_m: int = 16) -> dict:
     """``gluon_sm90_build`` of the Gluon W4A16 kernel (``kernels/w4a16_sm90.py``) for a packed tile
     and ring depth, pointers and the K-dimension integers 16-byte aligned as at a launch."""
     from kernels.w4a16_sm90 import _w4a16_sm90_kernel, launch_config
 
     cfg = launch_config(16, 4096, 4096, 132, config)
-    sig = {"X": f"*{dtype}", "W": "*i32", "SZ": "*i32", "O": f"*{dtype}", "WS": "*fp32", "CNT": "*i32"}
-    sig.update({n: "i32" for n in ("M", "N", "K", "stride_xm", "stride_om", "steps_per_split", "nsplit")})
-    consts = {"NREP": cfg["NREP"], "KW": cfg["KW"], "STAGES": cfg["STAGES"], "F16": dtype == "fp16", "num_warps": 4}
+    sig = {"X": f"*{dtype}", "W": "*i32", "QZ": "*i32", "SC": "*fp16", "O": f"*{dtype}", "WS": "*fp32", "CNT": "*i32"}
+    sig.update({n: "i32" for n in ("M", "N", "K", "stride_xm", "stride_om", "groups_per_split", "nsplit")})
+    consts = {"NREP": cfg["NREP"], "KW": cfg["KW"], "STAGES": cfg["STAGES"], "F16": dtype == "fp16", "REDUCE": reduce,
+              "BM": block_m, "num_warps": 4}
     return gluon_sm90_build(_w4a16_sm90_kernel, sig, consts, 4,
-                            aligned=("X", "W", "SZ", "O", "WS", "CNT", "N", "K", "stride_xm", "stride_om"))
+                            aligned=("X", "W", "QZ", "SC", "O", "WS", "CNT", "N", "K", "stride_xm", "stride_om"))

@@ -495,6 +495,7 @@ def add_args(ap):
     ap.add_argument("--no-gemlite", action="store_true", help="W4A16 race without gemlite (it autotunes per shape)")
     ap.add_argument("--w4-shapes", default="",
                     help="race 5 on these K x N shapes instead of the catalog's (e.g. 13824x5120,8192x8192)")
+    ap.add_argument("--w4-ms", default="1,2,4,8,16", help="race 5's batch rows M")
     ap.add_argument("--w4-set", choices=["mma4", "sm90"], default="mma4",
                     help="race 5's candidates: the v4 tile kernel's configs (mma4), or the Gluon sm_90 kernel's "
                          "(kernels/w4a16_sm90.py) beside the shipped default")
@@ -502,6 +503,39 @@ def add_args(ap):
                     help="start no gemlite shape later than this many seconds into the run")
     ap.add_argument("--profile-gemv", action="store_true",
                     help="run the M = 1 GEMV configs a few times on 5120 x 27648 (for ncu) and exit")
+    ap.add_argument("--profile-w4-sm90", default=None, metavar="KxN:M[:NAME,...]",
+                    help="one launch of each named Gluon sm_90 W4A16 candidate (default: all of race 5's SM90 "
+                         "set) between cudaProfilerStart/Stop, for ncu --profile-from-start off, and exit")
+
+
+def profile_w4_sm90(spec: str):
+    """``--profile-w4-sm90``: the candidates, each run once to compile, then once more inside
+    the profiler range (so ncu sees one launch per candidate)."""
+    from kernels.bench.w4a16_race5 import sm90_candidates
+    from kernels.w4a16_sm90 import repack, w4a16_sm90
+
+    shape, m, *names = spec.split(":")
+    k, n = (int(v) for v in shape.split("x"))
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    cands = sm90_candidates(int(m), n, k, sms)
+    if names:
+        cands = {kk: v for kk, v in cands.items() if kk in names[0].split(",")}
+    w = make_weights(k, n, 17)
+    x = torch.randn(int(m), k, device=H.DEV, dtype=torch.bfloat16)
+    runs = []
+    for name, c in cands.items():
+        cfg = {kk: v for kk, v in c.items() if kk != "PATH"}
+        p = repack(*w, nrep=cfg["NREP"], kw=cfg["KW"])
+        w4a16_sm90(x, p, cfg)
+        runs.append((name, p, cfg))
+        print(f"profile: {name} {cfg}")
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    for _, p, cfg in runs:
+        w4a16_sm90(x, p, cfg)
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+    return 0
 
 
 def profile_gemv():

@@ -56,9 +56,12 @@ def mma4_name(bn, bk, w, st, wv, red, deq, mr):
 
 
 # (NREP, KW, STAGES, programs per SM) of the Gluon sm_90 kernel (kernels/w4a16_sm90.py), raced
-# with --w4-set sm90: the packed tile 64 x 64 (16 bytes a thread a step), 128 x 32, 128 x 128
-# (64 bytes), ring depth and the K split
-SM90 = [(2, 2, 6, 4), (2, 2, 6, 2), (2, 2, 8, 8), (4, 1, 8, 4), (4, 4, 4, 2), (4, 4, 4, 4), (2, 2, 4, 4)]
+# with --w4-set sm90 beside its shipped rule ("sm90_default": w4a16_sm90.tile_for and
+# default_config): the packed tiles 64 x 64 and 32 x 128 (K x N, 16 bytes a thread a step), ring
+# depth and the K split. Race 9 run 1 also had 128 x 32 (KW 4, NREP 1: 1.1-1.5x the best time
+# everywhere) and 64 x 64 with 12 programs per SM (never the best by more than 4%).
+SM90 = [(2, 2, 6, 8), (2, 2, 4, 8), (2, 2, 6, 4), (4, 1, 8, 8), (4, 1, 6, 4), (4, 1, 8, 4), (4, 1, 4, 8),
+        (4, 1, 8, 12)]
 
 
 def sm90_name(nrep, kw, st, per_sm):
@@ -66,8 +69,14 @@ def sm90_name(nrep, kw, st, per_sm):
 
 
 def sm90_candidates(m, n, k, sms):
-    """The Gluon kernel's configs that fit the shape (N a multiple of the packed tile's width)."""
+    """The Gluon kernel's shipped rule and the configs that fit the shape (N a multiple of the
+    packed tile's width)."""
+    from kernels.w4a16_sm90 import tile_for
+
     out = {}
+    tile = tile_for(n, k)
+    if tile:
+        out["sm90_default"] = dict(PATH="sm90", NREP=tile[0], KW=tile[1])
     for nrep, kw, st, per_sm in SM90:
         if n % (32 * nrep) == 0 and k % (32 * kw) == 0:
             tiles = n // (32 * nrep)
@@ -123,7 +132,7 @@ def _caller(c, ws, x, packs):
 
         tile = (c["NREP"], c["KW"])
         if tile not in packs:
-            packs[tile] = [repack(*w, x.dtype, nrep=tile[0], kw=tile[1]) for w in ws]
+            packs[tile] = [repack(*w, nrep=tile[0], kw=tile[1]) for w in ws]
         cfg = {kk: v for kk, v in c.items() if kk != "PATH"}
         return (lambda: w4a16_sm90(x, packs[tile][0], cfg)), [lambda p=p: w4a16_sm90(x, p, cfg) for p in packs[tile]]
     return (lambda: w4a16_gemm(x, *ws[0], config=c)), [lambda w=w: w4a16_gemm(x, *w, config=c) for w in ws]
@@ -253,7 +262,7 @@ def run(run_, args):
     t0 = run_.t_start
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.w4_shapes.split(",") if s] or SHAPES
     ok, glv = run_race5(run_.copy_gbs, run_.log, run_.res["w4a16_race5"], run_.dump, deadline=t0 + args.budget_s,
-                        shapes=shapes,
+                        shapes=shapes, ms=[int(v) for v in args.w4_ms.split(",")],
                         gemlite_shapes=[(7168, 18432)] if not args.no_gemlite else (),
                         gemlite_deadline=t0 + args.gemlite_deadline_s, kind=args.w4_set)
     run_.meta["gemlite"] = glv

@@ -9,7 +9,9 @@ from engine_extra import require
 
 require("torch", "triton")
 
-from kernels import vllm_plugin as vp
+import torch  # noqa: E402
+
+from kernels import vllm_plugin as vp  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(vp.__file__), "bench", "results")
 
@@ -68,3 +70,20 @@ def test_fp8_default_follows_the_race(monkeypatch):
     wins_all = all(r["ours_us"] < r["scaled_mm_blockwise_us"] for r in big)
     monkeypatch.delenv(vp.ENV_FP8, raising=False)
     assert vp.fp8_gemm_enabled() is wins_all
+
+
+def test_w4a16_repack_only_where_the_gluon_kernel_runs(monkeypatch):
+    """AutoAWQ layers keep their layout off Hopper (here: CPU tensors) and when
+    DSVOLC_W4A16_SM90=0; the repack itself is tested in tests/kernels/test_w4a16_sm90.py."""
+    from kernels.reference import awq_quantize
+    from kernels.vllm_plugin import repack_for_sm90
+
+    qw, qz, sc = awq_quantize(torch.randn(256, 128))
+    assert repack_for_sm90(qw, qz, sc) is None
+    monkeypatch.setenv("DSVOLC_W4A16_SM90", "0")
+    assert repack_for_sm90(qw, qz, sc) is None
+    if torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0):
+        assert repack_for_sm90(qw.cuda(), qz.cuda(), sc.cuda()) is None  # switched off
+        monkeypatch.setenv("DSVOLC_W4A16_SM90", "1")
+        p = repack_for_sm90(qw.cuda(), qz.cuda(), sc.cuda())
+        assert (p.nrep, p.kw) == (2, 2) and p.words.numel() == qw.numel()
