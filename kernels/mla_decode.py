@@ -204,6 +204,18 @@ def pick_splits(batch: int, head_blocks: int, max_seq_len: int, sms: int, block_
     return splits, chunk
 
 
+def sm90_default(q: torch.Tensor, kv_cache: torch.Tensor) -> bool:
+    """Whether ``mla_decode`` takes the Gluon Hopper kernel by default for these operands
+    (``DSVOLC_MLA_KERNEL=triton`` keeps the Triton one)."""
+    import os
+
+    if os.environ.get("DSVOLC_MLA_KERNEL", "") == "triton" or not q.is_cuda:
+        return False
+    from kernels import mla_sm90
+
+    return mla_sm90.supported(q, kv_cache)
+
+
 def mla_decode(
     q: torch.Tensor,
     kv_cache: torch.Tensor,
@@ -231,8 +243,10 @@ def mla_decode(
     seq_lens) switches the split rule to "tokens" (see `pick_splits`).
 
     ``config={"KERNEL": "sm90", ...}`` runs the splits on the Gluon Hopper kernel
-    (``kernels.mla_sm90``; its keys ``STAGES``, ``LEFT``, ``PREFETCH``) instead of the Triton one; the default
-    is the Triton kernel.
+    (``kernels.mla_sm90``; its keys ``STAGES``, ``LEFT``, ``PREFETCH``), ``"triton"`` on the Triton
+    one; without KERNEL (and without Triton tile keys) the Gluon kernel runs wherever
+    ``mla_sm90.supported`` (H200 race 9, kernels/bench/results/2026-12-03_h200_race9_mla*: 2.0-2.3x
+    the Triton kernel's speed at 128 heads), the Triton kernel elsewhere.
     """
     if not isinstance(q, torch.Tensor) or q.dim() != 3:
         raise ValueError(f"q must be [batch, heads, {KV_LORA + ROPE}], got {getattr(q, 'shape', type(q))}")
@@ -271,9 +285,11 @@ def mla_decode(
 
     cfg = dict(default_config(nh, q.device.type))
     config = dict(config or {})
-    kernel = config.pop("KERNEL", "triton")
-    if kernel not in ("triton", "sm90"):
+    kernel = config.pop("KERNEL", None)
+    if kernel not in (None, "triton", "sm90"):
         raise ValueError(f"config KERNEL must be 'triton' or 'sm90', got {kernel!r}")
+    if kernel is None:  # the Gluon kernel where it runs (race 9: 2.0-2.3x the Triton kernel's speed)
+        kernel = "sm90" if sm90_default(q, kv_cache) and not set(config) - {"STAGES", "LEFT", "PREFETCH"} else "triton"
     if kernel == "sm90":
         from kernels import mla_sm90
 

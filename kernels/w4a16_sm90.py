@@ -189,23 +189,26 @@ def dequant_packed(p: PackedW4, dtype: torch.dtype = torch.bfloat16, out: torch.
     return w
 
 
-def tile_for(n: int, k: int) -> tuple[int, int]:
-    """(NREP, KW) a weight of N columns is packed with (race 9: the 32 x 128 tile was the faster
-    or within 4% at N >= 7168, the 64 x 64 one below), or None when neither divides it."""
-    for nrep, kw in ((4, 1), (2, 2)) if n >= 7168 else ((2, 2), (4, 1)):
-        if n % (32 * nrep) == 0 and k % GROUP == 0:
-            return nrep, kw
-    return None
+def tile_for(n: int, k: int) -> tuple[int, int] | None:
+    """(NREP, KW) a weight of N columns is packed with: 32 x 128 (K x N) where 128 divides N
+    (race 9 run 2: its 6-slot, 4-programs-per-SM launch beat every peer at every M 2-16 point of
+    the 13 catalog shapes), else 64 x 64; None when 64 does not divide N or 128 K."""
+    if k % GROUP:
+        return None
+    return (4, 1) if n % 128 == 0 else (2, 2) if n % 64 == 0 else None
 
 
-def default_config(m: int, nrep: int, kw: int) -> dict:
-    """Ring depth and programs per SM by packed tile and M, from race 9
-    (kernels/bench/results/2026-12-03_h200_race9_w4a16_sm90_run*.json, 13 catalog shapes x M 1-16):
-    the 32 x 128 tile with 8 slots and 8 programs per SM (its only raced config); the 64 x 64 tile
-    with 4 slots and 8 programs per SM at M = 1, 6 slots and 4 programs per SM above. M 17-64
-    take the M = 16 rule (not raced)."""
+def default_config(m: int, nrep: int, kw: int, n: int = 0, k: int = 0) -> dict:
+    """Ring depth and programs per SM by packed tile, M and weight size, from race 9
+    (kernels/bench/results/2026-12-03_h200_race9_w4a16_sm90_run*.json, 13 catalog shapes x M 1-16;
+    run 3 times this rule). The 32 x 128 tile: 6 slots, 4 programs per SM; at M = 1 on weights
+    under 20M values 8 and 8 (run 2: 0.99x and 1.02x the best peer's time on 2048 x 7168 and
+    4096 x 4096, where 6 and 4 took 1.04x). The 64 x 64 tile (run 1): 4 slots and 8 programs per
+    SM at M = 1, 6 and 4 above. M 17-64 take the M = 16 rule."""
     if (nrep, kw) == (4, 1):
-        return dict(STAGES=8, PER_SM=8)
+        if m == 1 and n * k < 20 * 2**20:
+            return dict(STAGES=8, PER_SM=8)
+        return dict(STAGES=6, PER_SM=4)
     if m == 1:
         return dict(STAGES=4, PER_SM=8)
     return dict(STAGES=6, PER_SM=4)
@@ -219,7 +222,7 @@ def launch_config(m: int, n: int, k: int, num_sms: int, config: dict | None = No
     field."""
     nrep = packed.nrep if packed else (config or {}).get("NREP", 2)
     kw = packed.kw if packed else (config or {}).get("KW", 2)
-    d = default_config(m, nrep, kw)
+    d = default_config(m, nrep, kw, n, k)
     cfg = dict(NREP=nrep, KW=kw, STAGES=d["STAGES"], SPLIT=None)
     per_sm = d["PER_SM"]
     if config:

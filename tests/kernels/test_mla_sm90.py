@@ -114,3 +114,26 @@ def test_ragged_batch_matches_the_reference(num_splits, config):
 ], ids=["fp16", "64_heads", "page_128", "long"])
 def test_cases_match_the_reference(case):
     _check(seed=11, **case)
+
+
+def test_the_default_follows_race_9(monkeypatch):
+    """mla_decode takes the Gluon kernel by default where it runs because race 9 timed it faster
+    than the Triton kernel's default in every bf16 case (2.0-2.3x); DSVOLC_MLA_KERNEL=triton and
+    a Triton tile config keep the Triton kernel."""
+    import json
+    import os
+
+    from kernels.mla_decode import sm90_default
+
+    path = os.path.join(os.path.dirname(sm90.__file__), "bench", "results", "2026-12-03_h200_race9_mla.json")
+    rows = [r for r in json.load(open(path))["mla"] if r["kv"] == "bf16"]
+    assert len(rows) == 5
+    for r in rows:
+        assert r["variants"]["sm90"]["ok"] and r["variants"]["sm90"]["us"] < r["variants"]["default"]["us"] / 2, r
+    q = torch.zeros(1, 128, 576, dtype=torch.bfloat16)
+    cache = torch.zeros(2, 64, 576, dtype=torch.bfloat16)
+    assert not sm90_default(q, cache)  # CPU tensors
+    if HOPPER:
+        assert sm90_default(q.cuda(), cache.cuda())
+        monkeypatch.setenv("DSVOLC_MLA_KERNEL", "triton")
+        assert not sm90_default(q.cuda(), cache.cuda())
