@@ -1,4 +1,4 @@
-"""W4A16 GEMM for decode batches (M <= 16) on Hopper in Gluon: packed weights loaded once into
+"""W4A16 GEMM for decode batches (M <= 64) on Hopper in Gluon: packed weights loaded once into
 the registers of the ``mma.sync`` operand they feed, no shared-memory round trip of the
 dequantised tile.
 
@@ -19,26 +19,30 @@ the same reason):
   ``(k, k + 1)`` one 32-bit B register holds (i = 0: the first k16 slice's first register, 1:
   its second, 2 and 3: the next slice's);
 - OR-ing that pair into 0x4300 (bf16 128; fp16 1024 = 0x6400) gives base + q exactly in both
-  halves; one ``sub.{bf16,f16}x2`` of base + z (exact) and one ``mul`` by the scale make the
-  operand: 15 instructions per 8 weights (3 shifts, 4 LOP3, 4 HADD2, 4 HMUL2);
-- scales and zero points are repacked to one int32 per (group, column): the scale in the
-  activation dtype in the low half, base + z in the high half.
+  halves, and one ``sub.{bf16,f16}x2`` of base + z gives q - z exactly (small integers): 11
+  instructions per 8 weights (3 shifts, 4 LOP3, 4 HSUB2);
+- x (q - z) is summed in fp32 by the MMA over a scale group (128 rows) and the group's fp32
+  scale multiplies those sums once, so the only rounding is the output's. Zero points come
+  from AutoAWQ's own ``qzeros`` (the nibble of each thread's column), scales from ``scales``:
+  only ``qweight`` is repacked, into the same number of bytes.
 
 The tile is assembled by ``gl.join`` / ``reshape`` / ``permute`` in exactly the register order
 of ``DotOperandLayout(1, mma v2, k_width=2)``: ``convert_layout(..., assert_trivial=True)``
 makes a build fail if it ever needed data movement. A ring of ``STAGES`` shared-memory slots is
-filled by ``cp.async`` (packed words, scale words and the activations' [16, BK] tile); each
-slot is read once into registers (16-byte loads, ``ldmatrix`` for the activations). K is
-split over ``SPLIT`` programs per column tile; partial sums go to an fp32 workspace by atomic
-adds and the tile's last program writes the output (``w4a16_mma._atomic_tile``'s scheme).
-
-The scale is rounded to the activation dtype once (bf16: 8 bits of mantissa), as Marlin's bf16
-path does; the product (q - z) * s is rounded once to the activation dtype, the sums are fp32.
+filled by ``cp.async`` (the packed words and the activations' [BM, BK] tile, BM 16, 32 or 64
+rows, zero-filled past M); each slot is read once into registers (16-byte loads, ``ldmatrix``
+for the activations); the next group's zero points and scales are loaded a group ahead. K is
+split over ``SPLIT`` programs per column tile in whole groups; partial sums go to an fp32
+workspace by atomic adds and the tile's last program writes the output
+(``w4a16_mma._atomic_tile``'s scheme), or, in a CUDA-graph capture with no workspace yet, to a
+[SPLIT, M, N] workspace summed by a second kernel. Defaults (``tile_for``, ``default_config``)
+come from race 9 (kernels/README.md, W4A16).
 
 Gluon kernels compile only for a GPU (no interpreter): ``unpack_repacked`` decodes the packed
-words as the kernel does, in PyTorch, so the layout is tested on any machine;
-tests/kernels/test_w4a16_sm90.py also builds the kernel for sm_90a here and checks it against
-the fp32 reference on a Hopper GPU."""
+words as the kernel does, in PyTorch, and ``dequant_packed`` (Triton, for large batches) runs
+under the CPU interpreter, so the layout is tested on any machine; tests/kernels/
+test_w4a16_sm90.py also builds the kernel for sm_90a here and checks it against the fp32
+reference on a Hopper GPU."""
 
 from __future__ import annotations
 

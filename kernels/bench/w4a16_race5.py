@@ -243,17 +243,23 @@ def run_race5(copy_gbs, log, rows, on_shape, shapes=SHAPES, ms=MS, smoke=False, 
 
 
 def table(meta, rows):
+    sm90 = any("sm90_default" in r["cand"] for r in rows)
     L = [H.header(meta) + ".", "",
          "W4A16 race 5 (AutoAWQ group 128, bf16 x, CUDA-graph replays, us). roofline = packed weights, scales "
-         "and zeros read once at the measured copy rate. default = pick_config as shipped at the run (run 1, 2: main's before race 5; run 3: race 5's rule).", "",
-         "| K x N | M | best ours | us | of roofline | default us | cuBLAS bf16 us | tinygemm us | best peer | ours / best peer speed |",
-         "|---|---:|---|---:|---:|---:|---:|---:|---|---:|"]
+         "and zeros read once at the measured copy rate. default = pick_config on AutoAWQ's layout as shipped at the "
+         "run" + ("; sm90 default = the Gluon kernel's shipped rule on the repacked weights (w4a16_sm90.tile_for, "
+                  "default_config)" if sm90 else "") + ".", "",
+         "| K x N | M | best ours | us | of roofline | default us | " + ("sm90 default us | sm90 default / best peer speed | " if sm90 else "")
+         + "cuBLAS bf16 us | tinygemm us | best peer | ours / best peer speed |",
+         "|---|---:|---|---:|---:|---:|" + ("---:|---:|" if sm90 else "") + "---:|---:|---|---:|"]
     for r in rows:
         b, bp = r["best"] or (float("nan"), "-"), r["best_peer"] or (float("nan"), "-")
         tgu = r["peers"].get("tinygemm", {}).get("us", float("nan"))
+        sd = r["cand"].get("sm90_default", {}).get("us", float("nan"))
         L.append(f"| {r['K']} x {r['N']} | {r['M']} | {b[1]} | {b[0]:.1f} | {r['roofline_us'] / b[0]:.0%} "
-                 f"| {r['cand'].get('default', {}).get('us', float('nan')):.1f} | {r['peers']['cublas_bf16']['us']:.1f} "
-                 f"| {tgu:.1f} | {bp[1]} | {bp[0] / b[0]:.2f}x |")
+                 f"| {r['cand'].get('default', {}).get('us', float('nan')):.1f} | "
+                 + (f"{sd:.1f} | {bp[0] / sd:.2f}x | " if sm90 else "")
+                 + f"{r['peers']['cublas_bf16']['us']:.1f} | {tgu:.1f} | {bp[1]} | {bp[0] / b[0]:.2f}x |")
     return "\n".join(L)
 
 

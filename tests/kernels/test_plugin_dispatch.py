@@ -86,4 +86,4 @@ def test_w4a16_repack_only_where_the_gluon_kernel_runs(monkeypatch):
         assert repack_for_sm90(qw.cuda(), qz.cuda(), sc.cuda()) is None  # switched off
         monkeypatch.setenv("DSVOLC_W4A16_SM90", "1")
         p = repack_for_sm90(qw.cuda(), qz.cuda(), sc.cuda())
-        assert (p.nrep, p.kw) == (2, 2) and p.words.numel() == qw.numel()
+        assert (p.nrep, p.kw) == (4, 1) and p.words.numel() == qw.numel()  # 128 columns: the 32 x 128 tile
