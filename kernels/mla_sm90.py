@@ -27,6 +27,10 @@ A key block's slot is freed when both consumers' products retired. Keys past the
 masked (p = 0), and on a partial last block the cache rows past it are zeroed in shared memory
 before the products (an unwritten slot may hold anything, NaN included, and 0 x NaN is NaN).
 
+``PV_SPLIT`` (opt-in, compiled, not yet run on a GPU) runs three consumer warpgroups instead:
+a scorer (S, softmax, P) that frees each slot once it has read it, and two output warpgroups of
+256 columns each, so no chain holds both the scores and output columns.
+
 ``mla_decode`` takes it by default wherever ``supported`` holds (H200 race 9: 2.0-2.3x the Triton
 kernel's speed, 0.84-0.97x FlashMLA's; kernels/README.md, MLA decode).
 Gluon kernels compile only for a GPU (no interpreter): tests/kernels/test_mla_sm90.py compiles
@@ -51,7 +55,7 @@ ROPE = 64
 BLOCK_H = 64  # heads per program: the rows of one warpgroup MMA
 BLOCK_N = 64  # tokens per key block
 PRODUCER_REGS = 40
-CONFIG_KEYS = ("STAGES", "LEFT", "PREFETCH")
+CONFIG_KEYS = ("STAGES", "LEFT", "PREFETCH", "PV_SPLIT")
 
 
 def smem_bytes(stages: int, itemsize: int = 2) -> int:
@@ -68,7 +72,7 @@ def launch_config(config: dict | None) -> dict:
     scores before block j's slot is freed (they then run beside the products, but with two slots
     block j + 2's load has only the softmax to land); without it, block j's scores start block
     j's turn. Both unraced. A ``ValueError`` names the field."""
-    cfg = dict(STAGES=2, LEFT=128, PREFETCH=False)
+    cfg = dict(STAGES=2, LEFT=128, PREFETCH=False, PV_SPLIT=False)
     if config:
         unknown = sorted(set(config) - set(CONFIG_KEYS))
         if unknown:
@@ -77,6 +81,9 @@ def launch_config(config: dict | None) -> dict:
     if not isinstance(cfg["STAGES"], int) or cfg["STAGES"] < 2:
         raise ValueError(f"mla_sm90 config: STAGES must be an int >= 2 (the next block's scores are issued before "
                          f"this block's slot is freed), got {cfg['STAGES']!r}")
+    if cfg["PV_SPLIT"] and (cfg["PREFETCH"] or cfg["LEFT"] != 128):
+        raise ValueError("mla_sm90 config: PV_SPLIT (a scoring warpgroup and two output warpgroups of 256 columns) "
+                         "takes neither PREFETCH nor LEFT")
     if cfg["LEFT"] not in (128, 256):
         raise ValueError(f"mla_sm90 config: LEFT (consumer 0's output columns) must be 128 or 256, got {cfg['LEFT']!r}")
     need = smem_bytes(cfg["STAGES"])
@@ -356,9 +363,149 @@ if HAVE_GLUON:
         ], [4, 1], [CONSUMER_REGS, _PRODUCER_REGS])
 
 
-def registers() -> tuple[int, int]:
+    @gluon.jit
+    def _scorer_only(q_smem, q_pe, kv_bufs, pe_bufs, p_bufs, alpha_smem, l_smem, kv_ready, kv_empty, p_ready, p_free,
+                     l_ready, Q, SEQ, LSE, LP, stride_qb, stride_qh, stride_lb, stride_lh, stride_lsb, stride_lsh,
+                     chunk, score_scale, SINGLE: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr):
+        """PV_SPLIT's consumer 0: per key block the scores, the online softmax, P_j and the rescale
+        factor published for the two output warpgroups; the slot is freed as soon as the scores
+        are read, so the producer's next load starts under the softmax. Writes the LSE."""
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, 64, 16])
+        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+        dtype: gl.constexpr = q_smem.dtype
+        b, s, start, end, n_blocks = _span(SEQ, chunk)
+        heads = gl.program_id(0) * 64
+        qb = Q + b.to(gl.int64) * stride_qb + heads * stride_qh
+        blk: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
+        r = gl.arange(0, 64, layout=gl.SliceLayout(1, blk))
+        c = gl.arange(0, 128, layout=gl.SliceLayout(0, blk))
+        for i in gl.static_range(4):
+            q_smem.slice(i * 128, 128, dim=1).store(gl.load(qb + r[:, None] * stride_qh + i * 128 + c[None, :]))
+        blk64: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        r64 = gl.arange(0, 64, layout=gl.SliceLayout(1, blk64))
+        c64 = gl.arange(0, 64, layout=gl.SliceLayout(0, blk64))
+        q_pe.store(gl.load(qb + r64[:, None] * stride_qh + 512 + c64[None, :]))
+        fence_async_shared()
+        _cta_barrier()
+        m_i = gl.full([64], -1.0e30, gl.float32, row_s)
+        l_i = gl.zeros([64], gl.float32, row_s)
+        sc = gl.zeros([64, 64], gl.float32, s_layout)
+        for j in range(n_blocks):
+            st = j % STAGES
+            mbarrier.wait(kv_ready.index(st), (j // STAGES) & 1)
+            s_tok = _qk(q_smem, q_pe, kv_bufs, pe_bufs, st, sc)
+            sc = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
+            release(kv_empty.index(st))  # this warpgroup's reads of the slot are done
+            tok0 = start + j * 64
+            if tok0 + 64 > end:  # keys past the end masked (their rows are zeroed by the output warpgroups)
+                cols = tok0 + gl.arange(0, 64, layout=gl.SliceLayout(0, s_layout))
+                sc = gl.where((cols < end)[None, :], sc, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(sc, axis=1) * score_scale)
+            p = gl.exp2(sc * score_scale - m_new[:, None])
+            alpha = gl.exp2(m_i - m_new)
+            l_i = l_i * alpha + gl.sum(p, axis=1)
+            m_i = m_new
+            mbarrier.wait(p_free.index(0), (j & 1) ^ 1)  # both output warpgroups are past P_{j-1}
+            p_bufs.index(0).store(p.to(dtype))
+            alpha_smem.index(0).store(alpha)
+            fence_async_shared()
+            release(p_ready.index(0))
+        l_smem.store(l_i)
+        release(l_ready)
+        heads_r = gl.program_id(0) * 64 + gl.arange(0, 64, layout=row_s)
+        l_safe = gl.where(l_i == 0.0, 1.0, l_i)
+        lse2 = gl.where(l_i == 0.0, float("-inf"), m_i + gl.log2(l_safe))
+        if SINGLE:
+            if STORE_LSE:
+                gl.store(LSE + b * stride_lsb + heads_r * stride_lsh, lse2 * 0.6931471805599453)
+        else:
+            gl.store(LP + b * stride_lb + heads_r * stride_lh + s, lse2)
+
+    @gluon.jit
+    def _pv_half(kv_bufs, p_bufs, alpha_smem, l_smem, kv_ready, kv_empty, p_ready, p_free, l_ready, SEQ, O, LSE, OP,
+                 LP, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb,
+                 stride_lsh, chunk, out_scale, SINGLE: gl.constexpr, STAGES: gl.constexpr, COL0: gl.constexpr):
+        """PV_SPLIT's output warpgroups: columns [COL0, COL0 + 256) as two [64, 128] accumulators
+        (a [64, 256] product needs more registers than 13 warps leave one instruction), P from
+        shared memory."""
+        la: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 128, 16])
+        b, s, start, end, n_blocks = _span(SEQ, chunk)
+        acc_a = gl.zeros([64, 128], gl.float32, la)
+        acc_b = gl.zeros([64, 128], gl.float32, la)
+        for j in range(n_blocks):
+            st = j % STAGES
+            mbarrier.wait(kv_ready.index(st), (j // STAGES) & 1)
+            mbarrier.wait(p_ready.index(0), j & 1)
+            alpha = alpha_smem.index(0).load(gl.SliceLayout(1, la))
+            tok0 = start + j * 64
+            acc_a = _pv_part(acc_a, p_bufs.index(0), kv_bufs.index(st), alpha, tok0, end, COL0)
+            acc_b = _pv_part(acc_b, p_bufs.index(0), kv_bufs.index(st), alpha, tok0, end, COL0 + 128)
+            _cta_barrier()
+            mbarrier.arrive(p_free.index(0))
+            mbarrier.arrive(kv_empty.index(st))
+        mbarrier.wait(l_ready, 0)
+        l_a = l_smem.load(gl.SliceLayout(1, la))
+        _write_out(acc_a, l_a, l_a, O, LSE, OP, LP, b, s, n_blocks, stride_ob, stride_oh, stride_pb, stride_ph,
+                   stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, out_scale, COL0, la, SINGLE, False, False)
+        _write_out(acc_b, l_a, l_a, O, LSE, OP, LP, b, s, n_blocks, stride_ob, stride_oh, stride_pb, stride_ph,
+                   stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, out_scale, COL0 + 128, la, SINGLE, False,
+                   False)
+
+    @gluon.jit
+    def _mla_sm90_pv_split_kernel(kv_desc, pe_desc, Q, BT, SEQ, O, LSE, OP, LP,
+                                  stride_qb, stride_qh, stride_bt, stride_ob, stride_oh, stride_pb, stride_ph,
+                                  stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, chunk, PAGE, score_scale,
+                                  out_scale, SINGLE: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr,
+                                  CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
+        """Grid (heads / 64, B, splits). The default partition (4 warps) scores, two 4-warp
+        workers own output columns [0, 256) and [256, 512), a 1-warp worker is the TMA producer."""
+        gl.static_assert(num_warps == 4, "the default partition is one warpgroup")
+        dtype: gl.constexpr = kv_desc.dtype
+        DL: gl.constexpr = kv_desc.block_type.shape[1]
+        gl.static_assert(DL == 512, "the latent part is 512 wide")
+        q_smem = gl.allocate_shared_memory(dtype, [64, DL], kv_desc.layout)
+        kv_bufs = gl.allocate_shared_memory(dtype, [STAGES, 64, DL], kv_desc.layout)
+        pe_bufs = gl.allocate_shared_memory(dtype, [STAGES, 64, 64], pe_desc.layout)
+        q_pe = gl.allocate_shared_memory(dtype, [64, 64], pe_desc.layout)
+        p_bufs = gl.allocate_shared_memory(dtype, [1, 64, 64], pe_desc.layout)
+        plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+        alpha_smem = gl.allocate_shared_memory(gl.float32, [1, 64], plain)
+        l_smem = gl.allocate_shared_memory(gl.float32, [64], plain)
+        kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        p_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+        p_free = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+        l_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(kv_ready.index(i), count=1)
+            mbarrier.init(kv_empty.index(i), count=3)  # the scorer and both output warpgroups
+        mbarrier.init(p_ready.index(0), count=1)
+        mbarrier.init(p_free.index(0), count=2)  # both output warpgroups
+        mbarrier.init(l_ready, count=1)
+        gl.warp_specialize([
+            (_scorer_only, (q_smem, q_pe, kv_bufs, pe_bufs, p_bufs, alpha_smem, l_smem, kv_ready, kv_empty, p_ready,
+                            p_free, l_ready, Q, SEQ, LSE, LP, stride_qb, stride_qh, stride_lb, stride_lh, stride_lsb,
+                            stride_lsh, chunk, score_scale, SINGLE, STORE_LSE, STAGES)),
+            (_pv_half, (kv_bufs, p_bufs, alpha_smem, l_smem, kv_ready, kv_empty, p_ready, p_free, l_ready, SEQ, O,
+                        LSE, OP, LP, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
+                        stride_lsb, stride_lsh, chunk, out_scale, SINGLE, STAGES, 0)),
+            (_pv_half, (kv_bufs, p_bufs, alpha_smem, l_smem, kv_ready, kv_empty, p_ready, p_free, l_ready, SEQ, O,
+                        LSE, OP, LP, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
+                        stride_lsb, stride_lsh, chunk, out_scale, SINGLE, STAGES, 256)),
+            (_producer, (kv_desc, pe_desc, kv_bufs, pe_bufs, kv_ready, kv_empty, SEQ, BT, stride_bt, chunk, PAGE,
+                         STAGES)),
+        ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, _PRODUCER_REGS])
+
+
+def registers(pv_split: bool = False) -> tuple[int, int]:
     """(maxnreg, registers per consumer thread): two consumer warpgroups, one program per SM,
-    the producer keeping ``PRODUCER_REGS``."""
+    the producer keeping ``PRODUCER_REGS``. With ``PV_SPLIT`` (13 warps: 152 registers each at
+    launch, 63,232 of the SM's 65,536) the output warpgroups grow to 168 (a [64, 256] fp32
+    accumulator is 128 of them) from what the producer warp gives back and the file's rest, the
+    scorer keeps 152."""
+    if pv_split:
+        return 152, 168
     return split_registers(2, 1, PRODUCER_REGS)
 
 
@@ -388,7 +535,16 @@ def mla_sm90_split(q, kv_cache, block_table, seq_lens, out, lse, op, lp, chunk, 
     kv_desc, pe_desc = descriptors(kv_cache)
     sp = (0, 0, 0, 0, 0) if single else (op.stride(0), op.stride(1), op.stride(2), lp.stride(0), lp.stride(1))
     lse_st = (lse.stride(0), lse.stride(1)) if lse is not None else (0, 0)
-    maxnreg, regs = registers()
+    maxnreg, regs = registers(cfg["PV_SPLIT"])
+    if cfg["PV_SPLIT"]:
+        _mla_sm90_pv_split_kernel[(nh // BLOCK_H, bsz, num_splits)](
+            kv_desc, pe_desc, q, block_table, seq_lens, out, lse if lse is not None else out,
+            op if op is not None else out, lp if lp is not None else out,
+            q.stride(0), q.stride(1), block_table.stride(0), out.stride(0), out.stride(1), *sp, *lse_st,
+            chunk, kv_cache.shape[1], score_scale, out_scale,
+            SINGLE=single, STORE_LSE=lse is not None and single, STAGES=cfg["STAGES"], CONSUMER_REGS=regs,
+            num_warps=4, maxnreg=maxnreg)
+        return
     _mla_sm90_kernel[(nh // BLOCK_H, bsz, num_splits)](
         kv_desc, pe_desc, q, block_table, seq_lens, out, lse if lse is not None else out,
         op if op is not None else out, lp if lp is not None else out,

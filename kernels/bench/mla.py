@@ -66,7 +66,7 @@ MLA_SPLIT_SWEEP = {
 }
 # the Gluon Hopper kernel, raced beside the default wherever it runs (bf16 caches, 64k heads)
 MLA_SM90 = {"sm90": dict(KERNEL="sm90"), "sm90_prefetch": dict(KERNEL="sm90", PREFETCH=True),
-            "sm90_left256": dict(KERNEL="sm90", LEFT=256)}
+            "sm90_left256": dict(KERNEL="sm90", LEFT=256), "sm90_pv_split": dict(KERNEL="sm90", PV_SPLIT=True)}
 PAGE = 64
 
 
