@@ -155,6 +155,22 @@ if HAVE_GLUON:
         _cta_barrier()
 
     @gluon.jit
+    def _stage_q(q_smem, q_pe, qb, stride_qh):
+        """The program's 64 query rows into shared memory: the latent part 128 columns at a time,
+        then the rope part; fenced for the async proxy (the products read them)."""
+        blk: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
+        r = gl.arange(0, 64, layout=gl.SliceLayout(1, blk))
+        c = gl.arange(0, 128, layout=gl.SliceLayout(0, blk))
+        for i in gl.static_range(4):
+            q_smem.slice(i * 128, 128, dim=1).store(gl.load(qb + r[:, None] * stride_qh + i * 128 + c[None, :]))
+        blk64: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        r64 = gl.arange(0, 64, layout=gl.SliceLayout(1, blk64))
+        c64 = gl.arange(0, 64, layout=gl.SliceLayout(0, blk64))
+        q_pe.store(gl.load(qb + r64[:, None] * stride_qh + 512 + c64[None, :]))
+        fence_async_shared()
+        _cta_barrier()
+
+    @gluon.jit
     def _qk(q_smem, q_pe, kv_bufs, pe_bufs, st, regs):
         """Issue S = Q K^T of slot st asynchronously into ``regs``: the latent part, then the
         rope part, chained."""
@@ -204,19 +220,7 @@ if HAVE_GLUON:
         NP: gl.constexpr = p_bufs.shape[0]
         b, s, start, end, n_blocks = _span(SEQ, chunk)
         heads = gl.program_id(0) * 64
-        qb = Q + b.to(gl.int64) * stride_qb + heads * stride_qh
-        # the query's latent part into shared memory, 128 columns at a time
-        blk: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
-        r = gl.arange(0, 64, layout=gl.SliceLayout(1, blk))
-        c = gl.arange(0, 128, layout=gl.SliceLayout(0, blk))
-        for i in gl.static_range(4):
-            q_smem.slice(i * 128, 128, dim=1).store(gl.load(qb + r[:, None] * stride_qh + i * 128 + c[None, :]))
-        blk64: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-        r64 = gl.arange(0, 64, layout=gl.SliceLayout(1, blk64))
-        c64 = gl.arange(0, 64, layout=gl.SliceLayout(0, blk64))
-        q_pe.store(gl.load(qb + r64[:, None] * stride_qh + 512 + c64[None, :]))
-        fence_async_shared()
-        _cta_barrier()
+        _stage_q(q_smem, q_pe, Q + b.to(gl.int64) * stride_qb + heads * stride_qh, stride_qh)
         acc = gl.zeros([64, LEFT], gl.float32, o_layout)
         m_i = gl.full([64], -1.0e30, gl.float32, row_s)
         l_i = gl.zeros([64], gl.float32, row_s)
@@ -376,18 +380,7 @@ if HAVE_GLUON:
         dtype: gl.constexpr = q_smem.dtype
         b, s, start, end, n_blocks = _span(SEQ, chunk)
         heads = gl.program_id(0) * 64
-        qb = Q + b.to(gl.int64) * stride_qb + heads * stride_qh
-        blk: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
-        r = gl.arange(0, 64, layout=gl.SliceLayout(1, blk))
-        c = gl.arange(0, 128, layout=gl.SliceLayout(0, blk))
-        for i in gl.static_range(4):
-            q_smem.slice(i * 128, 128, dim=1).store(gl.load(qb + r[:, None] * stride_qh + i * 128 + c[None, :]))
-        blk64: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-        r64 = gl.arange(0, 64, layout=gl.SliceLayout(1, blk64))
-        c64 = gl.arange(0, 64, layout=gl.SliceLayout(0, blk64))
-        q_pe.store(gl.load(qb + r64[:, None] * stride_qh + 512 + c64[None, :]))
-        fence_async_shared()
-        _cta_barrier()
+        _stage_q(q_smem, q_pe, Q + b.to(gl.int64) * stride_qb + heads * stride_qh, stride_qh)
         m_i = gl.full([64], -1.0e30, gl.float32, row_s)
         l_i = gl.zeros([64], gl.float32, row_s)
         sc = gl.zeros([64, 64], gl.float32, s_layout)
