@@ -57,8 +57,8 @@ class EngineSettings(Model):
     kernels: bool = Field(True, description="install the deepseek-volc Triton kernels plugin in vLLM")
     awq_kernel: Literal["vllm", "dsvolc"] = Field(
         "vllm",
-        description="linear layers of an AWQ checkpoint: vLLM's own kernels, or the plugin's Triton W4A16 "
-        "(--quantization dsvolc_awq; needs quantization awq and kernels on)",
+        description="linear layers of an AWQ checkpoint: vLLM's own kernels, or the plugin's W4A16 kernels "
+        "(Gluon on Hopper, Triton elsewhere; --quantization dsvolc_awq; needs quantization awq and kernels on)",
     )
 
     @model_validator(mode="after")
