@@ -31,6 +31,7 @@ import triton
 import triton.language as tl
 
 from kernels.w4a16_gemv import _gemv_kernel, _gemv_pf_kernel
+from kernels.w4a16_mma import _ATOMIC_WS, _atomic_workspace, _num_sms  # noqa: F401  (shared with w4a16_sm90)
 from kernels.w4a16_mma import _mma4_kernel, _splitk_reduce_kernel, _w4a16_kernel
 
 GROUP_SIZE = 128
@@ -74,12 +75,6 @@ def awq_dequantize_triton(qweight, qzeros, scales, dtype=torch.bfloat16, block_k
     _dequant_kernel[grid](qweight, qzeros, scales, w, n, k, GROUP=GROUP_SIZE, BLOCK_K=block_k,
                           BLOCK_P=block_p, num_warps=num_warps)
     return w
-
-
-def _num_sms(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 8
 
 
 def _split(tiles: int, units: int, waves: int, num_sms: int) -> int:
@@ -182,23 +177,6 @@ def mma4_config(m: int, n: int, k: int, num_sms: int, block_n: int = 256, block_
 # OR-ing a nibble into the mantissa of 2^23 (0x4B000000) gives 2^23 + nibble exactly.
 _MAGIC_F32 = 0x4B000000
 
-# Zeroed fp32 workspaces and tile counters of the atomic split-K reduction, per device and
-# stream. The kernel that used a region leaves it zero, so the calls of one stream share it
-# (two streams never do); it grows only outside CUDA-graph capture (a capture that needs
-# more falls back to the two-kernel form).
-_ATOMIC_WS: dict = {}
-
-
-def _atomic_workspace(device, mn: int, tiles: int):
-    key = (device, torch.cuda.current_stream(device).cuda_stream) if device.type == "cuda" else (device, 0)
-    ws, cnt = _ATOMIC_WS.get(key, (None, None))
-    if ws is None or ws.numel() < mn or cnt.numel() < tiles:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return None
-        ws = torch.zeros(max(mn, 0 if ws is None else ws.numel()), dtype=torch.float32, device=device)
-        cnt = torch.zeros(max(tiles, 0 if cnt is None else cnt.numel()), dtype=torch.int32, device=device)
-        _ATOMIC_WS[key] = (ws, cnt)
-    return ws, cnt
 
 
 def _dtype_consts(dtype) -> dict:

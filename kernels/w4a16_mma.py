@@ -26,8 +26,34 @@ operand layout), so no unpacked tile makes a shared-memory round trip.
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 8
+
+
+# Zeroed fp32 workspaces and tile counters of the atomic split-K reduction, per device and
+# stream. The kernel that used a region leaves it zero, so the calls of one stream share it
+# (two streams never do); it grows only outside CUDA-graph capture (a capture that needs
+# more falls back to the two-kernel form).
+_ATOMIC_WS: dict = {}
+
+
+def _atomic_workspace(device, mn: int, tiles: int):
+    key = (device, torch.cuda.current_stream(device).cuda_stream) if device.type == "cuda" else (device, 0)
+    ws, cnt = _ATOMIC_WS.get(key, (None, None))
+    if ws is None or ws.numel() < mn or cnt.numel() < tiles:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        ws = torch.zeros(max(mn, 0 if ws is None else ws.numel()), dtype=torch.float32, device=device)
+        cnt = torch.zeros(max(tiles, 0 if cnt is None else cnt.numel()), dtype=torch.int32, device=device)
+        _ATOMIC_WS[key] = (ws, cnt)
+    return ws, cnt
 
 
 @triton.jit

@@ -391,8 +391,7 @@ def w4a16_sm90(x: torch.Tensor, packed: PackedW4, config: dict | None = None) ->
     """x [..., K] (bf16 or fp16, at most 16 rows) @ the packed weights -> [..., N] in x's dtype.
     With a K split, the tile's partial sums meet in the per-stream atomic workspace; during a
     CUDA-graph capture that has none yet, in a [SPLIT, M, N] workspace and a second kernel."""
-    from kernels.w4a16_gemm import _atomic_workspace, _num_sms
-    from kernels.w4a16_mma import _splitk_reduce_kernel
+    from kernels.w4a16_mma import _atomic_workspace, _num_sms, _splitk_reduce_kernel
 
     if x.shape[-1] != packed.k:
         raise ValueError(f"w4a16_sm90: x has K = {x.shape[-1]}, the packed weights {packed.k}")

@@ -248,7 +248,7 @@ def main(argv=None):
     if args.profile_gemv:
         return w4a16.profile_gemv()
     if args.profile_w4_sm90:
-        return w4a16.profile_w4_sm90(args.profile_w4_sm90)
+        return w4a16_race5.profile_w4_sm90(args.profile_w4_sm90)
     if args.profile_fp8:
         shape, _, names = args.profile_fp8.partition(":")
         return fp8.profile_sm90(tuple(int(x) for x in shape.split(",")), names.split(",") if names else ["default"])

@@ -508,36 +508,6 @@ def add_args(ap):
                          "set) between cudaProfilerStart/Stop, for ncu --profile-from-start off, and exit")
 
 
-def profile_w4_sm90(spec: str):
-    """``--profile-w4-sm90``: the candidates, each run once to compile, then once more inside
-    the profiler range (so ncu sees one launch per candidate)."""
-    from kernels.bench.w4a16_race5 import sm90_candidates
-    from kernels.w4a16_sm90 import repack, w4a16_sm90
-
-    shape, m, *names = spec.split(":")
-    k, n = (int(v) for v in shape.split("x"))
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    cands = sm90_candidates(int(m), n, k, sms)
-    if names:
-        cands = {kk: v for kk, v in cands.items() if kk in names[0].split(",")}
-    w = make_weights(k, n, 17)
-    x = torch.randn(int(m), k, device=H.DEV, dtype=torch.bfloat16)
-    runs = []
-    for name, c in cands.items():
-        cfg = {kk: v for kk, v in c.items() if kk != "PATH"}
-        p = repack(*w, nrep=cfg["NREP"], kw=cfg["KW"])
-        w4a16_sm90(x, p, cfg)
-        runs.append((name, p, cfg))
-        print(f"profile: {name} {cfg}")
-    torch.cuda.synchronize()
-    torch.cuda.cudart().cudaProfilerStart()
-    for _, p, cfg in runs:
-        w4a16_sm90(x, p, cfg)
-    torch.cuda.synchronize()
-    torch.cuda.cudart().cudaProfilerStop()
-    return 0
-
-
 def profile_gemv():
     k, n = 5120, 27648
     w = make_weights(k, n, 17)
