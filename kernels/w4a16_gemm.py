@@ -226,6 +226,9 @@ def _gemm_packed(x: torch.Tensor, p, config: dict | None) -> torch.Tensor:
     else dequantise the packed words once and multiply with cuBLAS."""
     from kernels import w4a16_sm90
 
+    if not isinstance(p, w4a16_sm90.PackedW4):
+        raise TypeError(f"w4a16_gemm: qweight must be AutoAWQ's int32 tensor or a w4a16_sm90.PackedW4, got "
+                        f"{type(p).__name__}")
     if x.shape[-1] != p.k:
         raise ValueError(f"w4a16_gemm: x has K = {x.shape[-1]}, the packed weights {p.k}")
     lead = x.shape[:-1]

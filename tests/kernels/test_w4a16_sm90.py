@@ -66,6 +66,12 @@ def test_bad_operands_and_configs_are_named():
         w4.w4a16_sm90(torch.zeros(1, 256), p)
     with pytest.raises(ValueError, match="x has K = 128, the packed weights 256"):
         w4.w4a16_sm90(torch.zeros(1, 128, dtype=torch.bfloat16), p)
+    from kernels.w4a16_gemm import w4a16_gemm
+
+    with pytest.raises(ValueError, match="x has K = 128, the packed weights 256"):
+        w4a16_gemm(torch.zeros(1, 128, dtype=torch.bfloat16), p)
+    with pytest.raises(TypeError, match="qweight must be AutoAWQ's int32 tensor or a w4a16_sm90.PackedW4, got list"):
+        w4a16_gemm(torch.zeros(1, 256, dtype=torch.bfloat16), [p])
 
 
 @pytest.mark.parametrize("nrep,kw", [(2, 2), (4, 1), (4, 4)])
