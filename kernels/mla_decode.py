@@ -289,7 +289,9 @@ def mla_decode(
     if kernel not in (None, "triton", "sm90"):
         raise ValueError(f"config KERNEL must be 'triton' or 'sm90', got {kernel!r}")
     if kernel is None:  # the Gluon kernel where it runs (race 9: 2.0-2.3x the Triton kernel's speed)
-        kernel = "sm90" if sm90_default(q, kv_cache) and not set(config) - {"STAGES", "LEFT", "PREFETCH"} else "triton"
+        from kernels.mla_sm90 import CONFIG_KEYS as SM90_KEYS
+
+        kernel = "sm90" if sm90_default(q, kv_cache) and not set(config) - set(SM90_KEYS) else "triton"
     if kernel == "sm90":
         from kernels import mla_sm90
 
