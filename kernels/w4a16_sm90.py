@@ -60,6 +60,7 @@ WARPS = 4
 T = 32 * WARPS  # threads per program
 CONFIG_KEYS = ("NREP", "KW", "STAGES", "SPLIT")  # SPLIT None: default_config's programs per SM
 MAX_M = 64  # at most 4 mma row blocks of 16 (sharing each dequantised B tile)
+REPACK_BAND = 2**23  # weights unpacked at a time by repack (int64: 64 MB of temporaries)
 
 if HAVE_GLUON:
     from kernels.sm90_common import async_copy, gl, gluon, mma_v2
@@ -119,17 +120,23 @@ def repack(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, nr
     if qzeros.shape != (k // GROUP, n // 8) or scales.shape != (k // GROUP, n):
         raise ValueError(f"w4a16_sm90: qzeros must be [{k // GROUP}, {n // 8}] and scales [{k // GROUP}, {n}], got "
                          f"{list(qzeros.shape)} and {list(scales.shape)}")
-    q = awq_unpack(qweight).to(torch.int64)  # [K, N]
-    # rows k = 32 kw + 16 k4 + 8 k3 + 4 k2 + 2 k1 + k0 of K step kt; columns n = 32 nrep + 8 warp + nlo of tile nt
-    q = q.view(k // bk, kw, 2, 2, 2, 2, 2, n // bn, nrep, WARPS, 8)
-    #            0     1  2(k4) 3(k3) 4(k2) 5(k1) 6(k0) 7  8     9      10
-    # -> [nt, kt, warp, nlo, k2, k1 | nrep, kw | k0, k4, k3]: thread, word, nibble p = 4 k0 + 2 k4 + k3
-    q = q.permute(7, 0, 9, 10, 4, 5, 8, 1, 6, 2, 3).reshape(-1, 8)
-    words = torch.zeros(q.shape[0], dtype=torch.int64, device=q.device)
-    for p in range(8):
-        words |= q[:, p] << (4 * p)
-    words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
-    return PackedW4(words.contiguous(), qzeros.contiguous(), scales.contiguous(), k, n, nrep, kw)
+    # column tiles are outermost in the packed order: unpack a band of them at a time, so the
+    # int64 temporaries stay near 64 MB however large the weight (at load, beside the model)
+    band = max(bn, (REPACK_BAND // k) // bn * bn)
+    words = torch.empty(k * n // 8, dtype=torch.int32, device=qweight.device)
+    for c0 in range(0, n, band):
+        c1 = min(n, c0 + band)
+        q = awq_unpack(qweight[:, c0 // 8:c1 // 8]).to(torch.int64)  # [K, c1 - c0]
+        # rows k = 32 kw + 16 k4 + 8 k3 + 4 k2 + 2 k1 + k0 of K step kt; columns n = 32 nrep + 8 warp + nlo of tile nt
+        q = q.view(k // bk, kw, 2, 2, 2, 2, 2, (c1 - c0) // bn, nrep, WARPS, 8)
+        #            0     1  2(k4) 3(k3) 4(k2) 5(k1) 6(k0) 7           8     9      10
+        # -> [nt, kt, warp, nlo, k2, k1 | nrep, kw | k0, k4, k3]: thread, word, nibble p = 4 k0 + 2 k4 + k3
+        q = q.permute(7, 0, 9, 10, 4, 5, 8, 1, 6, 2, 3).reshape(-1, 8)
+        w = torch.zeros(q.shape[0], dtype=torch.int64, device=q.device)
+        for p in range(8):
+            w |= q[:, p] << (4 * p)
+        words[c0 * k // 8:c1 * k // 8] = torch.where(w >= 2**31, w - 2**32, w).to(torch.int32)
+    return PackedW4(words, qzeros.contiguous(), scales.contiguous(), k, n, nrep, kw)
 
 
 def unpack_repacked(p: PackedW4) -> torch.Tensor:

@@ -37,6 +37,18 @@ def test_repacked_words_decode_to_the_awq_weights(nrep, kw):
     assert torch.equal(w4.unpack_repacked(p), awq_dequantize(qw, qz, sc))
 
 
+def test_a_wide_weight_repacks_band_by_band(monkeypatch):
+    """repack unpacks a band of column tiles at a time (bounded temporaries at load): the words
+    of a weight wider than one band equal the concatenation of its bands' words."""
+    qw, qz, sc = _awq(128, 1024, seed=5)
+    monkeypatch.setattr(w4, "REPACK_BAND", 128 * 256)  # two column tiles a band: four bands
+    whole = w4.repack(qw, qz, sc, nrep=4, kw=1)
+    assert torch.equal(w4.unpack_repacked(whole), awq_dequantize(qw, qz, sc))
+    left = w4.repack(qw[:, :64], qz[:, :64], sc[:, :512], nrep=4, kw=1)
+    right = w4.repack(qw[:, 64:], qz[:, 64:], sc[:, 512:], nrep=4, kw=1)
+    assert torch.equal(whole.words, torch.cat([left.words, right.words]))
+
+
 def test_a_wrong_layout_does_not_decode():
     """The check above can fail: words packed with a different tile decode to other weights."""
     qw, qz, sc = _awq(256, 256, seed=3)
