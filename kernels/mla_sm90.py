@@ -323,51 +323,6 @@ if HAVE_GLUON:
                        STORE_LSE, False)
 
     @gluon.jit
-    def _mla_sm90_kernel(kv_desc, pe_desc, Q, BT, SEQ, O, LSE, OP, LP,
-                         stride_qb, stride_qh, stride_bt, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps,
-                         stride_lb, stride_lh, stride_lsb, stride_lsh, chunk, PAGE, score_scale, out_scale,
-                         SINGLE: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr, LEFT: gl.constexpr,
-                         PREFETCH: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
-        """Grid (heads / 64, B, splits). The default partition (4 warps) is consumer 0, a 4-warp
-        worker consumer 1, a 1-warp worker the TMA producer."""
-        gl.static_assert(num_warps == 4, "the default partition is one warpgroup")
-        dtype: gl.constexpr = kv_desc.dtype
-        DL: gl.constexpr = kv_desc.block_type.shape[1]
-        gl.static_assert(DL == 512, "the latent part is 512 wide")
-        q_smem = gl.allocate_shared_memory(dtype, [64, DL], kv_desc.layout)
-        kv_bufs = gl.allocate_shared_memory(dtype, [STAGES, 64, DL], kv_desc.layout)
-        pe_bufs = gl.allocate_shared_memory(dtype, [STAGES, 64, 64], pe_desc.layout)
-        q_pe = gl.allocate_shared_memory(dtype, [64, 64], pe_desc.layout)
-        p_bufs = gl.allocate_shared_memory(dtype, [1, 64, 64], pe_desc.layout)  # one: consumer 1 frees it
-        plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
-        alpha_smem = gl.allocate_shared_memory(gl.float32, [1, 64], plain)  # indexed to [64]: a rank-1 layout
-        l_smem = gl.allocate_shared_memory(gl.float32, [64], plain)
-        kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        p_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-        p_free = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-        l_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(STAGES):
-            mbarrier.init(kv_ready.index(i), count=1)
-            mbarrier.init(kv_empty.index(i), count=2)
-        for i in gl.static_range(1):
-            mbarrier.init(p_ready.index(i), count=1)
-            mbarrier.init(p_free.index(i), count=1)
-        mbarrier.init(l_ready, count=1)
-        gl.warp_specialize([
-            (_scorer, (q_smem, q_pe, kv_bufs, pe_bufs, p_bufs, alpha_smem, l_smem, kv_ready, kv_empty, p_ready, p_free,
-                       l_ready, Q, SEQ, O, LSE, OP, LP, stride_qb, stride_qh, stride_ob, stride_oh, stride_pb,
-                       stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, chunk, score_scale,
-                       out_scale, SINGLE, STORE_LSE, STAGES, LEFT, PREFETCH)),
-            (_right, (kv_bufs, p_bufs, alpha_smem, l_smem, kv_ready, kv_empty, p_ready, p_free, l_ready, SEQ, O, LSE,
-                      OP, LP, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb,
-                      stride_lsh, chunk, out_scale, SINGLE, STORE_LSE, STAGES, LEFT)),
-            (_producer, (kv_desc, pe_desc, kv_bufs, pe_bufs, kv_ready, kv_empty, SEQ, BT, stride_bt, chunk, PAGE,
-                         STAGES)),
-        ], [4, 1], [CONSUMER_REGS, _PRODUCER_REGS])
-
-
-    @gluon.jit
     def _scorer_only(q_smem, q_pe, kv_bufs, pe_bufs, p_bufs, alpha_smem, l_smem, kv_ready, kv_empty, p_ready, p_free,
                      l_ready, Q, SEQ, LSE, LP, stride_qb, stride_qh, stride_lb, stride_lh, stride_lsb, stride_lsh,
                      chunk, score_scale, SINGLE: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr):
@@ -446,13 +401,15 @@ if HAVE_GLUON:
                    False)
 
     @gluon.jit
-    def _mla_sm90_pv_split_kernel(kv_desc, pe_desc, Q, BT, SEQ, O, LSE, OP, LP,
-                                  stride_qb, stride_qh, stride_bt, stride_ob, stride_oh, stride_pb, stride_ph,
-                                  stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, chunk, PAGE, score_scale,
-                                  out_scale, SINGLE: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr,
-                                  CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
-        """Grid (heads / 64, B, splits). The default partition (4 warps) scores, two 4-warp
-        workers own output columns [0, 256) and [256, 512), a 1-warp worker is the TMA producer."""
+    def _mla_sm90_kernel(kv_desc, pe_desc, Q, BT, SEQ, O, LSE, OP, LP,
+                         stride_qb, stride_qh, stride_bt, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps,
+                         stride_lb, stride_lh, stride_lsb, stride_lsh, chunk, PAGE, score_scale, out_scale,
+                         SINGLE: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr, LEFT: gl.constexpr,
+                         PREFETCH: gl.constexpr, CONSUMER_REGS: gl.constexpr, PV_SPLIT: gl.constexpr,
+                         num_warps: gl.constexpr):
+        """Grid (heads / 64, B, splits). The default partition (4 warps) is consumer 0, a 4-warp
+        worker consumer 1, a 1-warp worker the TMA producer; with ``PV_SPLIT`` the default partition
+        only scores and two 4-warp workers own output columns [0, 256) and [256, 512)."""
         gl.static_assert(num_warps == 4, "the default partition is one warpgroup")
         dtype: gl.constexpr = kv_desc.dtype
         DL: gl.constexpr = kv_desc.block_type.shape[1]
@@ -461,34 +418,49 @@ if HAVE_GLUON:
         kv_bufs = gl.allocate_shared_memory(dtype, [STAGES, 64, DL], kv_desc.layout)
         pe_bufs = gl.allocate_shared_memory(dtype, [STAGES, 64, 64], pe_desc.layout)
         q_pe = gl.allocate_shared_memory(dtype, [64, 64], pe_desc.layout)
-        p_bufs = gl.allocate_shared_memory(dtype, [1, 64, 64], pe_desc.layout)
+        p_bufs = gl.allocate_shared_memory(dtype, [1, 64, 64], pe_desc.layout)  # one: consumer 1 frees it
         plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
-        alpha_smem = gl.allocate_shared_memory(gl.float32, [1, 64], plain)
+        alpha_smem = gl.allocate_shared_memory(gl.float32, [1, 64], plain)  # indexed to [64]: a rank-1 layout
         l_smem = gl.allocate_shared_memory(gl.float32, [64], plain)
         kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         p_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
         p_free = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
         l_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        # a slot is freed by every consumer warpgroup; P by those reading it from shared memory
         for i in gl.static_range(STAGES):
             mbarrier.init(kv_ready.index(i), count=1)
-            mbarrier.init(kv_empty.index(i), count=3)  # the scorer and both output warpgroups
-        mbarrier.init(p_ready.index(0), count=1)
-        mbarrier.init(p_free.index(0), count=2)  # both output warpgroups
+            mbarrier.init(kv_empty.index(i), count=3 if PV_SPLIT else 2)
+        for i in gl.static_range(1):
+            mbarrier.init(p_ready.index(i), count=1)
+            mbarrier.init(p_free.index(i), count=2 if PV_SPLIT else 1)
         mbarrier.init(l_ready, count=1)
-        gl.warp_specialize([
-            (_scorer_only, (q_smem, q_pe, kv_bufs, pe_bufs, p_bufs, alpha_smem, l_smem, kv_ready, kv_empty, p_ready,
-                            p_free, l_ready, Q, SEQ, LSE, LP, stride_qb, stride_qh, stride_lb, stride_lh, stride_lsb,
-                            stride_lsh, chunk, score_scale, SINGLE, STORE_LSE, STAGES)),
-            (_pv_half, (kv_bufs, p_bufs, alpha_smem, l_smem, kv_ready, kv_empty, p_ready, p_free, l_ready, SEQ, O,
-                        LSE, OP, LP, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
-                        stride_lsb, stride_lsh, chunk, out_scale, SINGLE, STAGES, 0)),
-            (_pv_half, (kv_bufs, p_bufs, alpha_smem, l_smem, kv_ready, kv_empty, p_ready, p_free, l_ready, SEQ, O,
-                        LSE, OP, LP, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
-                        stride_lsb, stride_lsh, chunk, out_scale, SINGLE, STAGES, 256)),
-            (_producer, (kv_desc, pe_desc, kv_bufs, pe_bufs, kv_ready, kv_empty, SEQ, BT, stride_bt, chunk, PAGE,
-                         STAGES)),
-        ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, _PRODUCER_REGS])
+        if PV_SPLIT:
+            gl.warp_specialize([
+                (_scorer_only, (q_smem, q_pe, kv_bufs, pe_bufs, p_bufs, alpha_smem, l_smem, kv_ready, kv_empty,
+                                p_ready, p_free, l_ready, Q, SEQ, LSE, LP, stride_qb, stride_qh, stride_lb, stride_lh,
+                                stride_lsb, stride_lsh, chunk, score_scale, SINGLE, STORE_LSE, STAGES)),
+                (_pv_half, (kv_bufs, p_bufs, alpha_smem, l_smem, kv_ready, kv_empty, p_ready, p_free, l_ready, SEQ, O,
+                            LSE, OP, LP, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
+                            stride_lsb, stride_lsh, chunk, out_scale, SINGLE, STAGES, 0)),
+                (_pv_half, (kv_bufs, p_bufs, alpha_smem, l_smem, kv_ready, kv_empty, p_ready, p_free, l_ready, SEQ, O,
+                            LSE, OP, LP, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
+                            stride_lsb, stride_lsh, chunk, out_scale, SINGLE, STAGES, 256)),
+                (_producer, (kv_desc, pe_desc, kv_bufs, pe_bufs, kv_ready, kv_empty, SEQ, BT, stride_bt, chunk, PAGE,
+                             STAGES)),
+            ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, _PRODUCER_REGS])
+        else:
+            gl.warp_specialize([
+                (_scorer, (q_smem, q_pe, kv_bufs, pe_bufs, p_bufs, alpha_smem, l_smem, kv_ready, kv_empty, p_ready,
+                           p_free, l_ready, Q, SEQ, O, LSE, OP, LP, stride_qb, stride_qh, stride_ob, stride_oh,
+                           stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, chunk,
+                           score_scale, out_scale, SINGLE, STORE_LSE, STAGES, LEFT, PREFETCH)),
+                (_right, (kv_bufs, p_bufs, alpha_smem, l_smem, kv_ready, kv_empty, p_ready, p_free, l_ready, SEQ, O,
+                          LSE, OP, LP, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
+                          stride_lsb, stride_lsh, chunk, out_scale, SINGLE, STORE_LSE, STAGES, LEFT)),
+                (_producer, (kv_desc, pe_desc, kv_bufs, pe_bufs, kv_ready, kv_empty, SEQ, BT, stride_bt, chunk, PAGE,
+                             STAGES)),
+            ], [4, 1], [CONSUMER_REGS, _PRODUCER_REGS])
 
 
 def registers(pv_split: bool = False) -> tuple[int, int]:
@@ -529,20 +501,11 @@ def mla_sm90_split(q, kv_cache, block_table, seq_lens, out, lse, op, lp, chunk, 
     sp = (0, 0, 0, 0, 0) if single else (op.stride(0), op.stride(1), op.stride(2), lp.stride(0), lp.stride(1))
     lse_st = (lse.stride(0), lse.stride(1)) if lse is not None else (0, 0)
     maxnreg, regs = registers(cfg["PV_SPLIT"])
-    if cfg["PV_SPLIT"]:
-        _mla_sm90_pv_split_kernel[(nh // BLOCK_H, bsz, num_splits)](
-            kv_desc, pe_desc, q, block_table, seq_lens, out, lse if lse is not None else out,
-            op if op is not None else out, lp if lp is not None else out,
-            q.stride(0), q.stride(1), block_table.stride(0), out.stride(0), out.stride(1), *sp, *lse_st,
-            chunk, kv_cache.shape[1], score_scale, out_scale,
-            SINGLE=single, STORE_LSE=lse is not None and single, STAGES=cfg["STAGES"], CONSUMER_REGS=regs,
-            num_warps=4, maxnreg=maxnreg)
-        return
     _mla_sm90_kernel[(nh // BLOCK_H, bsz, num_splits)](
         kv_desc, pe_desc, q, block_table, seq_lens, out, lse if lse is not None else out,
         op if op is not None else out, lp if lp is not None else out,
         q.stride(0), q.stride(1), block_table.stride(0), out.stride(0), out.stride(1), *sp, *lse_st,
         chunk, kv_cache.shape[1], score_scale, out_scale,
         SINGLE=single, STORE_LSE=lse is not None and single, STAGES=cfg["STAGES"], LEFT=cfg["LEFT"],
-        PREFETCH=bool(cfg["PREFETCH"]), CONSUMER_REGS=regs,
+        PREFETCH=bool(cfg["PREFETCH"]), CONSUMER_REGS=regs, PV_SPLIT=bool(cfg["PV_SPLIT"]),
         num_warps=4, maxnreg=maxnreg)

@@ -192,13 +192,9 @@ def mla_sm90_build(config: dict | None = None, single: bool = False, dtype: str 
                                    "stride_ph", "stride_ps", "stride_lb", "stride_lh", "stride_lsb", "stride_lsh",
                                    "chunk", "PAGE")})
     maxnreg, regs = registers(cfg["PV_SPLIT"])
-    if cfg["PV_SPLIT"]:
-        from kernels.mla_sm90 import _mla_sm90_pv_split_kernel
-
-        consts = {"SINGLE": single, "STORE_LSE": single, "STAGES": cfg["STAGES"], "CONSUMER_REGS": regs, "num_warps": 4}
-        return gluon_sm90_build(_mla_sm90_pv_split_kernel, sig, consts, 4, maxnreg)
     consts = {"SINGLE": single, "STORE_LSE": single, "STAGES": cfg["STAGES"], "LEFT": cfg["LEFT"],
-              "PREFETCH": bool(cfg["PREFETCH"]), "CONSUMER_REGS": regs, "num_warps": 4}
+              "PREFETCH": bool(cfg["PREFETCH"]), "CONSUMER_REGS": regs, "PV_SPLIT": bool(cfg["PV_SPLIT"]),
+              "num_warps": 4}
     return gluon_sm90_build(_mla_sm90_kernel, sig, consts, 4, maxnreg)
 
 
