@@ -213,6 +213,8 @@ def sm90_default(q: torch.Tensor, kv_cache: torch.Tensor) -> bool:
         return False
     from kernels import mla_sm90
 
+    if kv_cache.dtype == torch.float8_e4m3fn and not mla_sm90.FP8_DEFAULT:
+        return False
     return mla_sm90.supported(q, kv_cache)
 
 
@@ -296,9 +298,9 @@ def mla_decode(
         from kernels import mla_sm90
 
         if not mla_sm90.supported(q, kv_cache):
-            raise ValueError("config KERNEL 'sm90' needs a Hopper GPU, Gluon, a multiple of 64 heads, a 16-bit cache "
-                             "in q's dtype with pages of a multiple of 64 tokens stored one after another")
-        sm90_cfg = mla_sm90.launch_config(config)  # its keys only; the split follows the Triton tile's
+            raise ValueError("config KERNEL 'sm90' needs a Hopper GPU, Gluon, a multiple of 64 heads, a cache in q's "
+                             "dtype or fp8 e4m3 with pages of a multiple of 64 tokens stored one after another")
+        sm90_cfg = mla_sm90.launch_config(config, fp8)  # its keys only; the split follows the Triton tile's
         config = {}
     if config.get("SWAP"):
         raise ValueError("config SWAP: the transposed (swap-AB) kernel was removed after it lost the H200 "

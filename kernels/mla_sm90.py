@@ -6,7 +6,7 @@ tokens [s * chunk, end) of sequence b (the last split takes the rest), partial o
 log2-sum-exp per split (``mla_decode``'s merge kernel combines them) or, with one split, the
 output and LSE directly. 64 heads per program (a warpgroup MMA's rows), so the head count must be
 a multiple of 64 (DeepSeek's 128 on one GPU; the 16-head TP8 case stays on the Triton kernel);
-bf16/fp16 caches with pages of a multiple of 64 tokens.
+bf16/fp16 caches, or fp8 e4m3 ones (below), with pages of a multiple of 64 tokens.
 
 Why a second kernel: the Triton kernel runs 64 heads x 512 output columns in one program whose
 products, softmax and loads share one instruction stream (3.1x FlashMLA's instructions, the tensor
@@ -31,6 +31,16 @@ before the products (an unwritten slot may hold anything, NaN included, and 0 x 
 a scorer (S, softmax, P) that frees each slot once it has read it, and two output warpgroups of
 256 columns each, so no chain holds both the scores and output columns.
 
+The fp8 e4m3 cache (``_mla_sm90_fp8_kernel``): Hopper's 8-bit ``wgmma`` takes K-major operands
+only, and V = the latent rows is N-major in P V, so the products stay 16-bit: the producer
+TMA-loads 32-token fp8 blocks (18 KB) into a ring of ``STAGES``, and each consumer, while its
+P V of block j runs on the tensor cores, converts its 256 output columns of block j + 1 (consumer
+0 the rope columns too) into a ring of ``HSTAGES`` fp16 blocks (exact: every e4m3 value is an
+fp16 value; ``cvt.rn.f16x2.e4m3x2``), rows past the sequence written as zeros. Q is staged in
+fp16 (so |q| must stay below 65,504, fp16's largest value), P is fp16, the per-tensor scale
+folds into the score and output scales. Q (72 KB), two fp16 blocks (36 KB each) and four fp8 ones
+(18 KB each) fill the SM's shared memory.
+
 ``mla_decode`` takes it by default wherever ``supported`` holds (H200 race 9: 2.0-2.3x the Triton
 kernel's speed, 0.84-0.97x FlashMLA's; kernels/README.md, MLA decode).
 Gluon kernels compile only for a GPU (no interpreter): tests/kernels/test_mla_sm90.py compiles
@@ -54,8 +64,10 @@ KV_LORA = 512
 ROPE = 64
 BLOCK_H = 64  # heads per program: the rows of one warpgroup MMA
 BLOCK_N = 64  # tokens per key block
+FP8_BLOCK_N = 32  # tokens per key block of the fp8 path (two fp16 blocks beside Q fit shared memory)
 PRODUCER_REGS = 40
-CONFIG_KEYS = ("STAGES", "LEFT", "PREFETCH", "PV_SPLIT")
+CONFIG_KEYS = ("STAGES", "LEFT", "PREFETCH", "PV_SPLIT", "HSTAGES")
+FP8_DEFAULT = False  # whether mla_decode takes this kernel for an fp8 cache unasked (not yet raced)
 
 
 def smem_bytes(stages: int, itemsize: int = 2) -> int:
@@ -65,13 +77,50 @@ def smem_bytes(stages: int, itemsize: int = 2) -> int:
             + 4 * 2 * BLOCK_H + 8 * (2 * stages + 3))
 
 
-def launch_config(config: dict | None) -> dict:
+def smem_bytes_fp8(stages: int, hstages: int) -> int:
+    """The fp8 path: Q [64, 576] fp16, ``stages`` fp8 key blocks [32, 576], ``hstages`` fp16 ones,
+    two P buffers [64, 32] fp16, the rescale factors, the row sums and the mbarriers."""
+    row = KV_LORA + ROPE
+    return (2 * BLOCK_H * row + stages * FP8_BLOCK_N * row + hstages * 2 * FP8_BLOCK_N * row
+            + 2 * 2 * BLOCK_H * FP8_BLOCK_N + 4 * 3 * BLOCK_H + 8 * (2 * stages + 2 * hstages + 5))
+
+
+def launch_config_fp8(config: dict | None) -> dict:
+    """The fp8 cache's launch, checked: ``STAGES`` fp8 key blocks of 32 tokens (18 KB each) in
+    the TMA ring, ``HSTAGES`` fp16 blocks (36 KB) the products read, consumer 0 on output columns
+    [0, 256) (``LEFT``, fixed: consumer 1 takes the other 256 in one accumulator). Unraced:
+    4 and 2 fill the SM's shared memory beside Q. A ``ValueError`` names the field."""
+    cfg = dict(STAGES=4, HSTAGES=2, LEFT=256)
+    if config:
+        bad = sorted(k for k, v in config.items() if k not in cfg and not (k in ("PREFETCH", "PV_SPLIT") and not v))
+        if bad:
+            raise ValueError(f"mla_sm90 config (fp8 cache): {bad} do not apply, expected some of "
+                             f"['STAGES', 'HSTAGES', 'LEFT']")
+        cfg.update({k: v for k, v in config.items() if k in cfg})
+    for key, least in (("STAGES", 1), ("HSTAGES", 2)):
+        if not isinstance(cfg[key], int) or cfg[key] < least:
+            raise ValueError(f"mla_sm90 config (fp8 cache): {key} must be an int >= {least}, got {cfg[key]!r}")
+    if cfg["LEFT"] != 256:
+        raise ValueError(f"mla_sm90 config (fp8 cache): LEFT must be 256 (two warpgroups of 256 output columns), "
+                         f"got {cfg['LEFT']!r}")
+    need = smem_bytes_fp8(cfg["STAGES"], cfg["HSTAGES"])
+    if need > SMEM_BYTES:
+        raise ValueError(f"mla_sm90 config (fp8 cache): STAGES {cfg['STAGES']} and HSTAGES {cfg['HSTAGES']} need "
+                         f"{need} bytes of shared memory, more than the {SMEM_BYTES} an SM has")
+    return cfg
+
+
+def launch_config(config: dict | None, fp8: bool = False) -> dict:
     """The launch, checked: 2 stages (Q and two key blocks, 72 KB each, and P fill the 227 KB of an
     SM's shared memory); consumer 0 keeps output columns [0, ``LEFT``) beside the scores (128:
     no spills under Triton 3.6, where 256 spilled 80 bytes). ``PREFETCH`` issues block j + 1's
     scores before block j's slot is freed (they then run beside the products, but with two slots
     block j + 2's load has only the softmax to land); without it, block j's scores start block
-    j's turn. Both unraced. A ``ValueError`` names the field."""
+    j's turn. Both unraced. A ``ValueError`` names the field. ``fp8``: ``launch_config_fp8``."""
+    if fp8:
+        return launch_config_fp8(config)
+    if config and "HSTAGES" in config:
+        raise ValueError("mla_sm90 config: HSTAGES (the fp16 ring of the fp8 path) applies to an fp8 cache only")
     cfg = dict(STAGES=2, LEFT=128, PREFETCH=False, PV_SPLIT=False)
     if config:
         unknown = sorted(set(config) - set(CONFIG_KEYS))
@@ -94,12 +143,12 @@ def launch_config(config: dict | None) -> dict:
 
 
 def supported(q: torch.Tensor, kv_cache: torch.Tensor) -> bool:
-    """Whether this kernel runs these operands: a Hopper GPU, Gluon, 16-bit q and cache of one
-    dtype, a multiple of 64 heads, pages of a multiple of 64 tokens stored one after another,
-    and rows TMA can address."""
+    """Whether this kernel runs these operands: a Hopper GPU, Gluon, 16-bit q with a cache of its
+    dtype or fp8 e4m3, a multiple of 64 heads, pages of a multiple of 64 tokens stored one after
+    another, and rows TMA can address."""
     if not (HAVE_GLUON and q.is_cuda) or torch.cuda.get_device_capability(q.device) != (9, 0):
         return False
-    if q.dtype not in (torch.bfloat16, torch.float16) or kv_cache.dtype != q.dtype:
+    if q.dtype not in (torch.bfloat16, torch.float16) or kv_cache.dtype not in (q.dtype, torch.float8_e4m3fn):
         return False
     nh, page = q.shape[1], kv_cache.shape[1]
     if nh % BLOCK_H or page % BLOCK_N:
@@ -113,27 +162,28 @@ if HAVE_GLUON:
     _PRODUCER_REGS = gl.constexpr(PRODUCER_REGS)
 
     @gluon.jit
-    def _span(SEQ, chunk):
+    def _span(SEQ, chunk, BN: gl.constexpr):
         """This program's sequence, split and token range [start, end) (the last split takes the
-        rest of the sequence) and its key blocks."""
+        rest of the sequence) and its key blocks of ``BN`` tokens."""
         b = gl.program_id(1)
         s = gl.program_id(2)
         L = gl.load(SEQ + b)
         start = s * chunk
         end = gl.where(s == gl.num_programs(2) - 1, L, gl.minimum(L, start + chunk))
-        return b, s, start, end, gl.cdiv(gl.maximum(end - start, 0), 64)
+        return b, s, start, end, gl.cdiv(gl.maximum(end - start, 0), BN)
 
     @gluon.jit
     def _producer(kv_desc, pe_desc, kv_bufs, pe_bufs, kv_ready, kv_empty, SEQ, BT, stride_bt, chunk, PAGE,
                   STAGES: gl.constexpr):
         """One warp: each key block's latent and rope rows, from its page, into the ring."""
-        b, s, start, end, n_blocks = _span(SEQ, chunk)
+        BN: gl.constexpr = kv_desc.block_type.shape[0]
+        b, s, start, end, n_blocks = _span(SEQ, chunk, BN)
         nbytes: gl.constexpr = kv_desc.block_type.nbytes + pe_desc.block_type.nbytes
         DL: gl.constexpr = kv_desc.block_type.shape[1]
         for j in range(n_blocks):
             st = j % STAGES
             mbarrier.wait(kv_empty.index(st), ((j // STAGES) & 1) ^ 1)  # the first pass is free
-            tok = start + j * 64
+            tok = start + j * BN
             page = gl.load(BT + b.to(gl.int64) * stride_bt + tok // PAGE)
             row = (page * PAGE + tok % PAGE).to(gl.int32)
             mbarrier.expect(kv_ready.index(st), nbytes)
@@ -156,17 +206,19 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _stage_q(q_smem, q_pe, qb, stride_qh):
-        """The program's 64 query rows into shared memory: the latent part 128 columns at a time,
-        then the rope part; fenced for the async proxy (the products read them)."""
+        """The program's 64 query rows into shared memory, in its dtype (the fp8 path's fp16): the
+        latent part 128 columns at a time, then the rope part; fenced for the async proxy (the
+        products read them)."""
         blk: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
         r = gl.arange(0, 64, layout=gl.SliceLayout(1, blk))
         c = gl.arange(0, 128, layout=gl.SliceLayout(0, blk))
         for i in gl.static_range(4):
-            q_smem.slice(i * 128, 128, dim=1).store(gl.load(qb + r[:, None] * stride_qh + i * 128 + c[None, :]))
+            x = gl.load(qb + r[:, None] * stride_qh + i * 128 + c[None, :])
+            q_smem.slice(i * 128, 128, dim=1).store(x.to(q_smem.dtype))
         blk64: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
         r64 = gl.arange(0, 64, layout=gl.SliceLayout(1, blk64))
         c64 = gl.arange(0, 64, layout=gl.SliceLayout(0, blk64))
-        q_pe.store(gl.load(qb + r64[:, None] * stride_qh + 512 + c64[None, :]))
+        q_pe.store(gl.load(qb + r64[:, None] * stride_qh + 512 + c64[None, :]).to(q_pe.dtype))
         fence_async_shared()
         _cta_barrier()
 
@@ -218,7 +270,7 @@ if HAVE_GLUON:
         row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
         dtype: gl.constexpr = q_smem.dtype
         NP: gl.constexpr = p_bufs.shape[0]
-        b, s, start, end, n_blocks = _span(SEQ, chunk)
+        b, s, start, end, n_blocks = _span(SEQ, chunk, 64)
         heads = gl.program_id(0) * 64
         _stage_q(q_smem, q_pe, Q + b.to(gl.int64) * stride_qb + heads * stride_qh, stride_qh)
         acc = gl.zeros([64, LEFT], gl.float32, o_layout)
@@ -293,7 +345,7 @@ if HAVE_GLUON:
         lb: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                      instr_shape=[16, 256 - LEFT if LEFT < 256 else 256, 16])
         NP: gl.constexpr = p_bufs.shape[0]
-        b, s, start, end, n_blocks = _span(SEQ, chunk)
+        b, s, start, end, n_blocks = _span(SEQ, chunk, 64)
         acc_a = gl.zeros([64, 256], gl.float32, la)
         if LEFT < 256:
             acc_b = gl.zeros([64, 256 - LEFT], gl.float32, lb)
@@ -333,7 +385,7 @@ if HAVE_GLUON:
                                                            instr_shape=[16, 64, 16])
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         dtype: gl.constexpr = q_smem.dtype
-        b, s, start, end, n_blocks = _span(SEQ, chunk)
+        b, s, start, end, n_blocks = _span(SEQ, chunk, 64)
         heads = gl.program_id(0) * 64
         _stage_q(q_smem, q_pe, Q + b.to(gl.int64) * stride_qb + heads * stride_qh, stride_qh)
         m_i = gl.full([64], -1.0e30, gl.float32, row_s)
@@ -378,7 +430,7 @@ if HAVE_GLUON:
         (a [64, 256] product needs more registers than 13 warps leave one instruction), P from
         shared memory."""
         la: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 128, 16])
-        b, s, start, end, n_blocks = _span(SEQ, chunk)
+        b, s, start, end, n_blocks = _span(SEQ, chunk, 64)
         acc_a = gl.zeros([64, 128], gl.float32, la)
         acc_b = gl.zeros([64, 128], gl.float32, la)
         for j in range(n_blocks):
@@ -462,6 +514,194 @@ if HAVE_GLUON:
                              STAGES)),
             ], [4, 1], [CONSUMER_REGS, _PRODUCER_REGS])
 
+    @gluon.jit
+    def _to_half(src, dst, valid):
+        """An fp8 [rows, W] slice of a key block -> fp16 (exact: every e4m3 value is an fp16 one),
+        128 columns at a time, 16 values a thread; rows >= ``valid`` (past the sequence: the slot
+        may hold anything, NaN included) -> 0."""
+        W: gl.constexpr = src.shape[1]
+        CW: gl.constexpr = 128 if W >= 128 else W
+        TPR: gl.constexpr = CW // 16
+        blk: gl.constexpr = gl.BlockedLayout([1, 16], [32 // TPR, TPR], [4, 1], [1, 0])
+        rows = gl.arange(0, src.shape[0], layout=gl.SliceLayout(1, blk))
+        for i in gl.static_range(W // CW):
+            x = src.slice(i * CW, CW, dim=1).load(blk).to(gl.float16)
+            if valid < src.shape[0]:
+                x = gl.where((rows < valid)[:, None], x, gl.zeros_like(x))
+            dst.slice(i * CW, CW, dim=1).store(x)
+
+    @gluon.jit
+    def _f8_convert(f_lat, f_pe, h_lat, h_pe, f_ready, f_empty, h_ready, h_free, c, start, end,
+                    STAGES: gl.constexpr, HSTAGES: gl.constexpr, C0: gl.constexpr, C1: gl.constexpr,
+                    PE: gl.constexpr):
+        """This warpgroup's share of key block c, latent columns [C0, C1) and, with ``PE``, the rope
+        columns: from its fp8 slot into fp16 buffer c % HSTAGES once the products of block
+        c - HSTAGES are past it; then the slot is freed and the buffer's readiness signalled."""
+        fs = c % STAGES
+        hs = c % HSTAGES
+        mbarrier.wait(f_ready.index(fs), (c // STAGES) & 1)
+        mbarrier.wait(h_free.index(hs), ((c // HSTAGES) & 1) ^ 1)  # the first pass is free
+        BN: gl.constexpr = f_lat.shape[1]
+        valid = end - (start + c * BN)
+        _to_half(f_lat.index(fs).slice(C0, C1 - C0, dim=1), h_lat.index(hs).slice(C0, C1 - C0, dim=1), valid)
+        if PE:
+            _to_half(f_pe.index(fs), h_pe.index(hs), valid)
+        fence_async_shared()
+        release(f_empty.index(fs))
+        mbarrier.arrive(h_ready.index(hs))
+
+    @gluon.jit
+    def _f8_scorer(q_smem, q_pe, f_lat, f_pe, h_lat, h_pe, p_bufs, alpha_smem, l_smem, f_ready, f_empty, h_ready,
+                   h_free, p_ready, p_free, l_ready, Q, SEQ, O, LSE, OP, LP, stride_qb, stride_qh, stride_ob,
+                   stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, chunk,
+                   score_scale, out_scale, SINGLE: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr,
+                   HSTAGES: gl.constexpr, LEFT: gl.constexpr):
+        """The fp8 path's consumer 0: per key block the scores (fp16 products), the softmax, P for
+        consumer 1, output columns [0, LEFT) with P from registers; while that product runs, its
+        share of the next block's conversion."""
+        BN: gl.constexpr = f_lat.shape[1]
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, BN, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, LEFT, 16])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+        row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+        b, s, start, end, n_blocks = _span(SEQ, chunk, BN)
+        _stage_q(q_smem, q_pe, Q + b.to(gl.int64) * stride_qb + gl.program_id(0) * 64 * stride_qh, stride_qh)
+        acc = gl.zeros([64, LEFT], gl.float32, o_layout)
+        m_i = gl.full([64], -1.0e30, gl.float32, row_s)
+        l_i = gl.zeros([64], gl.float32, row_s)
+        sc = gl.zeros([64, BN], gl.float32, s_layout)
+        if n_blocks > 0:
+            _f8_convert(f_lat, f_pe, h_lat, h_pe, f_ready, f_empty, h_ready, h_free, 0, start, end, STAGES, HSTAGES,
+                        0, LEFT, True)
+        for j in range(n_blocks):
+            hs = j % HSTAGES
+            mbarrier.wait(h_ready.index(hs), (j // HSTAGES) & 1)
+            s_tok = _qk(q_smem, q_pe, h_lat, h_pe, hs, sc)
+            sc = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
+            tok0 = start + j * BN
+            if tok0 + BN > end:  # the partial last block: keys past the end masked (their rows are zeros)
+                cols = tok0 + gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))
+                sc = gl.where((cols < end)[None, :], sc, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(sc, axis=1) * score_scale)
+            p = gl.exp2(sc * score_scale - m_new[:, None])
+            alpha = gl.exp2(m_i - m_new)
+            l_i = l_i * alpha + gl.sum(p, axis=1)
+            m_i = m_new
+            pb = j % 2  # P_j for consumer 1, in the buffer it freed after block j - 2
+            mbarrier.wait(p_free.index(pb), ((j // 2) & 1) ^ 1)
+            p16 = p.to(gl.float16)
+            p_bufs.index(pb).store(p16)
+            alpha_smem.index(pb).store(alpha)
+            fence_async_shared()
+            release(p_ready.index(pb))
+            acc = acc * gl.convert_layout(alpha, row_o)[:, None]
+            p_op = gl.convert_layout(p16, p_layout)
+            o_tok = warpgroup_mma(p_op, h_lat.index(hs).slice(0, LEFT, dim=1), acc, is_async=True)
+            if j + 1 < n_blocks:  # under the product: this warpgroup's share of the next block
+                _f8_convert(f_lat, f_pe, h_lat, h_pe, f_ready, f_empty, h_ready, h_free, j + 1, start, end, STAGES,
+                            HSTAGES, 0, LEFT, True)
+            acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
+            release(h_free.index(hs))
+        l_smem.store(l_i)
+        release(l_ready)
+        _write_out(acc, gl.convert_layout(l_i, row_o), gl.convert_layout(m_i, row_o), O, LSE, OP, LP, b, s,
+                   n_blocks, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb,
+                   stride_lsh, out_scale, 0, o_layout, SINGLE, STORE_LSE, True)
+
+    @gluon.jit
+    def _f8_right(f_lat, f_pe, h_lat, h_pe, p_bufs, alpha_smem, l_smem, f_ready, f_empty, h_ready, h_free, p_ready,
+                  p_free, l_ready, SEQ, O, LSE, OP, LP, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps,
+                  stride_lb, stride_lh, stride_lsb, stride_lsh, chunk, out_scale, SINGLE: gl.constexpr,
+                  STORE_LSE: gl.constexpr, STAGES: gl.constexpr, HSTAGES: gl.constexpr, LEFT: gl.constexpr):
+        """The fp8 path's consumer 1: output columns [LEFT, 512) with P from shared memory; while
+        that product runs, its share (the same columns) of the next block's conversion."""
+        BN: gl.constexpr = f_lat.shape[1]
+        W: gl.constexpr = 512 - LEFT
+        la: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, W, 16])
+        b, s, start, end, n_blocks = _span(SEQ, chunk, BN)
+        acc = gl.zeros([64, W], gl.float32, la)
+        if n_blocks > 0:
+            _f8_convert(f_lat, f_pe, h_lat, h_pe, f_ready, f_empty, h_ready, h_free, 0, start, end, STAGES, HSTAGES,
+                        LEFT, 512, False)
+        for j in range(n_blocks):
+            hs = j % HSTAGES
+            pb = j % 2
+            mbarrier.wait(h_ready.index(hs), (j // HSTAGES) & 1)  # consumer 0's share of the block too
+            mbarrier.wait(p_ready.index(pb), (j // 2) & 1)
+            alpha = alpha_smem.index(pb).load(gl.SliceLayout(1, la))
+            o_tok = warpgroup_mma(p_bufs.index(pb), h_lat.index(hs).slice(LEFT, W, dim=1), acc * alpha[:, None],
+                                  is_async=True)
+            if j + 1 < n_blocks:
+                _f8_convert(f_lat, f_pe, h_lat, h_pe, f_ready, f_empty, h_ready, h_free, j + 1, start, end, STAGES,
+                            HSTAGES, LEFT, 512, False)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok,))
+            _cta_barrier()
+            mbarrier.arrive(p_free.index(pb))
+            mbarrier.arrive(h_free.index(hs))
+        mbarrier.wait(l_ready, 0)
+        l_a = l_smem.load(gl.SliceLayout(1, la))
+        _write_out(acc, l_a, l_a, O, LSE, OP, LP, b, s, n_blocks, stride_ob, stride_oh, stride_pb, stride_ph,
+                   stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, out_scale, LEFT, la, SINGLE,
+                   STORE_LSE, False)
+
+    @gluon.jit
+    def _mla_sm90_fp8_kernel(kv_desc, pe_desc, Q, BT, SEQ, O, LSE, OP, LP,
+                             stride_qb, stride_qh, stride_bt, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps,
+                             stride_lb, stride_lh, stride_lsb, stride_lsh, chunk, PAGE, score_scale, out_scale,
+                             SINGLE: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr,
+                             HSTAGES: gl.constexpr, LEFT: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                             num_warps: gl.constexpr):
+        """The fp8 cache: grid (heads / 64, B, splits). The producer warp TMA-loads each key
+        block (``kv_desc``'s rows, fp8) into a ring of ``STAGES``; both consumer warpgroups
+        convert their output columns of it (consumer 0 the rope columns too) into a ring of
+        ``HSTAGES`` fp16 blocks, which the fp16 products read; Q is staged in fp16."""
+        gl.static_assert(num_warps == 4, "the default partition is one warpgroup")
+        BN: gl.constexpr = kv_desc.block_type.shape[0]
+        DL: gl.constexpr = kv_desc.block_type.shape[1]
+        gl.static_assert(DL == 512, "the latent part is 512 wide")
+        f16: gl.constexpr = gl.float16
+        q_smem = gl.allocate_shared_memory(f16, [64, DL], gl.NVMMASharedLayout.get_default_for([64, DL], f16))
+        q_pe = gl.allocate_shared_memory(f16, [64, 64], gl.NVMMASharedLayout.get_default_for([64, 64], f16))
+        f_lat = gl.allocate_shared_memory(kv_desc.dtype, [STAGES, BN, DL], kv_desc.layout)
+        f_pe = gl.allocate_shared_memory(pe_desc.dtype, [STAGES, BN, 64], pe_desc.layout)
+        h_lat = gl.allocate_shared_memory(f16, [HSTAGES, BN, DL], gl.NVMMASharedLayout.get_default_for([BN, DL], f16))
+        h_pe = gl.allocate_shared_memory(f16, [HSTAGES, BN, 64], gl.NVMMASharedLayout.get_default_for([BN, 64], f16))
+        p_bufs = gl.allocate_shared_memory(f16, [2, 64, BN], gl.NVMMASharedLayout.get_default_for([64, BN], f16))
+        plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+        alpha_smem = gl.allocate_shared_memory(gl.float32, [2, 64], plain)
+        l_smem = gl.allocate_shared_memory(gl.float32, [64], plain)
+        f_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        f_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        h_ready = gl.allocate_shared_memory(gl.int64, [HSTAGES, 1], mbarrier.MBarrierLayout())
+        h_free = gl.allocate_shared_memory(gl.int64, [HSTAGES, 1], mbarrier.MBarrierLayout())
+        p_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        p_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        l_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(f_ready.index(i), count=1)
+            mbarrier.init(f_empty.index(i), count=2)  # both warpgroups converted their share
+        for i in gl.static_range(HSTAGES):
+            mbarrier.init(h_ready.index(i), count=2)
+            mbarrier.init(h_free.index(i), count=2)
+        for i in gl.static_range(2):
+            mbarrier.init(p_ready.index(i), count=1)
+            mbarrier.init(p_free.index(i), count=1)
+        mbarrier.init(l_ready, count=1)
+        gl.warp_specialize([
+            (_f8_scorer, (q_smem, q_pe, f_lat, f_pe, h_lat, h_pe, p_bufs, alpha_smem, l_smem, f_ready, f_empty,
+                          h_ready, h_free, p_ready, p_free, l_ready, Q, SEQ, O, LSE, OP, LP, stride_qb, stride_qh,
+                          stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb,
+                          stride_lsh, chunk, score_scale, out_scale, SINGLE, STORE_LSE, STAGES, HSTAGES, LEFT)),
+            (_f8_right, (f_lat, f_pe, h_lat, h_pe, p_bufs, alpha_smem, l_smem, f_ready, f_empty, h_ready, h_free,
+                         p_ready, p_free, l_ready, SEQ, O, LSE, OP, LP, stride_ob, stride_oh, stride_pb, stride_ph,
+                         stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, chunk, out_scale, SINGLE,
+                         STORE_LSE, STAGES, HSTAGES, LEFT)),
+            (_producer, (kv_desc, pe_desc, f_lat, f_pe, f_ready, f_empty, SEQ, BT, stride_bt, chunk, PAGE, STAGES)),
+        ], [4, 1], [CONSUMER_REGS, _PRODUCER_REGS])
+
 
 def registers(pv_split: bool = False) -> tuple[int, int]:
     """(maxnreg, registers per consumer thread): two consumer warpgroups, one program per SM,
@@ -476,23 +716,27 @@ def registers(pv_split: bool = False) -> tuple[int, int]:
 
 def descriptors(kv_cache: torch.Tensor):
     """TMA descriptors over the cache as a [blocks x page, 576] matrix: a key block's latent rows
-    [64, 512] and rope rows [64, 64]."""
+    [64, 512] and rope rows [64, 64] (an fp8 cache: blocks of 32 rows)."""
     rows = kv_cache.shape[0] * kv_cache.shape[1]
     m = kv_cache.as_strided((rows, KV_LORA + ROPE), (kv_cache.stride(1), 1))
-    dt = _GL[kv_cache.dtype]
+    fp8 = kv_cache.dtype == torch.float8_e4m3fn
+    dt = gl.float8e4nv if fp8 else _GL[kv_cache.dtype]
+    bn = FP8_BLOCK_N if fp8 else BLOCK_N
 
     def desc(block):
         return TensorDescriptor(m, list(m.shape), list(m.stride()), block,
                                 gl.NVMMASharedLayout.get_default_for(block, dt))
 
-    return desc([BLOCK_N, KV_LORA]), desc([BLOCK_N, ROPE])
+    return desc([bn, KV_LORA]), desc([bn, ROPE])
 
 
 def mla_sm90_split(q, kv_cache, block_table, seq_lens, out, lse, op, lp, chunk, num_splits, score_scale, out_scale,
                    config: dict | None = None):
     """Launch on operands ``mla_decode`` checked (``supported`` holds): the split kernel's
-    outputs, as ``kernels.mla_decode._mla_split_kernel`` writes them."""
-    cfg = launch_config(config)
+    outputs, as ``kernels.mla_decode._mla_split_kernel`` writes them (an fp8 cache: the scales
+    folded into ``score_scale`` and ``out_scale``)."""
+    fp8 = kv_cache.dtype == torch.float8_e4m3fn
+    cfg = launch_config(config, fp8)
     if chunk % BLOCK_N:
         raise ValueError(f"mla_sm90: the split length ({chunk} tokens) must be a multiple of {BLOCK_N}")
     bsz, nh, _ = q.shape
@@ -500,6 +744,16 @@ def mla_sm90_split(q, kv_cache, block_table, seq_lens, out, lse, op, lp, chunk, 
     kv_desc, pe_desc = descriptors(kv_cache)
     sp = (0, 0, 0, 0, 0) if single else (op.stride(0), op.stride(1), op.stride(2), lp.stride(0), lp.stride(1))
     lse_st = (lse.stride(0), lse.stride(1)) if lse is not None else (0, 0)
+    if fp8:
+        maxnreg, regs = registers()
+        _mla_sm90_fp8_kernel[(nh // BLOCK_H, bsz, num_splits)](
+            kv_desc, pe_desc, q, block_table, seq_lens, out, lse if lse is not None else out,
+            op if op is not None else out, lp if lp is not None else out,
+            q.stride(0), q.stride(1), block_table.stride(0), out.stride(0), out.stride(1), *sp, *lse_st,
+            chunk, kv_cache.shape[1], score_scale, out_scale,
+            SINGLE=single, STORE_LSE=lse is not None and single, STAGES=cfg["STAGES"], HSTAGES=cfg["HSTAGES"],
+            LEFT=cfg["LEFT"], CONSUMER_REGS=regs, num_warps=4, maxnreg=maxnreg)
+        return
     maxnreg, regs = registers(cfg["PV_SPLIT"])
     _mla_sm90_kernel[(nh // BLOCK_H, bsz, num_splits)](
         kv_desc, pe_desc, q, block_table, seq_lens, out, lse if lse is not None else out,

@@ -67,6 +67,9 @@ MLA_SPLIT_SWEEP = {
 # the Gluon Hopper kernel, raced beside the default wherever it runs (bf16 caches, 64k heads)
 MLA_SM90 = {"sm90": dict(KERNEL="sm90"), "sm90_prefetch": dict(KERNEL="sm90", PREFETCH=True),
             "sm90_left256": dict(KERNEL="sm90", LEFT=256), "sm90_pv_split": dict(KERNEL="sm90", PV_SPLIT=True)}
+# its fp8-cache path (32-token blocks converted to fp16 in shared memory): the default ring, and
+# three fp16 blocks with two fp8 ones
+MLA_SM90_FP8 = {"sm90": dict(KERNEL="sm90"), "sm90_h3": dict(KERNEL="sm90", STAGES=2, HSTAGES=3)}
 PAGE = 64
 
 
@@ -174,6 +177,7 @@ def run_mla(copy_gbs, mm_tflops, log, rows, on_case, cases, sweep, smoke=False):
     scale = 192 ** -0.5  # DeepSeek-V2/V3: 1 / sqrt(qk_nope + qk_rope)
     for case in cases:
         lens, h = _mla_lens(case["lens"]), case["h"]
+        fm_bf16 = None
         for kvt in ("bf16", "fp8"):
             q, cache, bt, sl, kvs = make_mla_case(lens, h, kvt, seed=len(lens) + h)
             mx = max(lens)
@@ -195,9 +199,9 @@ def run_mla(copy_gbs, mm_tflops, log, rows, on_case, cases, sweep, smoke=False):
                 return math.sqrt(num / den), lerr, bool(torch.isfinite(o).all())
 
             cfgs = {"default": None}
-            if (not smoke and kvt == "bf16" and h % 64 == 0 and H.DEV == "cuda"
+            if (not smoke and h % 64 == 0 and H.DEV == "cuda"
                     and torch.cuda.get_device_capability() == (9, 0)):  # the Gluon kernel (kernels/mla_sm90.py)
-                cfgs.update(MLA_SM90)
+                cfgs.update(MLA_SM90 if kvt == "bf16" else MLA_SM90_FP8)
             if sweep and not smoke:
                 cfgs.update((MLA_SPLIT_SWEEP if SWEEP_SET["mla"] == "splits" else MLA_SWEEP)[16 if h <= 16 else 128])
             for name, cfg in cfgs.items():
@@ -267,6 +271,10 @@ def run_mla(copy_gbs, mm_tflops, log, rows, on_case, cases, sweep, smoke=False):
                         r["peers"]["flashmla"] = res
                     except Exception as ex:  # noqa: BLE001
                         r["peers"]["flashmla"] = dict(error=f"{type(ex).__name__}: {str(ex)[:160]}")
+                    fm_bf16 = r["peers"]["flashmla"]
+                if kvt == "fp8" and "us" in (fm_bf16 or {}):  # the time to beat: FlashMLA on the bf16 cache
+                    r["peers"]["flashmla_bf16_cache"] = dict(us=fm_bf16["us"], rel_err=fm_bf16["rel_err"],
+                                                             gbs=nbytes / fm_bf16["us"] / 1e3)
             rows.append(r)
             d = r["variants"].get("default", {})
             log(f"mla {case['name']} {kvt}: default {d.get('us', float('nan')):.1f} us {d.get('gbs', float('nan')):.0f} GB/s "
@@ -288,7 +296,8 @@ def mla_table(meta, mla):
         "MLA decode (kv_lora 512 + rope 64, page 64, bf16 queries; CUDA-graph replays, L2 scrubbed, medians). GB/s counts the bytes that",
         "must move: every cached row once + queries + outputs. (of copy) = fraction of the measured copy rate.",
         "",
-        "sm90 = the Gluon Hopper kernel (kernels/mla_sm90.py) at its default, where it runs.",
+        "sm90 = the Gluon Hopper kernel (kernels/mla_sm90.py) at its default, where it runs. FlashMLA has no fp8 dense",
+        "decode: an fp8 row's FlashMLA columns are its time on the same case's bf16 cache (GB/s over the fp8 bytes).",
         "",
         "| case | kv | ours us | GB/s | of copy | TFLOP/s | best variant | GB/s | FlashMLA us | GB/s | ours / FlashMLA speed | sm90 us | sm90 / FlashMLA speed | vLLM triton us | GB/s | torch gather us | err |",
         "|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
@@ -298,7 +307,7 @@ def mla_table(meta, mla):
         best = max(((v["gbs"], k) for k, v in r["variants"].items() if "gbs" in v), default=(float("nan"), "-"))
         vp = r["peers"].get("vllm_triton_mla", {})
         tp = r["peers"].get("torch_gather_bmm", {})
-        fm = r["peers"].get("flashmla", {})
+        fm = r["peers"].get("flashmla") or r["peers"].get("flashmla_bf16_cache", {})
         speed = fm["us"] / d["us"] if "us" in fm and "us" in d else float("nan")
         g = r["variants"].get("sm90", {})
         g_speed = fm["us"] / g["us"] if "us" in fm and "us" in g else float("nan")
@@ -317,7 +326,7 @@ def add_args(ap):
                     help="mla --sweep: tile/kernel variants, or split rules on the default tile")
 
 
-def profile(case_name="h128_b64_4k", kv="bf16", reps=3):
+def profile(case_name="h128_b64_4k", kv="bf16", reps=3, config=None):
     """One case, ours and (where carried) FlashMLA, a few calls each: the program Nsight
     Compute profiles (`ncu --clock-control none ... python -m kernels.bench.mla --profile`)."""
     from kernels.mla_decode import mla_decode
@@ -327,7 +336,7 @@ def profile(case_name="h128_b64_4k", kv="bf16", reps=3):
     q, cache, bt, sl, kvs = make_mla_case(lens, case["h"], kv, seed=1)
     scale = 192 ** -0.5
     for _ in range(reps):
-        mla_decode(q, cache, bt, sl, scale, kv_scale=kvs, max_seq_len=max(lens))
+        mla_decode(q, cache, bt, sl, scale, kv_scale=kvs, max_seq_len=max(lens), total_tokens=sum(lens), config=config)
     if kv == "bf16" and os.environ.get("DSVOLC_PEER_FLASHMLA_SO"):
         from kernels.bench.flashmla import load_peer
         call, prep = load_peer()
@@ -343,6 +352,7 @@ if __name__ == "__main__":
     ap.add_argument("--profile", action="store_true", help="run one case for a profiler (see profile())")
     ap.add_argument("--case", default="h128_b64_4k")
     ap.add_argument("--kv", default="bf16", choices=["bf16", "fp8"])
+    ap.add_argument("--config", default=None, help="mla_decode's config as JSON, e.g. '{\"KERNEL\": \"sm90\"}'")
     a = ap.parse_args()
     if a.profile:
-        profile(a.case, a.kv)
+        profile(a.case, a.kv, config=json.loads(a.config) if a.config else None)

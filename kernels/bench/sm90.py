@@ -87,7 +87,7 @@ def gluon_sm90_build(fn, sig: dict, consts: dict, num_warps: int, maxnreg: int |
     """Compile a Gluon kernel for sm_90a on this machine (no GPU needed) and report what ptxas and
     the SASS say: registers, spills, whether ptxas serialised its wgmmas (info C7514), the
     warpgroup MMA (QGMMA fp8, HGMMA 16-bit; ``hgmma_reg_a`` those with the A operand in registers)
-    and mma.sync (HMMA) instruction counts, shared memory.
+    and mma.sync (HMMA) instruction counts, the e4m3 -> f16x2 unpacks (``f8_unpack``), shared memory.
     ``sig`` maps the non-constexpr arguments to their types; ``aligned`` names the pointer and
     integer arguments a launch would see divisible by 16 (Triton's launcher specialises them so,
     which is what lets it vectorise their loads). Run it in a process without TRITON_INTERPRET
@@ -120,6 +120,7 @@ def gluon_sm90_build(fn, sig: dict, consts: dict, num_warps: int, maxnreg: int |
                 spill_bytes=int(spill.group(1)) + int(spill.group(2)) if spill else None,
                 serialized="C7514" in info.stderr or "serialized" in info.stderr,
                 qgmma=sass.count("QGMMA.64x"), hgmma=sass.count("HGMMA.64x"), hmma=sass.count("HMMA"),
+                f8_unpack=sass.count("F2FP.F16.E4M3.UNPACK_B"),
                 hgmma_reg_a=len(re.findall(r"HGMMA\.64x\S+ R\d+, R\d+", sass)),
                 shared=k.metadata.shared, ptxas_info=info.stderr.strip(), ptx=k.asm["ptx"])
 
@@ -177,20 +178,29 @@ def prefill_sm90_build(dqk: int = 128, dv: int = 128, config: dict | None = None
     return gluon_sm90_build(_prefill_sm90_kernel, sig, consts, 4, maxnreg)
 
 
-def mla_sm90_build(config: dict | None = None, single: bool = False, dtype: str = "bf16") -> dict:
-    """``gluon_sm90_build`` of the Gluon MLA decode split kernel."""
+def mla_sm90_build(config: dict | None = None, single: bool = False, dtype: str = "bf16", kv: str | None = None) -> dict:
+    """``gluon_sm90_build`` of the Gluon MLA decode split kernel; ``kv="fp8"``: the fp8 cache's
+    kernel (q and output in ``dtype``)."""
     from triton.experimental.gluon import language as gl
 
-    from kernels.mla_sm90 import BLOCK_N, KV_LORA, ROPE, _mla_sm90_kernel, launch_config, registers
+    from kernels.mla_sm90 import (BLOCK_N, FP8_BLOCK_N, KV_LORA, ROPE, _mla_sm90_fp8_kernel, _mla_sm90_kernel,
+                                  launch_config, registers)
 
-    cfg = launch_config(config)
+    fp8 = kv == "fp8"
+    cfg = launch_config(config, fp8)
     gdt = {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype]
-    sig = {"kv_desc": _desc(dtype, gdt, [BLOCK_N, KV_LORA]), "pe_desc": _desc(dtype, gdt, [BLOCK_N, ROPE]),
+    kv_name, kv_gdt, bn = ("fp8e4nv", gl.float8e4nv, FP8_BLOCK_N) if fp8 else (dtype, gdt, BLOCK_N)
+    sig = {"kv_desc": _desc(kv_name, kv_gdt, [bn, KV_LORA]), "pe_desc": _desc(kv_name, kv_gdt, [bn, ROPE]),
            "Q": f"*{dtype}", "BT": "*i32", "SEQ": "*i32", "O": f"*{dtype}", "LSE": "*fp32", "OP": "*fp32",
            "LP": "*fp32", "score_scale": "fp32", "out_scale": "fp32"}
     sig.update({n: "i32" for n in ("stride_qb", "stride_qh", "stride_bt", "stride_ob", "stride_oh", "stride_pb",
                                    "stride_ph", "stride_ps", "stride_lb", "stride_lh", "stride_lsb", "stride_lsh",
                                    "chunk", "PAGE")})
+    if fp8:
+        maxnreg, regs = registers()
+        consts = {"SINGLE": single, "STORE_LSE": single, "STAGES": cfg["STAGES"], "HSTAGES": cfg["HSTAGES"],
+                  "LEFT": cfg["LEFT"], "CONSUMER_REGS": regs, "num_warps": 4}
+        return gluon_sm90_build(_mla_sm90_fp8_kernel, sig, consts, 4, maxnreg)
     maxnreg, regs = registers(cfg["PV_SPLIT"])
     consts = {"SINGLE": single, "STORE_LSE": single, "STAGES": cfg["STAGES"], "LEFT": cfg["LEFT"],
               "PREFETCH": bool(cfg["PREFETCH"]), "CONSUMER_REGS": regs, "PV_SPLIT": bool(cfg["PV_SPLIT"]),

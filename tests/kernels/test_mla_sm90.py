@@ -58,6 +58,25 @@ def test_the_pv_split_build(single):
     assert sm90.smem_bytes(2) - 1024 <= info["shared"] <= sm90.SMEM_BYTES, info
 
 
+@needs_gluon
+@pytest.mark.parametrize("single,cfg", [(False, None), (True, None), (False, dict(STAGES=2, HSTAGES=3))],
+                         ids=["splits", "one_split", "three_fp16_blocks"])
+def test_the_fp8_build(single, cfg):
+    """The fp8 cache: per 32-token block Q K^T in 512 / 16 + 64 / 16 k-steps of N = 32, each half's
+    P V in 32 / 16 (consumer 0's with P in registers); no fp8 product (the products are fp16);
+    the conversion is the hardware's e4m3 -> f16x2 unpack, a 16-byte shared load per 16 values,
+    in both warpgroups (the prologue's block and the loop's next one); no spills."""
+    info = build("mla_sm90_build", cfg, single=single, kv="fp8")
+    assert not info["serialized"], info["ptxas_info"]
+    assert info["spill_bytes"] == 0, info["ptxas_info"]
+    assert info["hgmma"] == 36 + 2 + 2 and info["hgmma_reg_a"] == 2 and info["qgmma"] == 0, info
+    c = sm90.launch_config(cfg, fp8=True)
+    assert sm90.smem_bytes_fp8(c["STAGES"], c["HSTAGES"]) - 1024 <= info["shared"] <= sm90.SMEM_BYTES, info
+    # consumer 0 converts 256 latent + 64 rope columns of a block's 32 rows (40 unpacks of two
+    # values a thread), consumer 1 256 latent columns (32); twice over (prologue and loop)
+    assert info["f8_unpack"] == 2 * (40 + 32), info
+
+
 def test_a_config_is_checked_before_launch():
     assert sm90.launch_config(None) == dict(STAGES=2, LEFT=128, PREFETCH=False, PV_SPLIT=False)
     with pytest.raises(ValueError, match="PV_SPLIT .* takes neither PREFETCH nor LEFT"):
@@ -70,6 +89,22 @@ def test_a_config_is_checked_before_launch():
         sm90.launch_config(dict(LEFT=192))
     with pytest.raises(ValueError, match="STAGES 3 need 3[0-9]+ bytes of shared memory"):
         sm90.launch_config(dict(STAGES=3))  # Q and three 72 KB key blocks
+    with pytest.raises(ValueError, match="HSTAGES .* applies to an fp8 cache only"):
+        sm90.launch_config(dict(HSTAGES=2))
+
+
+def test_the_fp8_config_is_checked_before_launch():
+    assert sm90.launch_config(None, fp8=True) == dict(STAGES=4, HSTAGES=2, LEFT=256)
+    assert sm90.launch_config(dict(PREFETCH=False, HSTAGES=3, STAGES=2), fp8=True) == dict(STAGES=2, HSTAGES=3,
+                                                                                          LEFT=256)
+    with pytest.raises(ValueError, match=r"fp8 cache\): \['PREFETCH'\] do not apply"):
+        sm90.launch_config(dict(PREFETCH=True), fp8=True)
+    with pytest.raises(ValueError, match="HSTAGES must be an int >= 2, got 1"):
+        sm90.launch_config(dict(HSTAGES=1), fp8=True)
+    with pytest.raises(ValueError, match="LEFT must be 256"):
+        sm90.launch_config(dict(LEFT=128), fp8=True)
+    with pytest.raises(ValueError, match="STAGES 4 and HSTAGES 3 need 2[0-9]+ bytes of shared memory"):
+        sm90.launch_config(dict(HSTAGES=3), fp8=True)  # Q, three 36 KB fp16 blocks, four 18 KB fp8 ones
 
 
 def test_asking_for_it_where_it_cannot_run_is_a_clear_error():
@@ -85,11 +120,15 @@ def test_asking_for_it_where_it_cannot_run_is_a_clear_error():
         mla_decode(q, cache, bt, sl, SCALE, max_seq_len=10, config=dict(KERNEL="cuda"))
 
 
-def _case(lens, heads, dtype, page, seed):
+KV_SCALE = 0.125  # an fp8 cache's per-tensor scale
+
+
+def _case(lens, heads, dtype, page, seed, fp8=False):
     gen = torch.Generator().manual_seed(seed)
     pages = [max(1, -(-n // page)) for n in lens]
     nblk = sum(pages) + 3
-    cache = torch.randn(nblk, page, 576, generator=gen).to(dtype)
+    cache = torch.randn(nblk, page, 576, generator=gen)
+    cache = cache if fp8 else cache.to(dtype)
     perm = torch.randperm(nblk, generator=gen)  # pages scattered through the pool
     bt = torch.zeros(len(lens), max(pages) + 2, dtype=torch.int32)
     i = 0
@@ -98,18 +137,20 @@ def _case(lens, heads, dtype, page, seed):
         i += p
         last = int(bt[b, p - 1])
         cache[last, n - (p - 1) * page if n else 0:] = float("nan")  # the slots past the sequence
+    if fp8:  # e4m3 keeps NaN (0x7f)
+        cache = (cache / KV_SCALE).to(torch.float8_e4m3fn)
     q = torch.randn(len(lens), heads, 576, generator=gen).to(dtype)
     return q.cuda(), cache.cuda(), bt.cuda(), torch.tensor(lens, dtype=torch.int32).cuda()
 
 
-def _check(lens, heads=128, dtype=torch.bfloat16, page=64, num_splits=None, config=None, seed=0):
-    q, cache, bt, sl = _case(lens, heads, dtype, page, seed)
+def _check(lens, heads=128, dtype=torch.bfloat16, page=64, num_splits=None, config=None, seed=0, fp8=False):
+    q, cache, bt, sl = _case(lens, heads, dtype, page, seed, fp8)
     assert sm90.supported(q, cache)
     out = torch.full((len(lens), heads, 512), float("nan"), dtype=dtype, device="cuda")  # poison
-    o, lse = mla_decode(q, cache, bt, sl, SCALE, max_seq_len=max(lens), num_splits=num_splits, out=out,
-                        return_lse=True, config=dict(KERNEL="sm90", **(config or {})))
+    o, lse = mla_decode(q, cache, bt, sl, SCALE, kv_scale=KV_SCALE if fp8 else None, max_seq_len=max(lens),
+                        num_splits=num_splits, out=out, return_lse=True, config=dict(KERNEL="sm90", **(config or {})))
     # the reference reads only each sequence's own rows, not the NaN slots past it
-    assert_matches_reference(o, lse, q, cache, bt, sl, lens, SCALE, 1.0, TOL[dtype])
+    assert_matches_reference(o, lse, q, cache, bt, sl, lens, SCALE, KV_SCALE if fp8 else 1.0, TOL[dtype])
 
 
 @needs_hopper
@@ -132,6 +173,28 @@ def test_ragged_batch_matches_the_reference(num_splits, config):
 ], ids=["fp16", "64_heads", "page_128", "long"])
 def test_cases_match_the_reference(case):
     _check(seed=11, **case)
+
+
+@needs_hopper
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("num_splits", [1, 3, None], ids=["one_split", "three_splits", "auto"])
+@pytest.mark.parametrize("config", [None, dict(STAGES=2, HSTAGES=3)], ids=["default", "three_fp16_blocks"])
+def test_fp8_cache_ragged_batch_matches_the_reference(num_splits, config):
+    # 32-token blocks: partial ones either side of 32 and 64, one exactly, several
+    _check([0, 1, 31, 32, 33, 64, 95, 300, 1000], num_splits=num_splits, config=config, seed=num_splits or 5,
+           fp8=True)
+
+
+@needs_hopper
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("case", [
+    dict(lens=[129, 700], dtype=torch.float16),
+    dict(lens=[200, 64, 1], heads=64),
+    dict(lens=[300, 517], page=128),
+    dict(lens=[4096] * 4, num_splits=4),
+], ids=["fp16", "64_heads", "page_128", "long"])
+def test_fp8_cases_match_the_reference(case):
+    _check(seed=13, fp8=True, **case)
 
 
 def test_the_default_follows_race_9(monkeypatch):
