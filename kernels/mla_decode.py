@@ -245,10 +245,12 @@ def mla_decode(
     seq_lens) switches the split rule to "tokens" (see `pick_splits`).
 
     ``config={"KERNEL": "sm90", ...}`` runs the splits on the Gluon Hopper kernel
-    (``kernels.mla_sm90``; its keys ``STAGES``, ``LEFT``, ``PREFETCH``), ``"triton"`` on the Triton
-    one; without KERNEL (and without Triton tile keys) the Gluon kernel runs wherever
-    ``mla_sm90.supported`` (H200 race 9, kernels/bench/results/2026-12-03_h200_race9_mla*: 2.0-2.3x
-    the Triton kernel's speed at 128 heads), the Triton kernel elsewhere.
+    (``kernels.mla_sm90``; its keys ``STAGES``, ``LEFT``, ``PREFETCH``; for an fp8 cache
+    ``BLOCK_N``, ``STAGES``, ``HSTAGES``), ``"triton"`` on the Triton one; without KERNEL (and
+    without Triton tile keys) the Gluon kernel runs wherever ``mla_sm90.supported`` (H200 races 9
+    and 10b, kernels/bench/results/2026-12-03_h200_race9_mla* and _race10b_mla*: 2.0-2.3x the
+    Triton kernel's speed at 128 heads on bf16 caches, 2.2-2.4x on fp8 ones), the Triton kernel
+    elsewhere.
     """
     if not isinstance(q, torch.Tensor) or q.dim() != 3:
         raise ValueError(f"q must be [batch, heads, {KV_LORA + ROPE}], got {getattr(q, 'shape', type(q))}")

@@ -27,19 +27,19 @@ A key block's slot is freed when both consumers' products retired. Keys past the
 masked (p = 0), and on a partial last block the cache rows past it are zeroed in shared memory
 before the products (an unwritten slot may hold anything, NaN included, and 0 x NaN is NaN).
 
-``PV_SPLIT`` (opt-in, compiled, not yet run on a GPU) runs three consumer warpgroups instead:
-a scorer (S, softmax, P) that frees each slot once it has read it, and two output warpgroups of
-256 columns each, so no chain holds both the scores and output columns.
-
 The fp8 e4m3 cache (``_mla_sm90_fp8_kernel``): Hopper's 8-bit ``wgmma`` takes K-major operands
 only, and V = the latent rows is N-major in P V, so the products stay 16-bit: the producer
-TMA-loads 32-token fp8 blocks (18 KB) into a ring of ``STAGES``, and each consumer, while its
-P V of block j runs on the tensor cores, converts its 256 output columns of block j + 1 (consumer
-0 the rope columns too) into a ring of ``HSTAGES`` fp16 blocks (exact: every e4m3 value is an
-fp16 value; ``cvt.rn.f16x2.e4m3x2``), rows past the sequence written as zeros. Q is staged in
-fp16 (so |q| must stay below 65,504, fp16's largest value), P is fp16, the per-tensor scale
-folds into the score and output scales. Q (72 KB), two fp16 blocks (36 KB each) and four fp8 ones
-(18 KB each) fill the SM's shared memory.
+TMA-loads fp8 key blocks into a ring of ``STAGES``, and each consumer converts its 256 output
+columns of the next block (consumer 0 the rope columns too) into fp16 blocks the products read
+(exact: every e4m3 value is an fp16 value; ``cvt.rn.f16x2.e4m3x2``), rows past the sequence
+written as zeros. With 64-token blocks (the default) Q, one fp16 block and two fp8 ones fill
+shared memory, so each consumer converts after its P V of the current block retired (its own
+columns are then free; the scores that read the others precede P); with 32-token blocks two fp16
+blocks fit and the conversion runs under the P V, but the [64, 32] score products read Q from
+shared memory twice as often (race 10b: 1.19-1.24x slower). Q is staged in fp16 (so |q| must stay
+below 65,504, fp16's largest value), P is fp16, the per-tensor scale folds into the score and
+output scales. ``mla_decode`` takes it for fp8 caches wherever it runs (race 10b: 2.2-2.4x the
+Triton kernel's speed; 0.63-0.72x FlashMLA's on the bf16 cache, which has no fp8 dense decode).
 
 ``mla_decode`` takes it by default wherever ``supported`` holds (H200 race 9: 2.0-2.3x the Triton
 kernel's speed, 0.84-0.97x FlashMLA's; kernels/README.md, MLA decode).
@@ -64,10 +64,11 @@ KV_LORA = 512
 ROPE = 64
 BLOCK_H = 64  # heads per program: the rows of one warpgroup MMA
 BLOCK_N = 64  # tokens per key block
-FP8_BLOCK_N = 32  # tokens per key block of the fp8 path (two fp16 blocks beside Q fit shared memory)
 PRODUCER_REGS = 40
-CONFIG_KEYS = ("STAGES", "LEFT", "PREFETCH", "PV_SPLIT", "HSTAGES")
-FP8_DEFAULT = False  # whether mla_decode takes this kernel for an fp8 cache unasked (not yet raced)
+CONFIG_KEYS = ("STAGES", "LEFT", "PREFETCH", "HSTAGES", "BLOCK_N")
+# whether mla_decode takes this kernel for an fp8 cache unasked: race 10b timed its 64-token path
+# at 2.21-2.41x the Triton kernel's speed (kernels/bench/results/2026-12-03_h200_race10b_mla.json)
+FP8_DEFAULT = True
 
 
 def smem_bytes(stages: int, itemsize: int = 2) -> int:
@@ -77,36 +78,42 @@ def smem_bytes(stages: int, itemsize: int = 2) -> int:
             + 4 * 2 * BLOCK_H + 8 * (2 * stages + 3))
 
 
-def smem_bytes_fp8(stages: int, hstages: int) -> int:
-    """The fp8 path: Q [64, 576] fp16, ``stages`` fp8 key blocks [32, 576], ``hstages`` fp16 ones,
-    two P buffers [64, 32] fp16, the rescale factors, the row sums and the mbarriers."""
-    row = KV_LORA + ROPE
-    return (2 * BLOCK_H * row + stages * FP8_BLOCK_N * row + hstages * 2 * FP8_BLOCK_N * row
-            + 2 * 2 * BLOCK_H * FP8_BLOCK_N + 4 * 3 * BLOCK_H + 8 * (2 * stages + 2 * hstages + 5))
+def smem_bytes_fp8(stages: int, hstages: int, block_n: int) -> int:
+    """The fp8 path: Q [64, 576] fp16, ``stages`` fp8 key blocks [block_n, 576], ``hstages`` fp16
+    ones, the P buffers [64, block_n] fp16 (two, one with a single fp16 block), the rescale
+    factors, the row sums and the mbarriers."""
+    row, np_ = KV_LORA + ROPE, 1 if hstages == 1 else 2
+    return (2 * BLOCK_H * row + stages * block_n * row + hstages * 2 * block_n * row + np_ * 2 * BLOCK_H * block_n
+            + 4 * (np_ + 1) * BLOCK_H + 8 * (2 * stages + 2 * hstages + 2 * np_ + 1))
 
 
 def launch_config_fp8(config: dict | None) -> dict:
-    """The fp8 cache's launch, checked: ``STAGES`` fp8 key blocks of 32 tokens (18 KB each) in
-    the TMA ring, ``HSTAGES`` fp16 blocks (36 KB) the products read, consumer 0 on output columns
-    [0, 256) (``LEFT``, fixed: consumer 1 takes the other 256 in one accumulator). Unraced:
-    4 and 2 fill the SM's shared memory beside Q. A ``ValueError`` names the field."""
-    cfg = dict(STAGES=4, HSTAGES=2, LEFT=256)
+    """The fp8 cache's launch, checked: key blocks of ``BLOCK_N`` tokens (32 or 64), ``STAGES``
+    of them in fp8 in the TMA ring, ``HSTAGES`` in fp16 for the products (with one, each
+    consumer converts its columns of the next block after its product of this one instead of
+    under it); consumer 0 on output columns [0, 256) (``LEFT``, fixed: consumer 1 takes the other
+    256 in one accumulator). Beside Q, 32-token blocks fit 4 fp8 + 2 fp16 (or 2 + 3), 64-token
+    ones 2 fp8 + 1 fp16, the default: race 10b timed it 1.19-1.24x the 32-token rings' speed (their
+    scores are [64, 32] products, whose Q operand is read from shared memory twice as often).
+    A ``ValueError`` names the field."""
+    cfg = dict(BLOCK_N=64, STAGES=2, HSTAGES=1, LEFT=256)
     if config:
-        bad = sorted(k for k, v in config.items() if k not in cfg and not (k in ("PREFETCH", "PV_SPLIT") and not v))
+        bad = sorted(k for k, v in config.items() if k not in cfg and not (k == "PREFETCH" and not v))
         if bad:
-            raise ValueError(f"mla_sm90 config (fp8 cache): {bad} do not apply, expected some of "
-                             f"['STAGES', 'HSTAGES', 'LEFT']")
+            raise ValueError(f"mla_sm90 config (fp8 cache): {bad} do not apply, expected some of {sorted(cfg)}")
         cfg.update({k: v for k, v in config.items() if k in cfg})
-    for key, least in (("STAGES", 1), ("HSTAGES", 2)):
-        if not isinstance(cfg[key], int) or cfg[key] < least:
-            raise ValueError(f"mla_sm90 config (fp8 cache): {key} must be an int >= {least}, got {cfg[key]!r}")
+    if cfg["BLOCK_N"] not in (32, 64):
+        raise ValueError(f"mla_sm90 config (fp8 cache): BLOCK_N must be 32 or 64, got {cfg['BLOCK_N']!r}")
+    for key in ("STAGES", "HSTAGES"):
+        if not isinstance(cfg[key], int) or cfg[key] < 1:
+            raise ValueError(f"mla_sm90 config (fp8 cache): {key} must be an int >= 1, got {cfg[key]!r}")
     if cfg["LEFT"] != 256:
         raise ValueError(f"mla_sm90 config (fp8 cache): LEFT must be 256 (two warpgroups of 256 output columns), "
                          f"got {cfg['LEFT']!r}")
-    need = smem_bytes_fp8(cfg["STAGES"], cfg["HSTAGES"])
+    need = smem_bytes_fp8(cfg["STAGES"], cfg["HSTAGES"], cfg["BLOCK_N"])
     if need > SMEM_BYTES:
-        raise ValueError(f"mla_sm90 config (fp8 cache): STAGES {cfg['STAGES']} and HSTAGES {cfg['HSTAGES']} need "
-                         f"{need} bytes of shared memory, more than the {SMEM_BYTES} an SM has")
+        raise ValueError(f"mla_sm90 config (fp8 cache): BLOCK_N {cfg['BLOCK_N']}, STAGES {cfg['STAGES']} and HSTAGES "
+                         f"{cfg['HSTAGES']} need {need} bytes of shared memory, more than the {SMEM_BYTES} an SM has")
     return cfg
 
 
@@ -119,9 +126,10 @@ def launch_config(config: dict | None, fp8: bool = False) -> dict:
     j's turn. Both unraced. A ``ValueError`` names the field. ``fp8``: ``launch_config_fp8``."""
     if fp8:
         return launch_config_fp8(config)
-    if config and "HSTAGES" in config:
-        raise ValueError("mla_sm90 config: HSTAGES (the fp16 ring of the fp8 path) applies to an fp8 cache only")
-    cfg = dict(STAGES=2, LEFT=128, PREFETCH=False, PV_SPLIT=False)
+    fp8_only = sorted({"HSTAGES", "BLOCK_N"} & set(config or {}))
+    if fp8_only:
+        raise ValueError(f"mla_sm90 config: {fp8_only} (the fp8 path's blocks) apply to an fp8 cache only")
+    cfg = dict(STAGES=2, LEFT=128, PREFETCH=False)
     if config:
         unknown = sorted(set(config) - set(CONFIG_KEYS))
         if unknown:
@@ -130,9 +138,6 @@ def launch_config(config: dict | None, fp8: bool = False) -> dict:
     if not isinstance(cfg["STAGES"], int) or cfg["STAGES"] < 2:
         raise ValueError(f"mla_sm90 config: STAGES must be an int >= 2 (the next block's scores are issued before "
                          f"this block's slot is freed), got {cfg['STAGES']!r}")
-    if cfg["PV_SPLIT"] and (cfg["PREFETCH"] or cfg["LEFT"] != 128):
-        raise ValueError("mla_sm90 config: PV_SPLIT (a scoring warpgroup and two output warpgroups of 256 columns) "
-                         "takes neither PREFETCH nor LEFT")
     if cfg["LEFT"] not in (128, 256):
         raise ValueError(f"mla_sm90 config: LEFT (consumer 0's output columns) must be 128 or 256, got {cfg['LEFT']!r}")
     need = smem_bytes(cfg["STAGES"])
@@ -375,93 +380,13 @@ if HAVE_GLUON:
                        STORE_LSE, False)
 
     @gluon.jit
-    def _scorer_only(q_smem, q_pe, kv_bufs, pe_bufs, p_bufs, alpha_smem, l_smem, kv_ready, kv_empty, p_ready, p_free,
-                     l_ready, Q, SEQ, LSE, LP, stride_qb, stride_qh, stride_lb, stride_lh, stride_lsb, stride_lsh,
-                     chunk, score_scale, SINGLE: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr):
-        """PV_SPLIT's consumer 0: per key block the scores, the online softmax, P_j and the rescale
-        factor published for the two output warpgroups; the slot is freed as soon as the scores
-        are read, so the producer's next load starts under the softmax. Writes the LSE."""
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, 64, 16])
-        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
-        dtype: gl.constexpr = q_smem.dtype
-        b, s, start, end, n_blocks = _span(SEQ, chunk, 64)
-        heads = gl.program_id(0) * 64
-        _stage_q(q_smem, q_pe, Q + b.to(gl.int64) * stride_qb + heads * stride_qh, stride_qh)
-        m_i = gl.full([64], -1.0e30, gl.float32, row_s)
-        l_i = gl.zeros([64], gl.float32, row_s)
-        sc = gl.zeros([64, 64], gl.float32, s_layout)
-        for j in range(n_blocks):
-            st = j % STAGES
-            mbarrier.wait(kv_ready.index(st), (j // STAGES) & 1)
-            s_tok = _qk(q_smem, q_pe, kv_bufs, pe_bufs, st, sc)
-            sc = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
-            release(kv_empty.index(st))  # this warpgroup's reads of the slot are done
-            tok0 = start + j * 64
-            if tok0 + 64 > end:  # keys past the end masked (their rows are zeroed by the output warpgroups)
-                cols = tok0 + gl.arange(0, 64, layout=gl.SliceLayout(0, s_layout))
-                sc = gl.where((cols < end)[None, :], sc, float("-inf"))
-            m_new = gl.maximum(m_i, gl.max(sc, axis=1) * score_scale)
-            p = gl.exp2(sc * score_scale - m_new[:, None])
-            alpha = gl.exp2(m_i - m_new)
-            l_i = l_i * alpha + gl.sum(p, axis=1)
-            m_i = m_new
-            mbarrier.wait(p_free.index(0), (j & 1) ^ 1)  # both output warpgroups are past P_{j-1}
-            p_bufs.index(0).store(p.to(dtype))
-            alpha_smem.index(0).store(alpha)
-            fence_async_shared()
-            release(p_ready.index(0))
-        l_smem.store(l_i)
-        release(l_ready)
-        heads_r = gl.program_id(0) * 64 + gl.arange(0, 64, layout=row_s)
-        l_safe = gl.where(l_i == 0.0, 1.0, l_i)
-        lse2 = gl.where(l_i == 0.0, float("-inf"), m_i + gl.log2(l_safe))
-        if SINGLE:
-            if STORE_LSE:
-                gl.store(LSE + b * stride_lsb + heads_r * stride_lsh, lse2 * 0.6931471805599453)
-        else:
-            gl.store(LP + b * stride_lb + heads_r * stride_lh + s, lse2)
-
-    @gluon.jit
-    def _pv_half(kv_bufs, p_bufs, alpha_smem, l_smem, kv_ready, kv_empty, p_ready, p_free, l_ready, SEQ, O, LSE, OP,
-                 LP, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb,
-                 stride_lsh, chunk, out_scale, SINGLE: gl.constexpr, STAGES: gl.constexpr, COL0: gl.constexpr):
-        """PV_SPLIT's output warpgroups: columns [COL0, COL0 + 256) as two [64, 128] accumulators
-        (a [64, 256] product needs more registers than 13 warps leave one instruction), P from
-        shared memory."""
-        la: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 128, 16])
-        b, s, start, end, n_blocks = _span(SEQ, chunk, 64)
-        acc_a = gl.zeros([64, 128], gl.float32, la)
-        acc_b = gl.zeros([64, 128], gl.float32, la)
-        for j in range(n_blocks):
-            st = j % STAGES
-            mbarrier.wait(kv_ready.index(st), (j // STAGES) & 1)
-            mbarrier.wait(p_ready.index(0), j & 1)
-            alpha = alpha_smem.index(0).load(gl.SliceLayout(1, la))
-            tok0 = start + j * 64
-            acc_a = _pv_part(acc_a, p_bufs.index(0), kv_bufs.index(st), alpha, tok0, end, COL0)
-            acc_b = _pv_part(acc_b, p_bufs.index(0), kv_bufs.index(st), alpha, tok0, end, COL0 + 128)
-            _cta_barrier()
-            mbarrier.arrive(p_free.index(0))
-            mbarrier.arrive(kv_empty.index(st))
-        mbarrier.wait(l_ready, 0)
-        l_a = l_smem.load(gl.SliceLayout(1, la))
-        _write_out(acc_a, l_a, l_a, O, LSE, OP, LP, b, s, n_blocks, stride_ob, stride_oh, stride_pb, stride_ph,
-                   stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, out_scale, COL0, la, SINGLE, False, False)
-        _write_out(acc_b, l_a, l_a, O, LSE, OP, LP, b, s, n_blocks, stride_ob, stride_oh, stride_pb, stride_ph,
-                   stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, out_scale, COL0 + 128, la, SINGLE, False,
-                   False)
-
-    @gluon.jit
     def _mla_sm90_kernel(kv_desc, pe_desc, Q, BT, SEQ, O, LSE, OP, LP,
                          stride_qb, stride_qh, stride_bt, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps,
                          stride_lb, stride_lh, stride_lsb, stride_lsh, chunk, PAGE, score_scale, out_scale,
                          SINGLE: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr, LEFT: gl.constexpr,
-                         PREFETCH: gl.constexpr, CONSUMER_REGS: gl.constexpr, PV_SPLIT: gl.constexpr,
-                         num_warps: gl.constexpr):
+                         PREFETCH: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
         """Grid (heads / 64, B, splits). The default partition (4 warps) is consumer 0, a 4-warp
-        worker consumer 1, a 1-warp worker the TMA producer; with ``PV_SPLIT`` the default partition
-        only scores and two 4-warp workers own output columns [0, 256) and [256, 512)."""
+        worker consumer 1, a 1-warp worker the TMA producer."""
         gl.static_assert(num_warps == 4, "the default partition is one warpgroup")
         dtype: gl.constexpr = kv_desc.dtype
         DL: gl.constexpr = kv_desc.block_type.shape[1]
@@ -482,37 +407,22 @@ if HAVE_GLUON:
         # a slot is freed by every consumer warpgroup; P by those reading it from shared memory
         for i in gl.static_range(STAGES):
             mbarrier.init(kv_ready.index(i), count=1)
-            mbarrier.init(kv_empty.index(i), count=3 if PV_SPLIT else 2)
+            mbarrier.init(kv_empty.index(i), count=2)
         for i in gl.static_range(1):
             mbarrier.init(p_ready.index(i), count=1)
-            mbarrier.init(p_free.index(i), count=2 if PV_SPLIT else 1)
+            mbarrier.init(p_free.index(i), count=1)
         mbarrier.init(l_ready, count=1)
-        if PV_SPLIT:
-            gl.warp_specialize([
-                (_scorer_only, (q_smem, q_pe, kv_bufs, pe_bufs, p_bufs, alpha_smem, l_smem, kv_ready, kv_empty,
-                                p_ready, p_free, l_ready, Q, SEQ, LSE, LP, stride_qb, stride_qh, stride_lb, stride_lh,
-                                stride_lsb, stride_lsh, chunk, score_scale, SINGLE, STORE_LSE, STAGES)),
-                (_pv_half, (kv_bufs, p_bufs, alpha_smem, l_smem, kv_ready, kv_empty, p_ready, p_free, l_ready, SEQ, O,
-                            LSE, OP, LP, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
-                            stride_lsb, stride_lsh, chunk, out_scale, SINGLE, STAGES, 0)),
-                (_pv_half, (kv_bufs, p_bufs, alpha_smem, l_smem, kv_ready, kv_empty, p_ready, p_free, l_ready, SEQ, O,
-                            LSE, OP, LP, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
-                            stride_lsb, stride_lsh, chunk, out_scale, SINGLE, STAGES, 256)),
-                (_producer, (kv_desc, pe_desc, kv_bufs, pe_bufs, kv_ready, kv_empty, SEQ, BT, stride_bt, chunk, PAGE,
-                             STAGES)),
-            ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, _PRODUCER_REGS])
-        else:
-            gl.warp_specialize([
-                (_scorer, (q_smem, q_pe, kv_bufs, pe_bufs, p_bufs, alpha_smem, l_smem, kv_ready, kv_empty, p_ready,
-                           p_free, l_ready, Q, SEQ, O, LSE, OP, LP, stride_qb, stride_qh, stride_ob, stride_oh,
-                           stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, chunk,
-                           score_scale, out_scale, SINGLE, STORE_LSE, STAGES, LEFT, PREFETCH)),
-                (_right, (kv_bufs, p_bufs, alpha_smem, l_smem, kv_ready, kv_empty, p_ready, p_free, l_ready, SEQ, O,
-                          LSE, OP, LP, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
-                          stride_lsb, stride_lsh, chunk, out_scale, SINGLE, STORE_LSE, STAGES, LEFT)),
-                (_producer, (kv_desc, pe_desc, kv_bufs, pe_bufs, kv_ready, kv_empty, SEQ, BT, stride_bt, chunk, PAGE,
-                             STAGES)),
-            ], [4, 1], [CONSUMER_REGS, _PRODUCER_REGS])
+        gl.warp_specialize([
+            (_scorer, (q_smem, q_pe, kv_bufs, pe_bufs, p_bufs, alpha_smem, l_smem, kv_ready, kv_empty, p_ready,
+                       p_free, l_ready, Q, SEQ, O, LSE, OP, LP, stride_qb, stride_qh, stride_ob, stride_oh,
+                       stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, chunk,
+                       score_scale, out_scale, SINGLE, STORE_LSE, STAGES, LEFT, PREFETCH)),
+            (_right, (kv_bufs, p_bufs, alpha_smem, l_smem, kv_ready, kv_empty, p_ready, p_free, l_ready, SEQ, O,
+                      LSE, OP, LP, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
+                      stride_lsb, stride_lsh, chunk, out_scale, SINGLE, STORE_LSE, STAGES, LEFT)),
+            (_producer, (kv_desc, pe_desc, kv_bufs, pe_bufs, kv_ready, kv_empty, SEQ, BT, stride_bt, chunk, PAGE,
+                         STAGES)),
+        ], [4, 1], [CONSUMER_REGS, _PRODUCER_REGS])
 
     @gluon.jit
     def _to_half(src, dst, valid):
@@ -536,11 +446,14 @@ if HAVE_GLUON:
                     PE: gl.constexpr):
         """This warpgroup's share of key block c, latent columns [C0, C1) and, with ``PE``, the rope
         columns: from its fp8 slot into fp16 buffer c % HSTAGES once the products of block
-        c - HSTAGES are past it; then the slot is freed and the buffer's readiness signalled."""
+        c - HSTAGES are past it (with one fp16 block, the caller converts after its own product
+        of block c - 1 retired: each warpgroup overwrites only the columns it reads, and the scores
+        that read them all precede P); then the slot is freed and the buffer's readiness signalled."""
         fs = c % STAGES
         hs = c % HSTAGES
         mbarrier.wait(f_ready.index(fs), (c // STAGES) & 1)
-        mbarrier.wait(h_free.index(hs), ((c // HSTAGES) & 1) ^ 1)  # the first pass is free
+        if HSTAGES > 1:
+            mbarrier.wait(h_free.index(hs), ((c // HSTAGES) & 1) ^ 1)  # the first pass is free
         BN: gl.constexpr = f_lat.shape[1]
         valid = end - (start + c * BN)
         _to_half(f_lat.index(fs).slice(C0, C1 - C0, dim=1), h_lat.index(hs).slice(C0, C1 - C0, dim=1), valid)
@@ -558,8 +471,9 @@ if HAVE_GLUON:
                    HSTAGES: gl.constexpr, LEFT: gl.constexpr):
         """The fp8 path's consumer 0: per key block the scores (fp16 products), the softmax, P for
         consumer 1, output columns [0, LEFT) with P from registers; while that product runs, its
-        share of the next block's conversion."""
+        share of the next block's conversion (with one fp16 block: after it)."""
         BN: gl.constexpr = f_lat.shape[1]
+        NP: gl.constexpr = p_bufs.shape[0]
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BN, 16])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -590,8 +504,8 @@ if HAVE_GLUON:
             alpha = gl.exp2(m_i - m_new)
             l_i = l_i * alpha + gl.sum(p, axis=1)
             m_i = m_new
-            pb = j % 2  # P_j for consumer 1, in the buffer it freed after block j - 2
-            mbarrier.wait(p_free.index(pb), ((j // 2) & 1) ^ 1)
+            pb = j % NP  # P_j for consumer 1, in the buffer it freed after block j - NP
+            mbarrier.wait(p_free.index(pb), ((j // NP) & 1) ^ 1)
             p16 = p.to(gl.float16)
             p_bufs.index(pb).store(p16)
             alpha_smem.index(pb).store(alpha)
@@ -600,11 +514,15 @@ if HAVE_GLUON:
             acc = acc * gl.convert_layout(alpha, row_o)[:, None]
             p_op = gl.convert_layout(p16, p_layout)
             o_tok = warpgroup_mma(p_op, h_lat.index(hs).slice(0, LEFT, dim=1), acc, is_async=True)
-            if j + 1 < n_blocks:  # under the product: this warpgroup's share of the next block
+            if HSTAGES > 1 and j + 1 < n_blocks:  # under the product: this warpgroup's share of the next block
                 _f8_convert(f_lat, f_pe, h_lat, h_pe, f_ready, f_empty, h_ready, h_free, j + 1, start, end, STAGES,
                             HSTAGES, 0, LEFT, True)
             acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
-            release(h_free.index(hs))
+            if HSTAGES > 1:
+                release(h_free.index(hs))
+            elif j + 1 < n_blocks:  # one fp16 block: its columns [0, LEFT) and rope are free now
+                _f8_convert(f_lat, f_pe, h_lat, h_pe, f_ready, f_empty, h_ready, h_free, j + 1, start, end, STAGES,
+                            HSTAGES, 0, LEFT, True)
         l_smem.store(l_i)
         release(l_ready)
         _write_out(acc, gl.convert_layout(l_i, row_o), gl.convert_layout(m_i, row_o), O, LSE, OP, LP, b, s,
@@ -617,8 +535,10 @@ if HAVE_GLUON:
                   stride_lb, stride_lh, stride_lsb, stride_lsh, chunk, out_scale, SINGLE: gl.constexpr,
                   STORE_LSE: gl.constexpr, STAGES: gl.constexpr, HSTAGES: gl.constexpr, LEFT: gl.constexpr):
         """The fp8 path's consumer 1: output columns [LEFT, 512) with P from shared memory; while
-        that product runs, its share (the same columns) of the next block's conversion."""
+        that product runs (with one fp16 block: after it), its share (the same columns) of the next
+        block's conversion."""
         BN: gl.constexpr = f_lat.shape[1]
+        NP: gl.constexpr = p_bufs.shape[0]
         W: gl.constexpr = 512 - LEFT
         la: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, W, 16])
         b, s, start, end, n_blocks = _span(SEQ, chunk, BN)
@@ -628,19 +548,23 @@ if HAVE_GLUON:
                         LEFT, 512, False)
         for j in range(n_blocks):
             hs = j % HSTAGES
-            pb = j % 2
+            pb = j % NP
             mbarrier.wait(h_ready.index(hs), (j // HSTAGES) & 1)  # consumer 0's share of the block too
-            mbarrier.wait(p_ready.index(pb), (j // 2) & 1)
+            mbarrier.wait(p_ready.index(pb), (j // NP) & 1)
             alpha = alpha_smem.index(pb).load(gl.SliceLayout(1, la))
             o_tok = warpgroup_mma(p_bufs.index(pb), h_lat.index(hs).slice(LEFT, W, dim=1), acc * alpha[:, None],
                                   is_async=True)
-            if j + 1 < n_blocks:
+            if HSTAGES > 1 and j + 1 < n_blocks:
                 _f8_convert(f_lat, f_pe, h_lat, h_pe, f_ready, f_empty, h_ready, h_free, j + 1, start, end, STAGES,
                             HSTAGES, LEFT, 512, False)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok,))
             _cta_barrier()
             mbarrier.arrive(p_free.index(pb))
-            mbarrier.arrive(h_free.index(hs))
+            if HSTAGES > 1:
+                mbarrier.arrive(h_free.index(hs))
+            elif j + 1 < n_blocks:
+                _f8_convert(f_lat, f_pe, h_lat, h_pe, f_ready, f_empty, h_ready, h_free, j + 1, start, end, STAGES,
+                            HSTAGES, LEFT, 512, False)
         mbarrier.wait(l_ready, 0)
         l_a = l_smem.load(gl.SliceLayout(1, la))
         _write_out(acc, l_a, l_a, O, LSE, OP, LP, b, s, n_blocks, stride_ob, stride_oh, stride_pb, stride_ph,
@@ -669,16 +593,17 @@ if HAVE_GLUON:
         f_pe = gl.allocate_shared_memory(pe_desc.dtype, [STAGES, BN, 64], pe_desc.layout)
         h_lat = gl.allocate_shared_memory(f16, [HSTAGES, BN, DL], gl.NVMMASharedLayout.get_default_for([BN, DL], f16))
         h_pe = gl.allocate_shared_memory(f16, [HSTAGES, BN, 64], gl.NVMMASharedLayout.get_default_for([BN, 64], f16))
-        p_bufs = gl.allocate_shared_memory(f16, [2, 64, BN], gl.NVMMASharedLayout.get_default_for([64, BN], f16))
+        NP: gl.constexpr = 1 if HSTAGES == 1 else 2  # with one fp16 block consumer 0 cannot run a block ahead
+        p_bufs = gl.allocate_shared_memory(f16, [NP, 64, BN], gl.NVMMASharedLayout.get_default_for([64, BN], f16))
         plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
-        alpha_smem = gl.allocate_shared_memory(gl.float32, [2, 64], plain)
+        alpha_smem = gl.allocate_shared_memory(gl.float32, [NP, 64], plain)
         l_smem = gl.allocate_shared_memory(gl.float32, [64], plain)
         f_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         f_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         h_ready = gl.allocate_shared_memory(gl.int64, [HSTAGES, 1], mbarrier.MBarrierLayout())
         h_free = gl.allocate_shared_memory(gl.int64, [HSTAGES, 1], mbarrier.MBarrierLayout())
-        p_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        p_free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        p_ready = gl.allocate_shared_memory(gl.int64, [NP, 1], mbarrier.MBarrierLayout())
+        p_free = gl.allocate_shared_memory(gl.int64, [NP, 1], mbarrier.MBarrierLayout())
         l_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         for i in gl.static_range(STAGES):
             mbarrier.init(f_ready.index(i), count=1)
@@ -686,7 +611,7 @@ if HAVE_GLUON:
         for i in gl.static_range(HSTAGES):
             mbarrier.init(h_ready.index(i), count=2)
             mbarrier.init(h_free.index(i), count=2)
-        for i in gl.static_range(2):
+        for i in gl.static_range(NP):
             mbarrier.init(p_ready.index(i), count=1)
             mbarrier.init(p_free.index(i), count=1)
         mbarrier.init(l_ready, count=1)
@@ -703,31 +628,25 @@ if HAVE_GLUON:
         ], [4, 1], [CONSUMER_REGS, _PRODUCER_REGS])
 
 
-def registers(pv_split: bool = False) -> tuple[int, int]:
+def registers() -> tuple[int, int]:
     """(maxnreg, registers per consumer thread): two consumer warpgroups, one program per SM,
-    the producer keeping ``PRODUCER_REGS``. With ``PV_SPLIT`` (13 warps: 152 registers each at
-    launch, 63,232 of the SM's 65,536) the output warpgroups grow to 168 (a [64, 256] fp32
-    accumulator is 128 of them) from what the producer warp gives back and the file's rest, the
-    scorer keeps 152."""
-    if pv_split:
-        return 152, 168
+    the producer keeping ``PRODUCER_REGS``. (Three consumer warpgroups do not launch: Triton
+    rounds the 13 warps to 16, 512 threads, which leave 128 registers a thread at launch; race 10.)"""
     return split_registers(2, 1, PRODUCER_REGS)
 
 
-def descriptors(kv_cache: torch.Tensor):
+def descriptors(kv_cache: torch.Tensor, block_n: int = BLOCK_N):
     """TMA descriptors over the cache as a [blocks x page, 576] matrix: a key block's latent rows
-    [64, 512] and rope rows [64, 64] (an fp8 cache: blocks of 32 rows)."""
+    [block_n, 512] and rope rows [block_n, 64]."""
     rows = kv_cache.shape[0] * kv_cache.shape[1]
     m = kv_cache.as_strided((rows, KV_LORA + ROPE), (kv_cache.stride(1), 1))
-    fp8 = kv_cache.dtype == torch.float8_e4m3fn
-    dt = gl.float8e4nv if fp8 else _GL[kv_cache.dtype]
-    bn = FP8_BLOCK_N if fp8 else BLOCK_N
+    dt = gl.float8e4nv if kv_cache.dtype == torch.float8_e4m3fn else _GL[kv_cache.dtype]
 
     def desc(block):
         return TensorDescriptor(m, list(m.shape), list(m.stride()), block,
                                 gl.NVMMASharedLayout.get_default_for(block, dt))
 
-    return desc([bn, KV_LORA]), desc([bn, ROPE])
+    return desc([block_n, KV_LORA]), desc([block_n, ROPE])
 
 
 def mla_sm90_split(q, kv_cache, block_table, seq_lens, out, lse, op, lp, chunk, num_splits, score_scale, out_scale,
@@ -741,7 +660,7 @@ def mla_sm90_split(q, kv_cache, block_table, seq_lens, out, lse, op, lp, chunk, 
         raise ValueError(f"mla_sm90: the split length ({chunk} tokens) must be a multiple of {BLOCK_N}")
     bsz, nh, _ = q.shape
     single = num_splits == 1
-    kv_desc, pe_desc = descriptors(kv_cache)
+    kv_desc, pe_desc = descriptors(kv_cache, cfg["BLOCK_N"] if fp8 else BLOCK_N)
     sp = (0, 0, 0, 0, 0) if single else (op.stride(0), op.stride(1), op.stride(2), lp.stride(0), lp.stride(1))
     lse_st = (lse.stride(0), lse.stride(1)) if lse is not None else (0, 0)
     if fp8:
@@ -754,12 +673,11 @@ def mla_sm90_split(q, kv_cache, block_table, seq_lens, out, lse, op, lp, chunk, 
             SINGLE=single, STORE_LSE=lse is not None and single, STAGES=cfg["STAGES"], HSTAGES=cfg["HSTAGES"],
             LEFT=cfg["LEFT"], CONSUMER_REGS=regs, num_warps=4, maxnreg=maxnreg)
         return
-    maxnreg, regs = registers(cfg["PV_SPLIT"])
+    maxnreg, regs = registers()
     _mla_sm90_kernel[(nh // BLOCK_H, bsz, num_splits)](
         kv_desc, pe_desc, q, block_table, seq_lens, out, lse if lse is not None else out,
         op if op is not None else out, lp if lp is not None else out,
         q.stride(0), q.stride(1), block_table.stride(0), out.stride(0), out.stride(1), *sp, *lse_st,
         chunk, kv_cache.shape[1], score_scale, out_scale,
         SINGLE=single, STORE_LSE=lse is not None and single, STAGES=cfg["STAGES"], LEFT=cfg["LEFT"],
-        PREFETCH=bool(cfg["PREFETCH"]), CONSUMER_REGS=regs, PV_SPLIT=bool(cfg["PV_SPLIT"]),
-        num_warps=4, maxnreg=maxnreg)
+        PREFETCH=bool(cfg["PREFETCH"]), CONSUMER_REGS=regs, num_warps=4, maxnreg=maxnreg)

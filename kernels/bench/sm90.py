@@ -183,13 +183,12 @@ def mla_sm90_build(config: dict | None = None, single: bool = False, dtype: str 
     kernel (q and output in ``dtype``)."""
     from triton.experimental.gluon import language as gl
 
-    from kernels.mla_sm90 import (BLOCK_N, FP8_BLOCK_N, KV_LORA, ROPE, _mla_sm90_fp8_kernel, _mla_sm90_kernel,
-                                  launch_config, registers)
+    from kernels.mla_sm90 import BLOCK_N, KV_LORA, ROPE, _mla_sm90_fp8_kernel, _mla_sm90_kernel, launch_config, registers
 
     fp8 = kv == "fp8"
     cfg = launch_config(config, fp8)
     gdt = {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype]
-    kv_name, kv_gdt, bn = ("fp8e4nv", gl.float8e4nv, FP8_BLOCK_N) if fp8 else (dtype, gdt, BLOCK_N)
+    kv_name, kv_gdt, bn = ("fp8e4nv", gl.float8e4nv, cfg["BLOCK_N"]) if fp8 else (dtype, gdt, BLOCK_N)
     sig = {"kv_desc": _desc(kv_name, kv_gdt, [bn, KV_LORA]), "pe_desc": _desc(kv_name, kv_gdt, [bn, ROPE]),
            "Q": f"*{dtype}", "BT": "*i32", "SEQ": "*i32", "O": f"*{dtype}", "LSE": "*fp32", "OP": "*fp32",
            "LP": "*fp32", "score_scale": "fp32", "out_scale": "fp32"}
@@ -201,10 +200,9 @@ def mla_sm90_build(config: dict | None = None, single: bool = False, dtype: str 
         consts = {"SINGLE": single, "STORE_LSE": single, "STAGES": cfg["STAGES"], "HSTAGES": cfg["HSTAGES"],
                   "LEFT": cfg["LEFT"], "CONSUMER_REGS": regs, "num_warps": 4}
         return gluon_sm90_build(_mla_sm90_fp8_kernel, sig, consts, 4, maxnreg)
-    maxnreg, regs = registers(cfg["PV_SPLIT"])
+    maxnreg, regs = registers()
     consts = {"SINGLE": single, "STORE_LSE": single, "STAGES": cfg["STAGES"], "LEFT": cfg["LEFT"],
-              "PREFETCH": bool(cfg["PREFETCH"]), "CONSUMER_REGS": regs, "PV_SPLIT": bool(cfg["PV_SPLIT"]),
-              "num_warps": 4}
+              "PREFETCH": bool(cfg["PREFETCH"]), "CONSUMER_REGS": regs, "num_warps": 4}
     return gluon_sm90_build(_mla_sm90_kernel, sig, consts, 4, maxnreg)
 
 

@@ -44,43 +44,31 @@ def test_the_build(single, left, prefetch):
 
 
 @needs_gluon
-@pytest.mark.parametrize("single", [False, True], ids=["splits", "one_split"])
-def test_the_pv_split_build(single):
-    """PV_SPLIT: the scorer's Q K^T (36 k-steps) and two output warpgroups of two [64, 128]
-    accumulators each (4 k-steps apiece), P from shared memory; at 152 registers no spills under
-    Triton 3.6 (the H200's), 748 bytes under 3.9."""
+@pytest.mark.parametrize("single,cfg", [(False, None), (True, None), (False, dict(BLOCK_N=32, STAGES=4, HSTAGES=2)),
+                                        (False, dict(BLOCK_N=32, STAGES=2, HSTAGES=3))],
+                         ids=["splits", "one_split", "block_32", "block_32_three_fp16"])
+def test_the_fp8_build(single, cfg):
+    """The fp8 cache: per key block of N tokens Q K^T in 512 / 16 + 64 / 16 k-steps of width N,
+    each half's P V in N / 16 (consumer 0's with P in registers); no fp8 product (the products
+    are fp16); the conversion is the hardware's e4m3 -> f16x2 unpack, in both warpgroups (the
+    prologue's block and the loop's next one); no spills under Triton 3.6 (the H200's), a few
+    scalars (12 bytes with 64-token blocks) under 3.9."""
     import triton
 
-    info = build("mla_sm90_build", dict(PV_SPLIT=True), single=single)
-    assert not info["serialized"], info["ptxas_info"]
-    assert info["spill_bytes"] <= (0 if triton.__version__.startswith("3.6") else 1024), info["ptxas_info"]
-    assert info["hgmma"] == 36 + 2 * 2 * 4 and info["hgmma_reg_a"] == 0, info
-    assert sm90.smem_bytes(2) - 1024 <= info["shared"] <= sm90.SMEM_BYTES, info
-
-
-@needs_gluon
-@pytest.mark.parametrize("single,cfg", [(False, None), (True, None), (False, dict(STAGES=2, HSTAGES=3))],
-                         ids=["splits", "one_split", "three_fp16_blocks"])
-def test_the_fp8_build(single, cfg):
-    """The fp8 cache: per 32-token block Q K^T in 512 / 16 + 64 / 16 k-steps of N = 32, each half's
-    P V in 32 / 16 (consumer 0's with P in registers); no fp8 product (the products are fp16);
-    the conversion is the hardware's e4m3 -> f16x2 unpack, a 16-byte shared load per 16 values,
-    in both warpgroups (the prologue's block and the loop's next one); no spills."""
     info = build("mla_sm90_build", cfg, single=single, kv="fp8")
-    assert not info["serialized"], info["ptxas_info"]
-    assert info["spill_bytes"] == 0, info["ptxas_info"]
-    assert info["hgmma"] == 36 + 2 + 2 and info["hgmma_reg_a"] == 2 and info["qgmma"] == 0, info
     c = sm90.launch_config(cfg, fp8=True)
-    assert sm90.smem_bytes_fp8(c["STAGES"], c["HSTAGES"]) - 1024 <= info["shared"] <= sm90.SMEM_BYTES, info
-    # consumer 0 converts 256 latent + 64 rope columns of a block's 32 rows (40 unpacks of two
-    # values a thread), consumer 1 256 latent columns (32); twice over (prologue and loop)
-    assert info["f8_unpack"] == 2 * (40 + 32), info
+    n = c["BLOCK_N"]
+    assert not info["serialized"], info["ptxas_info"]
+    assert info["spill_bytes"] <= (0 if triton.__version__.startswith("3.6") else 32), info["ptxas_info"]
+    assert info["hgmma"] == 36 + 2 * n // 16 and info["hgmma_reg_a"] == n // 16 and info["qgmma"] == 0, info
+    assert sm90.smem_bytes_fp8(c["STAGES"], c["HSTAGES"], n) - 1024 <= info["shared"] <= sm90.SMEM_BYTES, info
+    # consumer 0 converts 256 latent + 64 rope columns of a block's N rows (N * 320 / 256 unpacks
+    # of two values a thread), consumer 1 256 latent columns (N * 256 / 256); twice over
+    assert info["f8_unpack"] == 2 * (n * 320 // 256 + n), info
 
 
 def test_a_config_is_checked_before_launch():
-    assert sm90.launch_config(None) == dict(STAGES=2, LEFT=128, PREFETCH=False, PV_SPLIT=False)
-    with pytest.raises(ValueError, match="PV_SPLIT .* takes neither PREFETCH nor LEFT"):
-        sm90.launch_config(dict(PV_SPLIT=True, LEFT=256))
+    assert sm90.launch_config(None) == dict(STAGES=2, LEFT=128, PREFETCH=False)
     with pytest.raises(ValueError, match=r"unknown keys \['BLOCK_H'\]"):
         sm90.launch_config(dict(BLOCK_H=32))
     with pytest.raises(ValueError, match="STAGES must be an int >= 2"):
@@ -89,22 +77,26 @@ def test_a_config_is_checked_before_launch():
         sm90.launch_config(dict(LEFT=192))
     with pytest.raises(ValueError, match="STAGES 3 need 3[0-9]+ bytes of shared memory"):
         sm90.launch_config(dict(STAGES=3))  # Q and three 72 KB key blocks
-    with pytest.raises(ValueError, match="HSTAGES .* applies to an fp8 cache only"):
-        sm90.launch_config(dict(HSTAGES=2))
+    with pytest.raises(ValueError, match=r"\['BLOCK_N', 'HSTAGES'\] \(the fp8 path's blocks\) apply to an fp8 cache only"):
+        sm90.launch_config(dict(HSTAGES=2, BLOCK_N=64))
 
 
 def test_the_fp8_config_is_checked_before_launch():
-    assert sm90.launch_config(None, fp8=True) == dict(STAGES=4, HSTAGES=2, LEFT=256)
-    assert sm90.launch_config(dict(PREFETCH=False, HSTAGES=3, STAGES=2), fp8=True) == dict(STAGES=2, HSTAGES=3,
-                                                                                          LEFT=256)
+    assert sm90.launch_config(None, fp8=True) == dict(BLOCK_N=64, STAGES=2, HSTAGES=1, LEFT=256)
+    assert sm90.launch_config(dict(PREFETCH=False, BLOCK_N=32, HSTAGES=3), fp8=True) == dict(BLOCK_N=32, STAGES=2,
+                                                                                            HSTAGES=3, LEFT=256)
     with pytest.raises(ValueError, match=r"fp8 cache\): \['PREFETCH'\] do not apply"):
         sm90.launch_config(dict(PREFETCH=True), fp8=True)
-    with pytest.raises(ValueError, match="HSTAGES must be an int >= 2, got 1"):
-        sm90.launch_config(dict(HSTAGES=1), fp8=True)
+    with pytest.raises(ValueError, match="HSTAGES must be an int >= 1, got 0"):
+        sm90.launch_config(dict(HSTAGES=0), fp8=True)
+    with pytest.raises(ValueError, match="BLOCK_N must be 32 or 64, got 128"):
+        sm90.launch_config(dict(BLOCK_N=128), fp8=True)
     with pytest.raises(ValueError, match="LEFT must be 256"):
         sm90.launch_config(dict(LEFT=128), fp8=True)
-    with pytest.raises(ValueError, match="STAGES 4 and HSTAGES 3 need 2[0-9]+ bytes of shared memory"):
-        sm90.launch_config(dict(HSTAGES=3), fp8=True)  # Q, three 36 KB fp16 blocks, four 18 KB fp8 ones
+    with pytest.raises(ValueError, match="BLOCK_N 32, STAGES 4 and HSTAGES 3 need 2[0-9]+ bytes of shared memory"):
+        sm90.launch_config(dict(BLOCK_N=32, STAGES=4, HSTAGES=3), fp8=True)  # Q, 3 x 36 KB fp16, 4 x 18 KB fp8
+    with pytest.raises(ValueError, match="BLOCK_N 64, STAGES 2 and HSTAGES 2 need"):
+        sm90.launch_config(dict(HSTAGES=2), fp8=True)  # Q, two 72 KB fp16 blocks, two 36 KB fp8
 
 
 def test_asking_for_it_where_it_cannot_run_is_a_clear_error():
@@ -156,8 +148,7 @@ def _check(lens, heads=128, dtype=torch.bfloat16, page=64, num_splits=None, conf
 @needs_hopper
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("num_splits", [1, 3, None], ids=["one_split", "three_splits", "auto"])
-@pytest.mark.parametrize("config", [None, dict(LEFT=256), dict(PREFETCH=True), dict(PV_SPLIT=True)],
-                         ids=["default", "left_256", "prefetch", "pv_split"])
+@pytest.mark.parametrize("config", [None, dict(LEFT=256), dict(PREFETCH=True)], ids=["default", "left_256", "prefetch"])
 def test_ragged_batch_matches_the_reference(num_splits, config):
     # empty, one token, one block exactly, partial blocks either side of one, several blocks
     _check([0, 1, 64, 63, 65, 300, 1000], num_splits=num_splits, config=config, seed=num_splits or 7)
@@ -178,9 +169,10 @@ def test_cases_match_the_reference(case):
 @needs_hopper
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("num_splits", [1, 3, None], ids=["one_split", "three_splits", "auto"])
-@pytest.mark.parametrize("config", [None, dict(STAGES=2, HSTAGES=3)], ids=["default", "three_fp16_blocks"])
+@pytest.mark.parametrize("config", [None, dict(BLOCK_N=32, STAGES=4, HSTAGES=2), dict(BLOCK_N=32, STAGES=2, HSTAGES=3)],
+                         ids=["default", "block_32", "block_32_three_fp16"])
 def test_fp8_cache_ragged_batch_matches_the_reference(num_splits, config):
-    # 32-token blocks: partial ones either side of 32 and 64, one exactly, several
+    # partial blocks either side of 32 and 64 tokens, one block of either size exactly, several
     _check([0, 1, 31, 32, 33, 64, 95, 300, 1000], num_splits=num_splits, config=config, seed=num_splits or 5,
            fp8=True)
 
@@ -193,8 +185,35 @@ def test_fp8_cache_ragged_batch_matches_the_reference(num_splits, config):
     dict(lens=[300, 517], page=128),
     dict(lens=[4096] * 4, num_splits=4),
 ], ids=["fp16", "64_heads", "page_128", "long"])
-def test_fp8_cases_match_the_reference(case):
-    _check(seed=13, fp8=True, **case)
+@pytest.mark.parametrize("config", [None, dict(BLOCK_N=32, STAGES=4, HSTAGES=2)], ids=["default", "block_32"])
+def test_fp8_cases_match_the_reference(case, config):
+    _check(seed=13, fp8=True, config=config, **case)
+
+
+def test_the_fp8_default_follows_race_10b(monkeypatch):
+    """mla_decode takes the Gluon kernel's 64-token fp8 path for fp8 caches because race 10b timed
+    it at more than twice the Triton kernel's speed in every case and faster than both 32-token
+    rings; DSVOLC_MLA_KERNEL=triton keeps the Triton kernel."""
+    import json
+    import os
+
+    from kernels.mla_decode import sm90_default
+
+    assert sm90.FP8_DEFAULT and sm90.launch_config(None, fp8=True)["BLOCK_N"] == 64
+    path = os.path.join(os.path.dirname(sm90.__file__), "bench", "results", "2026-12-03_h200_race10b_mla.json")
+    rows = [r for r in json.load(open(path))["mla"] if r["kv"] == "fp8"]
+    assert len(rows) == 5
+    for r in rows:
+        v = r["variants"]  # in race 10b sm90_b64 was the 64-token path, sm90 and sm90_h3 the 32-token rings
+        assert v["sm90_b64"]["ok"] and v["sm90_b64"]["us"] < v["default"]["us"] / 2, r
+        assert v["sm90_b64"]["us"] < min(v["sm90"]["us"], v["sm90_h3"]["us"]), r
+    q = torch.zeros(1, 128, 576, dtype=torch.bfloat16)
+    cache = torch.zeros(2, 64, 576, dtype=torch.float8_e4m3fn)
+    assert not sm90_default(q, cache)  # CPU tensors
+    if HOPPER:
+        assert sm90_default(q.cuda(), cache.cuda())
+        monkeypatch.setenv("DSVOLC_MLA_KERNEL", "triton")
+        assert not sm90_default(q.cuda(), cache.cuda())
 
 
 def test_the_default_follows_race_9(monkeypatch):
