@@ -663,21 +663,14 @@ def mla_sm90_split(q, kv_cache, block_table, seq_lens, out, lse, op, lp, chunk, 
     kv_desc, pe_desc = descriptors(kv_cache, cfg["BLOCK_N"] if fp8 else BLOCK_N)
     sp = (0, 0, 0, 0, 0) if single else (op.stride(0), op.stride(1), op.stride(2), lp.stride(0), lp.stride(1))
     lse_st = (lse.stride(0), lse.stride(1)) if lse is not None else (0, 0)
-    if fp8:
-        maxnreg, regs = registers()
-        _mla_sm90_fp8_kernel[(nh // BLOCK_H, bsz, num_splits)](
-            kv_desc, pe_desc, q, block_table, seq_lens, out, lse if lse is not None else out,
+    maxnreg, regs = registers()
+    args = (kv_desc, pe_desc, q, block_table, seq_lens, out, lse if lse is not None else out,
             op if op is not None else out, lp if lp is not None else out,
             q.stride(0), q.stride(1), block_table.stride(0), out.stride(0), out.stride(1), *sp, *lse_st,
-            chunk, kv_cache.shape[1], score_scale, out_scale,
-            SINGLE=single, STORE_LSE=lse is not None and single, STAGES=cfg["STAGES"], HSTAGES=cfg["HSTAGES"],
-            LEFT=cfg["LEFT"], CONSUMER_REGS=regs, num_warps=4, maxnreg=maxnreg)
-        return
-    maxnreg, regs = registers()
-    _mla_sm90_kernel[(nh // BLOCK_H, bsz, num_splits)](
-        kv_desc, pe_desc, q, block_table, seq_lens, out, lse if lse is not None else out,
-        op if op is not None else out, lp if lp is not None else out,
-        q.stride(0), q.stride(1), block_table.stride(0), out.stride(0), out.stride(1), *sp, *lse_st,
-        chunk, kv_cache.shape[1], score_scale, out_scale,
-        SINGLE=single, STORE_LSE=lse is not None and single, STAGES=cfg["STAGES"], LEFT=cfg["LEFT"],
-        PREFETCH=bool(cfg["PREFETCH"]), CONSUMER_REGS=regs, num_warps=4, maxnreg=maxnreg)
+            chunk, kv_cache.shape[1], score_scale, out_scale)
+    common = dict(SINGLE=single, STORE_LSE=lse is not None and single, STAGES=cfg["STAGES"], LEFT=cfg["LEFT"],
+                  CONSUMER_REGS=regs, num_warps=4, maxnreg=maxnreg)
+    if fp8:
+        _mla_sm90_fp8_kernel[(nh // BLOCK_H, bsz, num_splits)](*args, HSTAGES=cfg["HSTAGES"], **common)
+    else:
+        _mla_sm90_kernel[(nh // BLOCK_H, bsz, num_splits)](*args, PREFETCH=bool(cfg["PREFETCH"]), **common)

@@ -197,8 +197,6 @@ def test_the_fp8_default_follows_race_10b(monkeypatch):
     import json
     import os
 
-    from kernels.mla_decode import sm90_default
-
     assert sm90.FP8_DEFAULT and sm90.launch_config(None, fp8=True)["BLOCK_N"] == 64
     path = os.path.join(os.path.dirname(sm90.__file__), "bench", "results", "2026-12-03_h200_race10b_mla.json")
     rows = [r for r in json.load(open(path))["mla"] if r["kv"] == "fp8"]
@@ -207,13 +205,7 @@ def test_the_fp8_default_follows_race_10b(monkeypatch):
         v = r["variants"]  # in race 10b sm90_b64 was the 64-token path, sm90 and sm90_h3 the 32-token rings
         assert v["sm90_b64"]["ok"] and v["sm90_b64"]["us"] < v["default"]["us"] / 2, r
         assert v["sm90_b64"]["us"] < min(v["sm90"]["us"], v["sm90_h3"]["us"]), r
-    q = torch.zeros(1, 128, 576, dtype=torch.bfloat16)
-    cache = torch.zeros(2, 64, 576, dtype=torch.float8_e4m3fn)
-    assert not sm90_default(q, cache)  # CPU tensors
-    if HOPPER:
-        assert sm90_default(q.cuda(), cache.cuda())
-        monkeypatch.setenv("DSVOLC_MLA_KERNEL", "triton")
-        assert not sm90_default(q.cuda(), cache.cuda())
+    _default_switch(torch.float8_e4m3fn, monkeypatch)
 
 
 def test_the_default_follows_race_9(monkeypatch):
@@ -223,15 +215,20 @@ def test_the_default_follows_race_9(monkeypatch):
     import json
     import os
 
-    from kernels.mla_decode import sm90_default
-
     path = os.path.join(os.path.dirname(sm90.__file__), "bench", "results", "2026-12-03_h200_race9_mla.json")
     rows = [r for r in json.load(open(path))["mla"] if r["kv"] == "bf16"]
     assert len(rows) == 5
     for r in rows:
         assert r["variants"]["sm90"]["ok"] and r["variants"]["sm90"]["us"] < r["variants"]["default"]["us"] / 2, r
+    _default_switch(torch.bfloat16, monkeypatch)
+
+
+def _default_switch(cache_dtype, monkeypatch):
+    """The default is the Gluon kernel on a Hopper GPU only, and DSVOLC_MLA_KERNEL=triton turns it off."""
+    from kernels.mla_decode import sm90_default
+
     q = torch.zeros(1, 128, 576, dtype=torch.bfloat16)
-    cache = torch.zeros(2, 64, 576, dtype=torch.bfloat16)
+    cache = torch.zeros(2, 64, 576, dtype=cache_dtype)
     assert not sm90_default(q, cache)  # CPU tensors
     if HOPPER:
         assert sm90_default(q.cuda(), cache.cuda())
