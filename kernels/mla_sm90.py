@@ -36,7 +36,10 @@ written as zeros. With 64-token blocks (the default) Q, one fp16 block and two f
 shared memory, so each consumer converts after its P V of the current block retired (its own
 columns are then free; the scores that read the others precede P); with 32-token blocks two fp16
 blocks fit and the conversion runs under the P V, but the [64, 32] score products read Q from
-shared memory twice as often (race 10b: 1.19-1.24x slower). Q is staged in fp16 (so |q| must stay
+shared memory twice as often (race 10b: 1.19-1.24x slower). ``LDG`` (opt-in) drops the TMA ring:
+the consumers read the next 64-token block's fp8 rows from global memory into registers under
+the current block's scores, so two fp16 blocks fit and the conversion runs under the P V at half
+the shared-memory traffic. Q is staged in fp16 (so |q| must stay
 below 65,504, fp16's largest value), P is fp16, the per-tensor scale folds into the score and
 output scales. ``mla_decode`` takes it for fp8 caches wherever it runs (race 10b: 2.2-2.4x the
 Triton kernel's speed; 0.63-0.72x FlashMLA's on the bf16 cache, which has no fp8 dense decode).
