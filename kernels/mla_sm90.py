@@ -36,10 +36,7 @@ written as zeros. With 64-token blocks (the default) Q, one fp16 block and two f
 shared memory, so each consumer converts after its P V of the current block retired (its own
 columns are then free; the scores that read the others precede P); with 32-token blocks two fp16
 blocks fit and the conversion runs under the P V, but the [64, 32] score products read Q from
-shared memory twice as often (race 10b: 1.19-1.24x slower). ``LDG`` (opt-in) drops the TMA ring:
-the consumers read the next 64-token block's fp8 rows from global memory into registers under
-the current block's scores, so two fp16 blocks fit and the conversion runs under the P V at half
-the shared-memory traffic. Q is staged in fp16 (so |q| must stay
+shared memory twice as often (race 10b: 1.19-1.24x slower). Q is staged in fp16 (so |q| must stay
 below 65,504, fp16's largest value), P is fp16, the per-tensor scale folds into the score and
 output scales. ``mla_decode`` takes it for fp8 caches wherever it runs (race 10b: 2.2-2.4x the
 Triton kernel's speed; 0.63-0.72x FlashMLA's on the bf16 cache, which has no fp8 dense decode).
@@ -68,7 +65,7 @@ ROPE = 64
 BLOCK_H = 64  # heads per program: the rows of one warpgroup MMA
 BLOCK_N = 64  # tokens per key block
 PRODUCER_REGS = 40
-CONFIG_KEYS = ("STAGES", "LEFT", "PREFETCH", "HSTAGES", "BLOCK_N", "LDG")
+CONFIG_KEYS = ("STAGES", "LEFT", "PREFETCH", "HSTAGES", "BLOCK_N")
 # whether mla_decode takes this kernel for an fp8 cache unasked: race 10b timed its 64-token path
 # at 2.21-2.41x the Triton kernel's speed (kernels/bench/results/2026-12-03_h200_race10b_mla.json)
 FP8_DEFAULT = True
@@ -81,12 +78,11 @@ def smem_bytes(stages: int, itemsize: int = 2) -> int:
             + 4 * 2 * BLOCK_H + 8 * (2 * stages + 3))
 
 
-def smem_bytes_fp8(stages: int, hstages: int, block_n: int, ldg: bool = False) -> int:
-    """The fp8 path: Q [64, 576] fp16, ``stages`` fp8 key blocks [block_n, 576] (none with
-    ``ldg``), ``hstages`` fp16 ones, the P buffers [64, block_n] fp16 (two; one with a single fp16
-    block or ``ldg``), the rescale factors, the row sums and the mbarriers."""
-    row, np_ = KV_LORA + ROPE, 1 if hstages == 1 or ldg else 2
-    stages = 0 if ldg else stages
+def smem_bytes_fp8(stages: int, hstages: int, block_n: int) -> int:
+    """The fp8 path: Q [64, 576] fp16, ``stages`` fp8 key blocks [block_n, 576], ``hstages`` fp16
+    ones, the P buffers [64, block_n] fp16 (two, one with a single fp16 block), the rescale
+    factors, the row sums and the mbarriers."""
+    row, np_ = KV_LORA + ROPE, 1 if hstages == 1 else 2
     return (2 * BLOCK_H * row + stages * block_n * row + hstages * 2 * block_n * row + np_ * 2 * BLOCK_H * block_n
             + 4 * (np_ + 1) * BLOCK_H + 8 * (2 * stages + 2 * hstages + 2 * np_ + 1))
 
@@ -99,10 +95,8 @@ def launch_config_fp8(config: dict | None) -> dict:
     256 in one accumulator). Beside Q, 32-token blocks fit 4 fp8 + 2 fp16 (or 2 + 3), 64-token
     ones 2 fp8 + 1 fp16, the default: race 10b timed it 1.19-1.24x the 32-token rings' speed (their
     scores are [64, 32] products, whose Q operand is read from shared memory twice as often).
-    ``LDG``: no TMA ring, the consumers read the next block's fp8 rows from global memory into
-    registers, and two 64-token fp16 blocks fit (``BLOCK_N`` 64, ``HSTAGES`` 2).
     A ``ValueError`` names the field."""
-    cfg = dict(BLOCK_N=64, STAGES=2, HSTAGES=1, LEFT=256, LDG=False)
+    cfg = dict(BLOCK_N=64, STAGES=2, HSTAGES=1, LEFT=256)
     if config:
         bad = sorted(k for k, v in config.items() if k not in cfg and not (k == "PREFETCH" and not v))
         if bad:
@@ -116,12 +110,7 @@ def launch_config_fp8(config: dict | None) -> dict:
     if cfg["LEFT"] != 256:
         raise ValueError(f"mla_sm90 config (fp8 cache): LEFT must be 256 (two warpgroups of 256 output columns), "
                          f"got {cfg['LEFT']!r}")
-    if not isinstance(cfg["LDG"], bool):
-        raise ValueError(f"mla_sm90 config (fp8 cache): LDG must be True or False, got {cfg['LDG']!r}")
-    if cfg["LDG"] and (cfg["BLOCK_N"], cfg["HSTAGES"]) != (64, 2):
-        raise ValueError(f"mla_sm90 config (fp8 cache): LDG reads 64-token blocks into two fp16 blocks "
-                         f"(BLOCK_N 64, HSTAGES 2), got BLOCK_N {cfg['BLOCK_N']}, HSTAGES {cfg['HSTAGES']}")
-    need = smem_bytes_fp8(cfg["STAGES"], cfg["HSTAGES"], cfg["BLOCK_N"], cfg["LDG"])
+    need = smem_bytes_fp8(cfg["STAGES"], cfg["HSTAGES"], cfg["BLOCK_N"])
     if need > SMEM_BYTES:
         raise ValueError(f"mla_sm90 config (fp8 cache): BLOCK_N {cfg['BLOCK_N']}, STAGES {cfg['STAGES']} and HSTAGES "
                          f"{cfg['HSTAGES']} need {need} bytes of shared memory, more than the {SMEM_BYTES} an SM has")
@@ -190,23 +179,21 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _producer(kv_desc, pe_desc, kv_bufs, pe_bufs, kv_ready, kv_empty, SEQ, BT, stride_bt, chunk, PAGE,
-                  STAGES: gl.constexpr, ACTIVE: gl.constexpr = True):
-        """One warp: each key block's latent and rope rows, from its page, into the ring (none
-        unless ``ACTIVE``)."""
-        if ACTIVE:  # (with the fp8 path's LDG the partition is empty)
-            BN: gl.constexpr = kv_desc.block_type.shape[0]
-            b, s, start, end, n_blocks = _span(SEQ, chunk, BN)
-            nbytes: gl.constexpr = kv_desc.block_type.nbytes + pe_desc.block_type.nbytes
-            DL: gl.constexpr = kv_desc.block_type.shape[1]
-            for j in range(n_blocks):
-                st = j % STAGES
-                mbarrier.wait(kv_empty.index(st), ((j // STAGES) & 1) ^ 1)  # the first pass is free
-                tok = start + j * BN
-                page = gl.load(BT + b.to(gl.int64) * stride_bt + tok // PAGE)
-                row = (page * PAGE + tok % PAGE).to(gl.int32)
-                mbarrier.expect(kv_ready.index(st), nbytes)
-                _tma_load(kv_desc, [row, 0], kv_ready.index(st), kv_bufs.index(st))
-                _tma_load(pe_desc, [row, DL], kv_ready.index(st), pe_bufs.index(st))
+                  STAGES: gl.constexpr):
+        """One warp: each key block's latent and rope rows, from its page, into the ring."""
+        BN: gl.constexpr = kv_desc.block_type.shape[0]
+        b, s, start, end, n_blocks = _span(SEQ, chunk, BN)
+        nbytes: gl.constexpr = kv_desc.block_type.nbytes + pe_desc.block_type.nbytes
+        DL: gl.constexpr = kv_desc.block_type.shape[1]
+        for j in range(n_blocks):
+            st = j % STAGES
+            mbarrier.wait(kv_empty.index(st), ((j // STAGES) & 1) ^ 1)  # the first pass is free
+            tok = start + j * BN
+            page = gl.load(BT + b.to(gl.int64) * stride_bt + tok // PAGE)
+            row = (page * PAGE + tok % PAGE).to(gl.int32)
+            mbarrier.expect(kv_ready.index(st), nbytes)
+            _tma_load(kv_desc, [row, 0], kv_ready.index(st), kv_bufs.index(st))
+            _tma_load(pe_desc, [row, DL], kv_ready.index(st), pe_bufs.index(st))
 
     @gluon.jit
     def _zero_tail(v_cols, valid):
@@ -477,60 +464,15 @@ if HAVE_GLUON:
         mbarrier.arrive(h_ready.index(hs))
 
     @gluon.jit
-    def _f8_fetch(KV, stride_kv, BT, stride_bt, b, tok0, end, PAGE, COL: gl.constexpr, W: gl.constexpr):
-        """``LDG``: cache columns [COL, COL + W) of the 64 rows of sequence b from token ``tok0``
-        (one page: blocks and pages are 64-token aligned), fp8, from global memory into registers,
-        16 values a thread per load; rows past ``end`` are not read (``_f8_put`` zeroes them)."""
-        TPR: gl.constexpr = W // 16
-        blk: gl.constexpr = gl.BlockedLayout([1, 16], [32 // TPR, TPR], [4, 1], [1, 0])
-        rows = gl.arange(0, 64, layout=gl.SliceLayout(1, blk))
-        cols = gl.arange(0, W, layout=gl.SliceLayout(0, blk))
-        valid = end - tok0
-        page = gl.load(BT + b.to(gl.int64) * stride_bt + tok0 // PAGE, mask=valid > 0, other=0)
-        row0 = page.to(gl.int64) * PAGE + tok0 % PAGE
-        ptrs = KV + (row0 + rows.to(gl.int64))[:, None] * stride_kv + COL + cols[None, :]
-        return gl.load(ptrs, mask=(rows < valid)[:, None])
-
-    @gluon.jit
-    def _f8_put(x, dst, valid):
-        """``_f8_fetch``'s registers -> fp16 into ``dst`` (exact), rows >= ``valid`` as 0."""
-        y = x.to(gl.float16)
-        if valid < 64:
-            rows = gl.arange(0, 64, layout=gl.SliceLayout(1, x.type.layout))
-            y = gl.where((rows < valid)[:, None], y, gl.zeros_like(y))
-        dst.store(y)
-
-    @gluon.jit
-    def _f8_put_share(xa, xb, h_lat, h_pe, h_ready, h_free, c, start, end, HSTAGES: gl.constexpr,
-                      CA: gl.constexpr, CB: gl.constexpr, B_PE: gl.constexpr):
-        """``LDG``: this warpgroup's two fetched pieces of key block c (latent columns [CA, CA + width)
-        and [CB, CB + width), or the rope columns with ``B_PE``; a slice starts at a multiple of its
-        width) into fp16 buffer c % HSTAGES once
-        the products of block c - HSTAGES are past it; then its readiness signalled."""
-        hs = c % HSTAGES
-        mbarrier.wait(h_free.index(hs), ((c // HSTAGES) & 1) ^ 1)  # the first pass is free
-        valid = end - (start + c * 64)
-        _f8_put(xa, h_lat.index(hs).slice(CA, xa.shape[1], dim=1), valid)
-        if B_PE:
-            _f8_put(xb, h_pe.index(hs), valid)
-        else:
-            _f8_put(xb, h_lat.index(hs).slice(CB, xb.shape[1], dim=1), valid)
-        fence_async_shared()
-        release(h_ready.index(hs))
-
-    @gluon.jit
     def _f8_scorer(q_smem, q_pe, f_lat, f_pe, h_lat, h_pe, p_bufs, alpha_smem, l_smem, f_ready, f_empty, h_ready,
                    h_free, p_ready, p_free, l_ready, Q, SEQ, O, LSE, OP, LP, stride_qb, stride_qh, stride_ob,
                    stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, chunk,
-                   score_scale, out_scale, KV, stride_kv, BT, stride_bt, PAGE, SINGLE: gl.constexpr,
-                   STORE_LSE: gl.constexpr, STAGES: gl.constexpr, HSTAGES: gl.constexpr, LEFT: gl.constexpr,
-                   LDG: gl.constexpr):
+                   score_scale, out_scale, SINGLE: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr,
+                   HSTAGES: gl.constexpr, LEFT: gl.constexpr):
         """The fp8 path's consumer 0: per key block the scores (fp16 products), the softmax, P for
         consumer 1, output columns [0, LEFT) with P from registers; while that product runs, its
-        share of the next block's conversion (with one fp16 block: after it). ``LDG``: its share
-        (latent columns [0, 128) and the rope) is read from global memory into registers at the
-        top of the previous block's turn instead of from a TMA ring."""
-        BN: gl.constexpr = h_lat.shape[1]
+        share of the next block's conversion (with one fp16 block: after it)."""
+        BN: gl.constexpr = f_lat.shape[1]
         NP: gl.constexpr = p_bufs.shape[0]
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BN, 16])
@@ -546,18 +488,10 @@ if HAVE_GLUON:
         l_i = gl.zeros([64], gl.float32, row_s)
         sc = gl.zeros([64, BN], gl.float32, s_layout)
         if n_blocks > 0:
-            if LDG:
-                xa = _f8_fetch(KV, stride_kv, BT, stride_bt, b, start, end, PAGE, 0, 128)
-                xb = _f8_fetch(KV, stride_kv, BT, stride_bt, b, start, end, PAGE, 512, 64)
-                _f8_put_share(xa, xb, h_lat, h_pe, h_ready, h_free, 0, start, end, HSTAGES, 0, 0, True)
-            else:
-                _f8_convert(f_lat, f_pe, h_lat, h_pe, f_ready, f_empty, h_ready, h_free, 0, start, end, STAGES,
-                            HSTAGES, 0, LEFT, True)
+            _f8_convert(f_lat, f_pe, h_lat, h_pe, f_ready, f_empty, h_ready, h_free, 0, start, end, STAGES, HSTAGES,
+                        0, LEFT, True)
         for j in range(n_blocks):
             hs = j % HSTAGES
-            if LDG:  # the next block's share, in flight under this block's scores and softmax
-                xa = _f8_fetch(KV, stride_kv, BT, stride_bt, b, start + (j + 1) * BN, end, PAGE, 0, 128)
-                xb = _f8_fetch(KV, stride_kv, BT, stride_bt, b, start + (j + 1) * BN, end, PAGE, 512, 64)
             mbarrier.wait(h_ready.index(hs), (j // HSTAGES) & 1)
             s_tok = _qk(q_smem, q_pe, h_lat, h_pe, hs, sc)
             sc = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
@@ -581,11 +515,8 @@ if HAVE_GLUON:
             p_op = gl.convert_layout(p16, p_layout)
             o_tok = warpgroup_mma(p_op, h_lat.index(hs).slice(0, LEFT, dim=1), acc, is_async=True)
             if HSTAGES > 1 and j + 1 < n_blocks:  # under the product: this warpgroup's share of the next block
-                if LDG:
-                    _f8_put_share(xa, xb, h_lat, h_pe, h_ready, h_free, j + 1, start, end, HSTAGES, 0, 0, True)
-                else:
-                    _f8_convert(f_lat, f_pe, h_lat, h_pe, f_ready, f_empty, h_ready, h_free, j + 1, start, end,
-                                STAGES, HSTAGES, 0, LEFT, True)
+                _f8_convert(f_lat, f_pe, h_lat, h_pe, f_ready, f_empty, h_ready, h_free, j + 1, start, end, STAGES,
+                            HSTAGES, 0, LEFT, True)
             acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
             if HSTAGES > 1:
                 release(h_free.index(hs))
@@ -601,44 +532,31 @@ if HAVE_GLUON:
     @gluon.jit
     def _f8_right(f_lat, f_pe, h_lat, h_pe, p_bufs, alpha_smem, l_smem, f_ready, f_empty, h_ready, h_free, p_ready,
                   p_free, l_ready, SEQ, O, LSE, OP, LP, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps,
-                  stride_lb, stride_lh, stride_lsb, stride_lsh, chunk, out_scale, KV, stride_kv, BT, stride_bt, PAGE,
-                  SINGLE: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr, HSTAGES: gl.constexpr,
-                  LEFT: gl.constexpr, LDG: gl.constexpr):
+                  stride_lb, stride_lh, stride_lsb, stride_lsh, chunk, out_scale, SINGLE: gl.constexpr,
+                  STORE_LSE: gl.constexpr, STAGES: gl.constexpr, HSTAGES: gl.constexpr, LEFT: gl.constexpr):
         """The fp8 path's consumer 1: output columns [LEFT, 512) with P from shared memory; while
         that product runs (with one fp16 block: after it), its share (the same columns) of the next
-        block's conversion. ``LDG``: its share (latent columns [256, 512) and [128, 256)) from global
-        memory."""
-        BN: gl.constexpr = h_lat.shape[1]
+        block's conversion."""
+        BN: gl.constexpr = f_lat.shape[1]
         NP: gl.constexpr = p_bufs.shape[0]
         W: gl.constexpr = 512 - LEFT
         la: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, W, 16])
         b, s, start, end, n_blocks = _span(SEQ, chunk, BN)
         acc = gl.zeros([64, W], gl.float32, la)
         if n_blocks > 0:
-            if LDG:
-                xa = _f8_fetch(KV, stride_kv, BT, stride_bt, b, start, end, PAGE, 256, 256)
-                xb = _f8_fetch(KV, stride_kv, BT, stride_bt, b, start, end, PAGE, 128, 128)
-                _f8_put_share(xa, xb, h_lat, h_pe, h_ready, h_free, 0, start, end, HSTAGES, 256, 128, False)
-            else:
-                _f8_convert(f_lat, f_pe, h_lat, h_pe, f_ready, f_empty, h_ready, h_free, 0, start, end, STAGES,
-                            HSTAGES, LEFT, 512, False)
+            _f8_convert(f_lat, f_pe, h_lat, h_pe, f_ready, f_empty, h_ready, h_free, 0, start, end, STAGES, HSTAGES,
+                        LEFT, 512, False)
         for j in range(n_blocks):
             hs = j % HSTAGES
             pb = j % NP
-            if LDG:
-                xa = _f8_fetch(KV, stride_kv, BT, stride_bt, b, start + (j + 1) * BN, end, PAGE, 256, 256)
-                xb = _f8_fetch(KV, stride_kv, BT, stride_bt, b, start + (j + 1) * BN, end, PAGE, 128, 128)
             mbarrier.wait(h_ready.index(hs), (j // HSTAGES) & 1)  # consumer 0's share of the block too
             mbarrier.wait(p_ready.index(pb), (j // NP) & 1)
             alpha = alpha_smem.index(pb).load(gl.SliceLayout(1, la))
             o_tok = warpgroup_mma(p_bufs.index(pb), h_lat.index(hs).slice(LEFT, W, dim=1), acc * alpha[:, None],
                                   is_async=True)
             if HSTAGES > 1 and j + 1 < n_blocks:
-                if LDG:
-                    _f8_put_share(xa, xb, h_lat, h_pe, h_ready, h_free, j + 1, start, end, HSTAGES, 256, 128, False)
-                else:
-                    _f8_convert(f_lat, f_pe, h_lat, h_pe, f_ready, f_empty, h_ready, h_free, j + 1, start, end,
-                                STAGES, HSTAGES, LEFT, 512, False)
+                _f8_convert(f_lat, f_pe, h_lat, h_pe, f_ready, f_empty, h_ready, h_free, j + 1, start, end, STAGES,
+                            HSTAGES, LEFT, 512, False)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok,))
             _cta_barrier()
             mbarrier.arrive(p_free.index(pb))
@@ -657,15 +575,13 @@ if HAVE_GLUON:
     def _mla_sm90_fp8_kernel(kv_desc, pe_desc, Q, BT, SEQ, O, LSE, OP, LP,
                              stride_qb, stride_qh, stride_bt, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps,
                              stride_lb, stride_lh, stride_lsb, stride_lsh, chunk, PAGE, score_scale, out_scale,
-                             KV, stride_kv, SINGLE: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr,
+                             SINGLE: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr,
                              HSTAGES: gl.constexpr, LEFT: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                             LDG: gl.constexpr, num_warps: gl.constexpr):
+                             num_warps: gl.constexpr):
         """The fp8 cache: grid (heads / 64, B, splits). The producer warp TMA-loads each key
         block (``kv_desc``'s rows, fp8) into a ring of ``STAGES``; both consumer warpgroups
         convert their output columns of it (consumer 0 the rope columns too) into a ring of
-        ``HSTAGES`` fp16 blocks, which the fp16 products read; Q is staged in fp16. ``LDG``: no
-        producer and no fp8 ring; each consumer reads its share of the next block from global
-        memory (``KV``, rows ``stride_kv`` apart) into registers, so two fp16 blocks fit."""
+        ``HSTAGES`` fp16 blocks, which the fp16 products read; Q is staged in fp16."""
         gl.static_assert(num_warps == 4, "the default partition is one warpgroup")
         BN: gl.constexpr = kv_desc.block_type.shape[0]
         DL: gl.constexpr = kv_desc.block_type.shape[1]
@@ -673,16 +589,11 @@ if HAVE_GLUON:
         f16: gl.constexpr = gl.float16
         q_smem = gl.allocate_shared_memory(f16, [64, DL], gl.NVMMASharedLayout.get_default_for([64, DL], f16))
         q_pe = gl.allocate_shared_memory(f16, [64, 64], gl.NVMMASharedLayout.get_default_for([64, 64], f16))
+        f_lat = gl.allocate_shared_memory(kv_desc.dtype, [STAGES, BN, DL], kv_desc.layout)
+        f_pe = gl.allocate_shared_memory(pe_desc.dtype, [STAGES, BN, 64], pe_desc.layout)
         h_lat = gl.allocate_shared_memory(f16, [HSTAGES, BN, DL], gl.NVMMASharedLayout.get_default_for([BN, DL], f16))
         h_pe = gl.allocate_shared_memory(f16, [HSTAGES, BN, 64], gl.NVMMASharedLayout.get_default_for([BN, 64], f16))
-        if LDG:  # the fp8 rows arrive in registers (the partitions never touch these names)
-            f_lat = h_lat
-            f_pe = h_pe
-        else:
-            f_lat = gl.allocate_shared_memory(kv_desc.dtype, [STAGES, BN, DL], kv_desc.layout)
-            f_pe = gl.allocate_shared_memory(pe_desc.dtype, [STAGES, BN, 64], pe_desc.layout)
-        # one P buffer where consumer 0 cannot run a block ahead (one fp16 block) or it would not fit
-        NP: gl.constexpr = 1 if HSTAGES == 1 or LDG else 2
+        NP: gl.constexpr = 1 if HSTAGES == 1 else 2  # with one fp16 block consumer 0 cannot run a block ahead
         p_bufs = gl.allocate_shared_memory(f16, [NP, 64, BN], gl.NVMMASharedLayout.get_default_for([64, BN], f16))
         plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
         alpha_smem = gl.allocate_shared_memory(gl.float32, [NP, 64], plain)
@@ -694,10 +605,9 @@ if HAVE_GLUON:
         p_ready = gl.allocate_shared_memory(gl.int64, [NP, 1], mbarrier.MBarrierLayout())
         p_free = gl.allocate_shared_memory(gl.int64, [NP, 1], mbarrier.MBarrierLayout())
         l_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        if not LDG:
-            for i in gl.static_range(STAGES):
-                mbarrier.init(f_ready.index(i), count=1)
-                mbarrier.init(f_empty.index(i), count=2)  # both warpgroups converted their share
+        for i in gl.static_range(STAGES):
+            mbarrier.init(f_ready.index(i), count=1)
+            mbarrier.init(f_empty.index(i), count=2)  # both warpgroups converted their share
         for i in gl.static_range(HSTAGES):
             mbarrier.init(h_ready.index(i), count=2)
             mbarrier.init(h_free.index(i), count=2)
@@ -709,14 +619,12 @@ if HAVE_GLUON:
             (_f8_scorer, (q_smem, q_pe, f_lat, f_pe, h_lat, h_pe, p_bufs, alpha_smem, l_smem, f_ready, f_empty,
                           h_ready, h_free, p_ready, p_free, l_ready, Q, SEQ, O, LSE, OP, LP, stride_qb, stride_qh,
                           stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb,
-                          stride_lsh, chunk, score_scale, out_scale, KV, stride_kv, BT, stride_bt, PAGE, SINGLE,
-                          STORE_LSE, STAGES, HSTAGES, LEFT, LDG)),
+                          stride_lsh, chunk, score_scale, out_scale, SINGLE, STORE_LSE, STAGES, HSTAGES, LEFT)),
             (_f8_right, (f_lat, f_pe, h_lat, h_pe, p_bufs, alpha_smem, l_smem, f_ready, f_empty, h_ready, h_free,
                          p_ready, p_free, l_ready, SEQ, O, LSE, OP, LP, stride_ob, stride_oh, stride_pb, stride_ph,
-                         stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, chunk, out_scale, KV, stride_kv, BT,
-                         stride_bt, PAGE, SINGLE, STORE_LSE, STAGES, HSTAGES, LEFT, LDG)),
-            (_producer, (kv_desc, pe_desc, f_lat, f_pe, f_ready, f_empty, SEQ, BT, stride_bt, chunk, PAGE, STAGES,
-                         not LDG)),  # with LDG it has nothing to load
+                         stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, chunk, out_scale, SINGLE,
+                         STORE_LSE, STAGES, HSTAGES, LEFT)),
+            (_producer, (kv_desc, pe_desc, f_lat, f_pe, f_ready, f_empty, SEQ, BT, stride_bt, chunk, PAGE, STAGES)),
         ], [4, 1], [CONSUMER_REGS, _PRODUCER_REGS])
 
 
@@ -763,7 +671,6 @@ def mla_sm90_split(q, kv_cache, block_table, seq_lens, out, lse, op, lp, chunk, 
     common = dict(SINGLE=single, STORE_LSE=lse is not None and single, STAGES=cfg["STAGES"], LEFT=cfg["LEFT"],
                   CONSUMER_REGS=regs, num_warps=4, maxnreg=maxnreg)
     if fp8:
-        _mla_sm90_fp8_kernel[(nh // BLOCK_H, bsz, num_splits)](*args, kv_cache, kv_cache.stride(1),
-                                                               HSTAGES=cfg["HSTAGES"], LDG=cfg["LDG"], **common)
+        _mla_sm90_fp8_kernel[(nh // BLOCK_H, bsz, num_splits)](*args, HSTAGES=cfg["HSTAGES"], **common)
     else:
         _mla_sm90_kernel[(nh // BLOCK_H, bsz, num_splits)](*args, PREFETCH=bool(cfg["PREFETCH"]), **common)

@@ -69,10 +69,9 @@ MLA_SM90 = {"sm90": dict(KERNEL="sm90"), "sm90_prefetch": dict(KERNEL="sm90", PR
             "sm90_left256": dict(KERNEL="sm90", LEFT=256)}
 # its fp8-cache path (fp8 blocks converted to fp16 in shared memory): the default (64-token
 # blocks, 2 fp8 and 1 fp16), 32-token blocks with 4 fp8 and 2 fp16 or 2 fp8 and 3 fp16 (race 10b
-# ran these three as sm90_b64, sm90 and sm90_h3); LDG: the next block's rows read into registers,
-# two 64-token fp16 blocks, the conversion under the products
+# ran these three as sm90_b64, sm90 and sm90_h3)
 MLA_SM90_FP8 = {"sm90": dict(KERNEL="sm90"), "sm90_b32": dict(KERNEL="sm90", BLOCK_N=32, STAGES=4, HSTAGES=2),
-                "sm90_ldg": dict(KERNEL="sm90", LDG=True, HSTAGES=2)}
+                "sm90_b32_h3": dict(KERNEL="sm90", BLOCK_N=32, STAGES=2, HSTAGES=3)}
 PAGE = 64
 
 

@@ -197,11 +197,9 @@ def mla_sm90_build(config: dict | None = None, single: bool = False, dtype: str 
                                    "chunk", "PAGE")})
     if fp8:
         maxnreg, regs = registers()
-        sig.update(KV="*fp8e4nv", stride_kv="i32")
         consts = {"SINGLE": single, "STORE_LSE": single, "STAGES": cfg["STAGES"], "HSTAGES": cfg["HSTAGES"],
-                  "LEFT": cfg["LEFT"], "CONSUMER_REGS": regs, "LDG": cfg["LDG"], "num_warps": 4}
-        return gluon_sm90_build(_mla_sm90_fp8_kernel, sig, consts, 4, maxnreg,
-                                aligned=("KV", "stride_kv", "Q", "stride_qb", "stride_qh"))
+                  "LEFT": cfg["LEFT"], "CONSUMER_REGS": regs, "num_warps": 4}
+        return gluon_sm90_build(_mla_sm90_fp8_kernel, sig, consts, 4, maxnreg)
     maxnreg, regs = registers()
     consts = {"SINGLE": single, "STORE_LSE": single, "STAGES": cfg["STAGES"], "LEFT": cfg["LEFT"],
               "PREFETCH": bool(cfg["PREFETCH"]), "CONSUMER_REGS": regs, "num_warps": 4}

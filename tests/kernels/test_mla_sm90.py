@@ -45,30 +45,26 @@ def test_the_build(single, left, prefetch):
 
 @needs_gluon
 @pytest.mark.parametrize("single,cfg", [(False, None), (True, None), (False, dict(BLOCK_N=32, STAGES=4, HSTAGES=2)),
-                                        (False, dict(BLOCK_N=32, STAGES=2, HSTAGES=3)),
-                                        (False, dict(LDG=True, HSTAGES=2))],
-                         ids=["splits", "one_split", "block_32", "block_32_three_fp16", "ldg"])
+                                        (False, dict(BLOCK_N=32, STAGES=2, HSTAGES=3))],
+                         ids=["splits", "one_split", "block_32", "block_32_three_fp16"])
 def test_the_fp8_build(single, cfg):
     """The fp8 cache: per key block of N tokens Q K^T in 512 / 16 + 64 / 16 k-steps of width N,
     each half's P V in N / 16 (consumer 0's with P in registers); no fp8 product (the products
     are fp16); the conversion is the hardware's e4m3 -> f16x2 unpack, in both warpgroups (the
     prologue's block and the loop's next one); no spills under Triton 3.6 (the H200's), a few
-    scalars (up to 124 bytes) under 3.9; with ``LDG`` (the next block's rows held in registers
-    under the scores) 84 bytes under 3.6."""
+    scalars (12 bytes with 64-token blocks) under 3.9."""
     import triton
 
     info = build("mla_sm90_build", cfg, single=single, kv="fp8")
     c = sm90.launch_config(cfg, fp8=True)
     n = c["BLOCK_N"]
     assert not info["serialized"], info["ptxas_info"]
-    ldg = bool(c["LDG"])
-    assert info["spill_bytes"] <= (0 if triton.__version__.startswith("3.6") and not ldg else 128), info["ptxas_info"]
+    assert info["spill_bytes"] <= (0 if triton.__version__.startswith("3.6") else 32), info["ptxas_info"]
     assert info["hgmma"] == 36 + 2 * n // 16 and info["hgmma_reg_a"] == n // 16 and info["qgmma"] == 0, info
-    assert sm90.smem_bytes_fp8(c["STAGES"], c["HSTAGES"], n, ldg) - 1024 <= info["shared"] <= sm90.SMEM_BYTES, info
+    assert sm90.smem_bytes_fp8(c["STAGES"], c["HSTAGES"], n) - 1024 <= info["shared"] <= sm90.SMEM_BYTES, info
     # consumer 0 converts 256 latent + 64 rope columns of a block's N rows (N * 320 / 256 unpacks
     # of two values a thread), consumer 1 256 latent columns (N * 256 / 256); twice over
-    if not ldg:
-        assert info["f8_unpack"] == 2 * (n * 320 // 256 + n), info
+    assert info["f8_unpack"] == 2 * (n * 320 // 256 + n), info
 
 
 def test_a_config_is_checked_before_launch():
@@ -86,15 +82,9 @@ def test_a_config_is_checked_before_launch():
 
 
 def test_the_fp8_config_is_checked_before_launch():
-    assert sm90.launch_config(None, fp8=True) == dict(BLOCK_N=64, STAGES=2, HSTAGES=1, LEFT=256, LDG=False)
-    assert sm90.launch_config(dict(PREFETCH=False, BLOCK_N=32, HSTAGES=3), fp8=True) == dict(
-        BLOCK_N=32, STAGES=2, HSTAGES=3, LEFT=256, LDG=False)
-    # LDG: no fp8 ring, so two 64-token fp16 blocks fit beside Q
-    assert sm90.launch_config(dict(LDG=True, HSTAGES=2), fp8=True)["LDG"] is True
-    with pytest.raises(ValueError, match="LDG reads 64-token blocks into two fp16 blocks .* got BLOCK_N 64, HSTAGES 1"):
-        sm90.launch_config(dict(LDG=True), fp8=True)
-    with pytest.raises(ValueError, match="LDG must be True or False, got 1"):
-        sm90.launch_config(dict(LDG=1), fp8=True)
+    assert sm90.launch_config(None, fp8=True) == dict(BLOCK_N=64, STAGES=2, HSTAGES=1, LEFT=256)
+    assert sm90.launch_config(dict(PREFETCH=False, BLOCK_N=32, HSTAGES=3), fp8=True) == dict(BLOCK_N=32, STAGES=2,
+                                                                                            HSTAGES=3, LEFT=256)
     with pytest.raises(ValueError, match=r"fp8 cache\): \['PREFETCH'\] do not apply"):
         sm90.launch_config(dict(PREFETCH=True), fp8=True)
     with pytest.raises(ValueError, match="HSTAGES must be an int >= 1, got 0"):
@@ -179,9 +169,8 @@ def test_cases_match_the_reference(case):
 @needs_hopper
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("num_splits", [1, 3, None], ids=["one_split", "three_splits", "auto"])
-@pytest.mark.parametrize("config", [None, dict(BLOCK_N=32, STAGES=4, HSTAGES=2), dict(BLOCK_N=32, STAGES=2, HSTAGES=3),
-                                    dict(LDG=True, HSTAGES=2)],
-                         ids=["default", "block_32", "block_32_three_fp16", "ldg"])
+@pytest.mark.parametrize("config", [None, dict(BLOCK_N=32, STAGES=4, HSTAGES=2), dict(BLOCK_N=32, STAGES=2, HSTAGES=3)],
+                         ids=["default", "block_32", "block_32_three_fp16"])
 def test_fp8_cache_ragged_batch_matches_the_reference(num_splits, config):
     # partial blocks either side of 32 and 64 tokens, one block of either size exactly, several
     _check([0, 1, 31, 32, 33, 64, 95, 300, 1000], num_splits=num_splits, config=config, seed=num_splits or 5,
@@ -196,8 +185,7 @@ def test_fp8_cache_ragged_batch_matches_the_reference(num_splits, config):
     dict(lens=[300, 517], page=128),
     dict(lens=[4096] * 4, num_splits=4),
 ], ids=["fp16", "64_heads", "page_128", "long"])
-@pytest.mark.parametrize("config", [None, dict(BLOCK_N=32, STAGES=4, HSTAGES=2), dict(LDG=True, HSTAGES=2)],
-                         ids=["default", "block_32", "ldg"])
+@pytest.mark.parametrize("config", [None, dict(BLOCK_N=32, STAGES=4, HSTAGES=2)], ids=["default", "block_32"])
 def test_fp8_cases_match_the_reference(case, config):
     _check(seed=13, fp8=True, config=config, **case)
 
