@@ -42,7 +42,7 @@ output scales. ``mla_decode`` takes it for fp8 caches wherever it runs (race 10b
 Triton kernel's speed; 0.63-0.72x FlashMLA's on the bf16 cache, which has no fp8 dense decode).
 
 ``mla_decode`` takes it by default wherever ``supported`` holds (H200 race 9: 2.0-2.3x the Triton
-kernel's speed, 0.84-0.97x FlashMLA's; kernels/README.md, MLA decode).
+kernel's speed; races 9-10c: 0.84-0.99x FlashMLA's; kernels/README.md, MLA decode).
 Gluon kernels compile only for a GPU (no interpreter): tests/kernels/test_mla_sm90.py compiles
 this one for sm_90a on any machine (``kernels.bench.sm90.mla_sm90_build``) and checks it against
 the float64 reference on a Hopper GPU."""
