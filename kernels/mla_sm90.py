@@ -260,6 +260,56 @@ if HAVE_GLUON:
                 gl.store(LP + b * stride_lb + heads * stride_lh + s, lse2)
 
     @gluon.jit
+    def _softmax_publish(sc, m_i, l_i, acc, j, tok0, end, score_scale, p_bufs, alpha_smem, p_ready, p_free,
+                         p_layout: gl.constexpr):
+        """Consumer 0's turn on key block j once its scores ``sc`` are in: keys past ``end`` masked,
+        the online softmax, P_j (in P's buffer dtype) and the rescale factor published for
+        consumer 1 in buffer j % NP once consumer 1 freed it, its own output columns rescaled.
+        Returns (acc, P_j as the A operand of its P V, m_i, l_i)."""
+        BN: gl.constexpr = sc.shape[1]
+        NP: gl.constexpr = p_bufs.shape[0]
+        if tok0 + BN > end:  # the partial last block
+            cols = tok0 + gl.arange(0, BN, layout=gl.SliceLayout(0, sc.type.layout))
+            sc = gl.where((cols < end)[None, :], sc, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(sc, axis=1) * score_scale)
+        p = gl.exp2(sc * score_scale - m_new[:, None])
+        alpha = gl.exp2(m_i - m_new)
+        l_i = l_i * alpha + gl.sum(p, axis=1)
+        pb = j % NP
+        mbarrier.wait(p_free.index(pb), ((j // NP) & 1) ^ 1)
+        p16 = p.to(p_bufs.dtype)
+        p_bufs.index(pb).store(p16)
+        alpha_smem.index(pb).store(alpha)
+        fence_async_shared()
+        release(p_ready.index(pb))
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None]
+        return acc, gl.convert_layout(p16, p_layout), m_new, l_i
+
+    @gluon.jit
+    def _write_out_scorer(acc, l_i, m_i, l_smem, l_ready, O, LSE, OP, LP, b, s, n_blocks, stride_ob, stride_oh,
+                          stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, out_scale,
+                          layout: gl.constexpr, SINGLE: gl.constexpr, STORE_LSE: gl.constexpr):
+        """Consumer 0's end: its row sums published for consumer 1, then its output columns
+        [0, acc's width) and the LSE written."""
+        l_smem.store(l_i)
+        release(l_ready)
+        row: gl.constexpr = gl.SliceLayout(1, layout)
+        _write_out(acc, gl.convert_layout(l_i, row), gl.convert_layout(m_i, row), O, LSE, OP, LP, b, s, n_blocks,
+                   stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh,
+                   out_scale, 0, layout, SINGLE, STORE_LSE, True)
+
+    @gluon.jit
+    def _write_out_l(acc, l_smem, O, LSE, OP, LP, b, s, n_blocks, stride_ob, stride_oh, stride_pb, stride_ph,
+                     stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, out_scale, COL0: gl.constexpr,
+                     layout: gl.constexpr, SINGLE: gl.constexpr, STORE_LSE: gl.constexpr):
+        """``_write_out`` for consumer 1's columns, with consumer 0's row sums from shared memory
+        (the caller waited for them); consumer 0 writes the LSE."""
+        l_i = l_smem.load(gl.SliceLayout(1, layout))
+        _write_out(acc, l_i, l_i, O, LSE, OP, LP, b, s, n_blocks, stride_ob, stride_oh, stride_pb, stride_ph,
+                   stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, out_scale, COL0, layout, SINGLE,
+                   STORE_LSE, False)
+
+    @gluon.jit
     def _scorer(q_smem, q_pe, kv_bufs, pe_bufs, p_bufs, alpha_smem, l_smem, kv_ready, kv_empty, p_ready, p_free, l_ready,
                 Q, SEQ, O, LSE, OP, LP, stride_qb, stride_qh, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps,
                 stride_lb, stride_lh, stride_lsb, stride_lsh, chunk, score_scale, out_scale,
@@ -272,9 +322,6 @@ if HAVE_GLUON:
                                                            instr_shape=[16, LEFT, 16])
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
-        row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-        dtype: gl.constexpr = q_smem.dtype
-        NP: gl.constexpr = p_bufs.shape[0]
         b, s, start, end, n_blocks = _span(SEQ, chunk, 64)
         heads = gl.program_id(0) * 64
         _stage_q(q_smem, q_pe, Q + b.to(gl.int64) * stride_qb + heads * stride_qh, stride_qh)
@@ -294,25 +341,10 @@ if HAVE_GLUON:
                     s_tok = _qk(q_smem, q_pe, kv_bufs, pe_bufs, st, sc)
                     sc = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
                 tok0 = start + j * 64
-                if tok0 + 64 > end:  # the partial last block: keys past the end masked, their rows zeroed
-                    cols = tok0 + gl.arange(0, 64, layout=gl.SliceLayout(0, s_layout))
-                    sc = gl.where((cols < end)[None, :], sc, float("-inf"))
+                acc, p_op, m_i, l_i = _softmax_publish(sc, m_i, l_i, acc, j, tok0, end, score_scale, p_bufs,
+                                                       alpha_smem, p_ready, p_free, p_layout)
+                if tok0 + 64 > end:  # the partial last block: its cache rows past the end zeroed before P V
                     _zero_tail(kv_bufs.index(st).slice(0, LEFT, dim=1), end - tok0)
-                m_new = gl.maximum(m_i, gl.max(sc, axis=1) * score_scale)
-                p = gl.exp2(sc * score_scale - m_new[:, None])
-                alpha = gl.exp2(m_i - m_new)
-                l_i = l_i * alpha + gl.sum(p, axis=1)
-                m_i = m_new
-                # publish P_j and the rescale factor for consumer 1 (its buffer freed two blocks ago)
-                pb = j % NP
-                mbarrier.wait(p_free.index(pb), ((j // NP) & 1) ^ 1)
-                p16 = p.to(dtype)
-                p_bufs.index(pb).store(p16)
-                alpha_smem.index(pb).store(alpha)
-                fence_async_shared()
-                release(p_ready.index(pb))
-                acc = acc * gl.convert_layout(alpha, row_o)[:, None]
-                p_op = gl.convert_layout(p16, p_layout)
                 o_tok = warpgroup_mma(p_op, kv_bufs.index(st).slice(0, LEFT, dim=1), acc, is_async=True)
                 if PREFETCH and j + 1 < n_blocks:  # the next block's scores beside both halves' products
                     st1 = (j + 1) % STAGES
@@ -322,11 +354,9 @@ if HAVE_GLUON:
                 else:
                     acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
                 release(kv_empty.index(st))
-        l_smem.store(l_i)
-        release(l_ready)
-        _write_out(acc, gl.convert_layout(l_i, row_o), gl.convert_layout(m_i, row_o), O, LSE, OP, LP, b, s,
-                   n_blocks, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb,
-                   stride_lsh, out_scale, 0, o_layout, SINGLE, STORE_LSE, True)
+        _write_out_scorer(acc, l_i, m_i, l_smem, l_ready, O, LSE, OP, LP, b, s, n_blocks, stride_ob, stride_oh,
+                          stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, out_scale,
+                          o_layout, SINGLE, STORE_LSE)
 
     @gluon.jit
     def _pv_part(acc, p_smem, kv_st, alpha, tok0, end, COL0: gl.constexpr):
@@ -369,15 +399,12 @@ if HAVE_GLUON:
             mbarrier.arrive(p_free.index(pb))
             mbarrier.arrive(kv_empty.index(st))
         mbarrier.wait(l_ready, 0)
-        l_a = l_smem.load(gl.SliceLayout(1, la))
-        _write_out(acc_a, l_a, l_a, O, LSE, OP, LP, b, s, n_blocks, stride_ob, stride_oh, stride_pb, stride_ph,
-                   stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, out_scale, 256, la, SINGLE,
-                   STORE_LSE, False)
+        _write_out_l(acc_a, l_smem, O, LSE, OP, LP, b, s, n_blocks, stride_ob, stride_oh, stride_pb, stride_ph,
+                     stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, out_scale, 256, la, SINGLE, STORE_LSE)
         if LEFT < 256:
-            l_b = l_smem.load(gl.SliceLayout(1, lb))
-            _write_out(acc_b, l_b, l_b, O, LSE, OP, LP, b, s, n_blocks, stride_ob, stride_oh, stride_pb, stride_ph,
-                       stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, out_scale, LEFT, lb, SINGLE,
-                       STORE_LSE, False)
+            _write_out_l(acc_b, l_smem, O, LSE, OP, LP, b, s, n_blocks, stride_ob, stride_oh, stride_pb, stride_ph,
+                         stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, out_scale, LEFT, lb, SINGLE,
+                         STORE_LSE)
 
     @gluon.jit
     def _mla_sm90_kernel(kv_desc, pe_desc, Q, BT, SEQ, O, LSE, OP, LP,
@@ -473,14 +500,12 @@ if HAVE_GLUON:
         consumer 1, output columns [0, LEFT) with P from registers; while that product runs, its
         share of the next block's conversion (with one fp16 block: after it)."""
         BN: gl.constexpr = f_lat.shape[1]
-        NP: gl.constexpr = p_bufs.shape[0]
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BN, 16])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, LEFT, 16])
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
-        row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
         b, s, start, end, n_blocks = _span(SEQ, chunk, BN)
         _stage_q(q_smem, q_pe, Q + b.to(gl.int64) * stride_qb + gl.program_id(0) * 64 * stride_qh, stride_qh)
         acc = gl.zeros([64, LEFT], gl.float32, o_layout)
@@ -495,24 +520,9 @@ if HAVE_GLUON:
             mbarrier.wait(h_ready.index(hs), (j // HSTAGES) & 1)
             s_tok = _qk(q_smem, q_pe, h_lat, h_pe, hs, sc)
             sc = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
-            tok0 = start + j * BN
-            if tok0 + BN > end:  # the partial last block: keys past the end masked (their rows are zeros)
-                cols = tok0 + gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))
-                sc = gl.where((cols < end)[None, :], sc, float("-inf"))
-            m_new = gl.maximum(m_i, gl.max(sc, axis=1) * score_scale)
-            p = gl.exp2(sc * score_scale - m_new[:, None])
-            alpha = gl.exp2(m_i - m_new)
-            l_i = l_i * alpha + gl.sum(p, axis=1)
-            m_i = m_new
-            pb = j % NP  # P_j for consumer 1, in the buffer it freed after block j - NP
-            mbarrier.wait(p_free.index(pb), ((j // NP) & 1) ^ 1)
-            p16 = p.to(gl.float16)
-            p_bufs.index(pb).store(p16)
-            alpha_smem.index(pb).store(alpha)
-            fence_async_shared()
-            release(p_ready.index(pb))
-            acc = acc * gl.convert_layout(alpha, row_o)[:, None]
-            p_op = gl.convert_layout(p16, p_layout)
+            # (the converted rows past the sequence are zeros)
+            acc, p_op, m_i, l_i = _softmax_publish(sc, m_i, l_i, acc, j, start + j * BN, end, score_scale, p_bufs,
+                                                   alpha_smem, p_ready, p_free, p_layout)
             o_tok = warpgroup_mma(p_op, h_lat.index(hs).slice(0, LEFT, dim=1), acc, is_async=True)
             if HSTAGES > 1 and j + 1 < n_blocks:  # under the product: this warpgroup's share of the next block
                 _f8_convert(f_lat, f_pe, h_lat, h_pe, f_ready, f_empty, h_ready, h_free, j + 1, start, end, STAGES,
@@ -523,11 +533,9 @@ if HAVE_GLUON:
             elif j + 1 < n_blocks:  # one fp16 block: its columns [0, LEFT) and rope are free now
                 _f8_convert(f_lat, f_pe, h_lat, h_pe, f_ready, f_empty, h_ready, h_free, j + 1, start, end, STAGES,
                             HSTAGES, 0, LEFT, True)
-        l_smem.store(l_i)
-        release(l_ready)
-        _write_out(acc, gl.convert_layout(l_i, row_o), gl.convert_layout(m_i, row_o), O, LSE, OP, LP, b, s,
-                   n_blocks, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb,
-                   stride_lsh, out_scale, 0, o_layout, SINGLE, STORE_LSE, True)
+        _write_out_scorer(acc, l_i, m_i, l_smem, l_ready, O, LSE, OP, LP, b, s, n_blocks, stride_ob, stride_oh,
+                          stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, out_scale,
+                          o_layout, SINGLE, STORE_LSE)
 
     @gluon.jit
     def _f8_right(f_lat, f_pe, h_lat, h_pe, p_bufs, alpha_smem, l_smem, f_ready, f_empty, h_ready, h_free, p_ready,
@@ -566,10 +574,8 @@ if HAVE_GLUON:
                 _f8_convert(f_lat, f_pe, h_lat, h_pe, f_ready, f_empty, h_ready, h_free, j + 1, start, end, STAGES,
                             HSTAGES, LEFT, 512, False)
         mbarrier.wait(l_ready, 0)
-        l_a = l_smem.load(gl.SliceLayout(1, la))
-        _write_out(acc, l_a, l_a, O, LSE, OP, LP, b, s, n_blocks, stride_ob, stride_oh, stride_pb, stride_ph,
-                   stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, out_scale, LEFT, la, SINGLE,
-                   STORE_LSE, False)
+        _write_out_l(acc, l_smem, O, LSE, OP, LP, b, s, n_blocks, stride_ob, stride_oh, stride_pb, stride_ph,
+                     stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, out_scale, LEFT, la, SINGLE, STORE_LSE)
 
     @gluon.jit
     def _mla_sm90_fp8_kernel(kv_desc, pe_desc, Q, BT, SEQ, O, LSE, OP, LP,
