@@ -51,20 +51,21 @@ from __future__ import annotations
 
 import torch
 
+from kernels.mla_sm90_parts import PRODUCER_REGS
 from kernels.sm90_common import HAVE_GLUON, SMEM_BYTES, split_registers
 
 if HAVE_GLUON:
+    from kernels.mla_sm90_parts import (_PRODUCER_REGS, _producer, _qk, _softmax_publish, _span, _stage_q,
+                                        _write_out_l, _write_out_scorer, _zero_tail)
     from kernels.sm90_common import GL_DTYPE as _GL
     from kernels.sm90_common import (TensorDescriptor, fence_async_shared, gl, gluon, mbarrier, release,
                                      warpgroup_mma, warpgroup_mma_wait)
     from kernels.sm90_common import cta_barrier as _cta_barrier
-    from kernels.sm90_common import tma_load as _tma_load
 
 KV_LORA = 512
 ROPE = 64
 BLOCK_H = 64  # heads per program: the rows of one warpgroup MMA
 BLOCK_N = 64  # tokens per key block
-PRODUCER_REGS = 40
 CONFIG_KEYS = ("STAGES", "LEFT", "PREFETCH", "HSTAGES", "BLOCK_N")
 # whether mla_decode takes this kernel for an fp8 cache unasked: race 10b timed its 64-token path
 # at 2.21-2.41x the Triton kernel's speed (kernels/bench/results/2026-12-03_h200_race10b_mla.json)
@@ -164,150 +165,6 @@ def supported(q: torch.Tensor, kv_cache: torch.Tensor) -> bool:
 
 
 if HAVE_GLUON:
-    _PRODUCER_REGS = gl.constexpr(PRODUCER_REGS)
-
-    @gluon.jit
-    def _span(SEQ, chunk, BN: gl.constexpr):
-        """This program's sequence, split and token range [start, end) (the last split takes the
-        rest of the sequence) and its key blocks of ``BN`` tokens."""
-        b = gl.program_id(1)
-        s = gl.program_id(2)
-        L = gl.load(SEQ + b)
-        start = s * chunk
-        end = gl.where(s == gl.num_programs(2) - 1, L, gl.minimum(L, start + chunk))
-        return b, s, start, end, gl.cdiv(gl.maximum(end - start, 0), BN)
-
-    @gluon.jit
-    def _producer(kv_desc, pe_desc, kv_bufs, pe_bufs, kv_ready, kv_empty, SEQ, BT, stride_bt, chunk, PAGE,
-                  STAGES: gl.constexpr):
-        """One warp: each key block's latent and rope rows, from its page, into the ring."""
-        BN: gl.constexpr = kv_desc.block_type.shape[0]
-        b, s, start, end, n_blocks = _span(SEQ, chunk, BN)
-        nbytes: gl.constexpr = kv_desc.block_type.nbytes + pe_desc.block_type.nbytes
-        DL: gl.constexpr = kv_desc.block_type.shape[1]
-        for j in range(n_blocks):
-            st = j % STAGES
-            mbarrier.wait(kv_empty.index(st), ((j // STAGES) & 1) ^ 1)  # the first pass is free
-            tok = start + j * BN
-            page = gl.load(BT + b.to(gl.int64) * stride_bt + tok // PAGE)
-            row = (page * PAGE + tok % PAGE).to(gl.int32)
-            mbarrier.expect(kv_ready.index(st), nbytes)
-            _tma_load(kv_desc, [row, 0], kv_ready.index(st), kv_bufs.index(st))
-            _tma_load(pe_desc, [row, DL], kv_ready.index(st), pe_bufs.index(st))
-
-    @gluon.jit
-    def _zero_tail(v_cols, valid):
-        """Rows >= ``valid`` of a column slice of a key block's latent rows -> 0 (the cache slots
-        past the sequence may hold anything); the products read it through the async proxy,
-        hence the fence."""
-        blk: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-        rows = gl.arange(0, 64, layout=gl.SliceLayout(1, blk))
-        for i in gl.static_range(v_cols.shape[1] // 64):  # 64 columns at a time: 16 registers a thread
-            part = v_cols.slice(i * 64, 64, dim=1)
-            x = part.load(blk)
-            part.store(gl.where((rows < valid)[:, None], x, gl.zeros_like(x)))
-        fence_async_shared()
-        _cta_barrier()
-
-    @gluon.jit
-    def _stage_q(q_smem, q_pe, qb, stride_qh):
-        """The program's 64 query rows into shared memory, in its dtype (the fp8 path's fp16): the
-        latent part 128 columns at a time, then the rope part; fenced for the async proxy (the
-        products read them)."""
-        blk: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
-        r = gl.arange(0, 64, layout=gl.SliceLayout(1, blk))
-        c = gl.arange(0, 128, layout=gl.SliceLayout(0, blk))
-        for i in gl.static_range(4):
-            x = gl.load(qb + r[:, None] * stride_qh + i * 128 + c[None, :])
-            q_smem.slice(i * 128, 128, dim=1).store(x.to(q_smem.dtype))
-        blk64: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-        r64 = gl.arange(0, 64, layout=gl.SliceLayout(1, blk64))
-        c64 = gl.arange(0, 64, layout=gl.SliceLayout(0, blk64))
-        q_pe.store(gl.load(qb + r64[:, None] * stride_qh + 512 + c64[None, :]).to(q_pe.dtype))
-        fence_async_shared()
-        _cta_barrier()
-
-    @gluon.jit
-    def _qk(q_smem, q_pe, kv_bufs, pe_bufs, st, regs):
-        """Issue S = Q K^T of slot st asynchronously into ``regs``: the latent part, then the
-        rope part, chained."""
-        tok = warpgroup_mma(q_smem, kv_bufs.index(st).permute((1, 0)), regs, use_acc=False, is_async=True)
-        return warpgroup_mma(q_pe, pe_bufs.index(st).permute((1, 0)), tok, is_async=True)
-
-    @gluon.jit
-    def _write_out(acc, l_i, m_i, O, LSE, OP, LP, b, s, n_blocks, stride_ob, stride_oh, stride_pb, stride_ph,
-                   stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, out_scale, COL0: gl.constexpr,
-                   layout: gl.constexpr, SINGLE: gl.constexpr, STORE_LSE: gl.constexpr, WITH_LSE: gl.constexpr):
-        """Output columns [COL0, COL0 + acc's width) of the program's 64 heads: the output and LSE
-        (one split) or the partial output and log2-sum-exp (an empty split: -inf, output
-        unwritten)."""
-        heads = gl.program_id(0) * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, layout))
-        cols = COL0 + gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, layout))
-        empty = n_blocks == 0
-        l_safe = gl.where(l_i == 0.0, 1.0, l_i)
-        out = acc * (out_scale / l_safe)[:, None]
-        lse2 = gl.where(l_i == 0.0, float("-inf"), m_i + gl.log2(l_safe))
-        if SINGLE:
-            ptrs = O + b.to(gl.int64) * stride_ob + heads[:, None] * stride_oh + cols[None, :]
-            gl.store(ptrs, out.to(O.dtype.element_ty))
-            if STORE_LSE and WITH_LSE:
-                gl.store(LSE + b * stride_lsb + heads * stride_lsh, lse2 * 0.6931471805599453)
-        else:
-            if not empty:
-                ptrs = OP + b.to(gl.int64) * stride_pb + heads[:, None] * stride_ph + s * stride_ps + cols[None, :]
-                gl.store(ptrs, out)
-            if WITH_LSE:
-                gl.store(LP + b * stride_lb + heads * stride_lh + s, lse2)
-
-    @gluon.jit
-    def _softmax_publish(sc, m_i, l_i, acc, j, tok0, end, score_scale, p_bufs, alpha_smem, p_ready, p_free,
-                         p_layout: gl.constexpr):
-        """Consumer 0's turn on key block j once its scores ``sc`` are in: keys past ``end`` masked,
-        the online softmax, P_j (in P's buffer dtype) and the rescale factor published for
-        consumer 1 in buffer j % NP once consumer 1 freed it, its own output columns rescaled.
-        Returns (acc, P_j as the A operand of its P V, m_i, l_i)."""
-        BN: gl.constexpr = sc.shape[1]
-        NP: gl.constexpr = p_bufs.shape[0]
-        if tok0 + BN > end:  # the partial last block
-            cols = tok0 + gl.arange(0, BN, layout=gl.SliceLayout(0, sc.type.layout))
-            sc = gl.where((cols < end)[None, :], sc, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(sc, axis=1) * score_scale)
-        p = gl.exp2(sc * score_scale - m_new[:, None])
-        alpha = gl.exp2(m_i - m_new)
-        l_i = l_i * alpha + gl.sum(p, axis=1)
-        pb = j % NP
-        mbarrier.wait(p_free.index(pb), ((j // NP) & 1) ^ 1)
-        p16 = p.to(p_bufs.dtype)
-        p_bufs.index(pb).store(p16)
-        alpha_smem.index(pb).store(alpha)
-        fence_async_shared()
-        release(p_ready.index(pb))
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None]
-        return acc, gl.convert_layout(p16, p_layout), m_new, l_i
-
-    @gluon.jit
-    def _write_out_scorer(acc, l_i, m_i, l_smem, l_ready, O, LSE, OP, LP, b, s, n_blocks, stride_ob, stride_oh,
-                          stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, out_scale,
-                          layout: gl.constexpr, SINGLE: gl.constexpr, STORE_LSE: gl.constexpr):
-        """Consumer 0's end: its row sums published for consumer 1, then its output columns
-        [0, acc's width) and the LSE written."""
-        l_smem.store(l_i)
-        release(l_ready)
-        row: gl.constexpr = gl.SliceLayout(1, layout)
-        _write_out(acc, gl.convert_layout(l_i, row), gl.convert_layout(m_i, row), O, LSE, OP, LP, b, s, n_blocks,
-                   stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh,
-                   out_scale, 0, layout, SINGLE, STORE_LSE, True)
-
-    @gluon.jit
-    def _write_out_l(acc, l_smem, O, LSE, OP, LP, b, s, n_blocks, stride_ob, stride_oh, stride_pb, stride_ph,
-                     stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, out_scale, COL0: gl.constexpr,
-                     layout: gl.constexpr, SINGLE: gl.constexpr, STORE_LSE: gl.constexpr):
-        """``_write_out`` for consumer 1's columns, with consumer 0's row sums from shared memory
-        (the caller waited for them); consumer 0 writes the LSE."""
-        l_i = l_smem.load(gl.SliceLayout(1, layout))
-        _write_out(acc, l_i, l_i, O, LSE, OP, LP, b, s, n_blocks, stride_ob, stride_oh, stride_pb, stride_ph,
-                   stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, out_scale, COL0, layout, SINGLE,
-                   STORE_LSE, False)
 
     @gluon.jit
     def _scorer(q_smem, q_pe, kv_bufs, pe_bufs, p_bufs, alpha_smem, l_smem, kv_ready, kv_empty, p_ready, p_free, l_ready,
