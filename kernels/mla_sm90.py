@@ -57,6 +57,7 @@ from kernels.sm90_common import HAVE_GLUON, SMEM_BYTES, split_registers
 if HAVE_GLUON:
     from kernels.mla_sm90_parts import (_PRODUCER_REGS, _producer, _qk, _softmax_publish, _span, _stage_q,
                                         _write_out_l, _write_out_scorer, _zero_tail)
+    from kernels.mla_sm90_seesaw import _mla_sm90_seesaw_kernel
     from kernels.sm90_common import GL_DTYPE as _GL
     from kernels.sm90_common import (TensorDescriptor, fence_async_shared, gl, gluon, mbarrier, release,
                                      warpgroup_mma, warpgroup_mma_wait)
@@ -66,7 +67,8 @@ KV_LORA = 512
 ROPE = 64
 BLOCK_H = 64  # heads per program: the rows of one warpgroup MMA
 BLOCK_N = 64  # tokens per key block
-CONFIG_KEYS = ("STAGES", "LEFT", "PREFETCH", "HSTAGES", "BLOCK_N")
+CONFIG_KEYS = ("STAGES", "LEFT", "PREFETCH", "HSTAGES", "BLOCK_N", "SCHEDULE")
+SCHEDULES = ("split", "seesaw")  # kernels.mla_sm90_seesaw: the second
 # whether mla_decode takes this kernel for an fp8 cache unasked: race 10b timed its 64-token path
 # at 2.21-2.41x the Triton kernel's speed (kernels/bench/results/2026-12-03_h200_race10b_mla.json)
 FP8_DEFAULT = True
@@ -77,6 +79,12 @@ def smem_bytes(stages: int, itemsize: int = 2) -> int:
     the row sums and the mbarriers."""
     return (itemsize * (BLOCK_H * (KV_LORA + ROPE) + stages * BLOCK_N * (KV_LORA + ROPE) + BLOCK_H * BLOCK_N)
             + 4 * 2 * BLOCK_H + 8 * (2 * stages + 3))
+
+
+def smem_bytes_seesaw() -> int:
+    """The seesaw schedule (``kernels.mla_sm90_seesaw``): Q and two key blocks [64, 576] (each P
+    goes into its block's rope rows), m_a and m_b, the rescale factor, both row sums, 13 mbarriers."""
+    return 2 * 3 * BLOCK_N * (KV_LORA + ROPE) + 4 * 5 * BLOCK_H + 8 * 13
 
 
 def smem_bytes_fp8(stages: int, hstages: int, block_n: int) -> int:
@@ -126,11 +134,24 @@ def launch_config(config: dict | None, fp8: bool = False) -> dict:
     block j + 2's load has only the softmax to land); without it, block j's scores start block
     j's turn. Both unraced. A ``ValueError`` names the field. ``fp8``: ``launch_config_fp8``."""
     if fp8:
-        return launch_config_fp8(config)
+        if (config or {}).get("SCHEDULE", "split") != "split":
+            raise ValueError("mla_sm90 config: SCHEDULE 'seesaw' takes a bf16/fp16 cache only")
+        return launch_config_fp8({k: v for k, v in (config or {}).items() if k != "SCHEDULE"})
     fp8_only = sorted({"HSTAGES", "BLOCK_N"} & set(config or {}))
     if fp8_only:
         raise ValueError(f"mla_sm90 config: {fp8_only} (the fp8 path's blocks) apply to an fp8 cache only")
-    cfg = dict(STAGES=2, LEFT=128, PREFETCH=False)
+    config = dict(config or {})
+    schedule = config.get("SCHEDULE", "split")
+    if schedule not in SCHEDULES:
+        raise ValueError(f"mla_sm90 config: SCHEDULE must be one of {list(SCHEDULES)}, got {schedule!r}")
+    if schedule == "seesaw":  # its layout is fixed: two slots, 256 output columns a warpgroup, no prefetch
+        fixed = dict(STAGES=2, LEFT=256, PREFETCH=False)
+        bad = sorted(k for k in fixed if k in config and config[k] != fixed[k])
+        if bad:
+            raise ValueError(f"mla_sm90 config: SCHEDULE 'seesaw' fixes {bad} (STAGES 2, LEFT 256, PREFETCH off), "
+                             f"got {({k: config[k] for k in bad})}")
+        return dict(fixed, SCHEDULE="seesaw")
+    cfg = dict(STAGES=2, LEFT=128, PREFETCH=False, SCHEDULE="split")
     if config:
         unknown = sorted(set(config) - set(CONFIG_KEYS))
         if unknown:
@@ -498,9 +519,10 @@ def registers() -> tuple[int, int]:
     return split_registers(2, 1, PRODUCER_REGS)
 
 
-def descriptors(kv_cache: torch.Tensor, block_n: int = BLOCK_N):
+def descriptors(kv_cache: torch.Tensor, block_n: int = BLOCK_N, latent: int = KV_LORA):
     """TMA descriptors over the cache as a [blocks x page, 576] matrix: a key block's latent rows
-    [block_n, 512] and rope rows [block_n, 64]."""
+    [block_n, ``latent``] (the seesaw schedule loads them in halves of 256) and rope rows
+    [block_n, 64]."""
     rows = kv_cache.shape[0] * kv_cache.shape[1]
     m = kv_cache.as_strided((rows, KV_LORA + ROPE), (kv_cache.stride(1), 1))
     dt = gl.float8e4nv if kv_cache.dtype == torch.float8_e4m3fn else _GL[kv_cache.dtype]
@@ -509,7 +531,7 @@ def descriptors(kv_cache: torch.Tensor, block_n: int = BLOCK_N):
         return TensorDescriptor(m, list(m.shape), list(m.stride()), block,
                                 gl.NVMMASharedLayout.get_default_for(block, dt))
 
-    return desc([block_n, KV_LORA]), desc([block_n, ROPE])
+    return desc([block_n, latent]), desc([block_n, ROPE])
 
 
 def mla_sm90_split(q, kv_cache, block_table, seq_lens, out, lse, op, lp, chunk, num_splits, score_scale, out_scale,
@@ -523,7 +545,8 @@ def mla_sm90_split(q, kv_cache, block_table, seq_lens, out, lse, op, lp, chunk, 
         raise ValueError(f"mla_sm90: the split length ({chunk} tokens) must be a multiple of {BLOCK_N}")
     bsz, nh, _ = q.shape
     single = num_splits == 1
-    kv_desc, pe_desc = descriptors(kv_cache, cfg["BLOCK_N"] if fp8 else BLOCK_N)
+    seesaw = cfg.get("SCHEDULE") == "seesaw"
+    kv_desc, pe_desc = descriptors(kv_cache, cfg["BLOCK_N"] if fp8 else BLOCK_N, 256 if seesaw else KV_LORA)
     sp = (0, 0, 0, 0, 0) if single else (op.stride(0), op.stride(1), op.stride(2), lp.stride(0), lp.stride(1))
     lse_st = (lse.stride(0), lse.stride(1)) if lse is not None else (0, 0)
     maxnreg, regs = registers()
@@ -531,6 +554,11 @@ def mla_sm90_split(q, kv_cache, block_table, seq_lens, out, lse, op, lp, chunk, 
             op if op is not None else out, lp if lp is not None else out,
             q.stride(0), q.stride(1), block_table.stride(0), out.stride(0), out.stride(1), *sp, *lse_st,
             chunk, kv_cache.shape[1], score_scale, out_scale)
+    if seesaw:
+        _mla_sm90_seesaw_kernel[(nh // BLOCK_H, bsz, num_splits)](
+            *args, SINGLE=single, STORE_LSE=lse is not None and single, CONSUMER_REGS=regs, num_warps=4,
+            maxnreg=maxnreg)
+        return
     common = dict(SINGLE=single, STORE_LSE=lse is not None and single, STAGES=cfg["STAGES"], LEFT=cfg["LEFT"],
                   CONSUMER_REGS=regs, num_warps=4, maxnreg=maxnreg)
     if fp8:

@@ -64,9 +64,10 @@ MLA_SPLIT_SWEEP = {
     128: {"waves": dict(rule="waves", waves=2), "fill_r1": dict(rule="fill", resident=1),
           "tokens_s3": dict(num_stages=3)},
 }
-# the Gluon Hopper kernel, raced beside the default wherever it runs (bf16 caches, 64k heads)
+# the Gluon Hopper kernel, raced beside the default wherever it runs (bf16 caches, 64k heads);
+# sm90_seesaw: its second schedule (kernels/mla_sm90_seesaw.py)
 MLA_SM90 = {"sm90": dict(KERNEL="sm90"), "sm90_prefetch": dict(KERNEL="sm90", PREFETCH=True),
-            "sm90_left256": dict(KERNEL="sm90", LEFT=256)}
+            "sm90_left256": dict(KERNEL="sm90", LEFT=256), "sm90_seesaw": dict(KERNEL="sm90", SCHEDULE="seesaw")}
 # its fp8-cache path (fp8 blocks converted to fp16 in shared memory): the default (64-token
 # blocks, 2 fp8 and 1 fp16), 32-token blocks with 4 fp8 and 2 fp16 or 2 fp8 and 3 fp16 (race 10b
 # ran these three as sm90_b64, sm90 and sm90_h3)

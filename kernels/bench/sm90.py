@@ -201,6 +201,13 @@ def mla_sm90_build(config: dict | None = None, single: bool = False, dtype: str 
                   "LEFT": cfg["LEFT"], "CONSUMER_REGS": regs, "num_warps": 4}
         return gluon_sm90_build(_mla_sm90_fp8_kernel, sig, consts, 4, maxnreg)
     maxnreg, regs = registers()
+    if cfg["SCHEDULE"] == "seesaw":
+        from kernels.mla_sm90_seesaw import _mla_sm90_seesaw_kernel
+
+        sig["lo_desc"] = _desc(dtype, gdt, [BLOCK_N, 256])
+        del sig["kv_desc"]
+        consts = {"SINGLE": single, "STORE_LSE": single, "CONSUMER_REGS": regs, "num_warps": 4}
+        return gluon_sm90_build(_mla_sm90_seesaw_kernel, sig, consts, 4, maxnreg)
     consts = {"SINGLE": single, "STORE_LSE": single, "STAGES": cfg["STAGES"], "LEFT": cfg["LEFT"],
               "PREFETCH": bool(cfg["PREFETCH"]), "CONSUMER_REGS": regs, "num_warps": 4}
     return gluon_sm90_build(_mla_sm90_kernel, sig, consts, 4, maxnreg)

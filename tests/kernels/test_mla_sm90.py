@@ -67,8 +67,34 @@ def test_the_fp8_build(single, cfg):
     assert info["f8_unpack"] == 2 * (n * 320 // 256 + n), info
 
 
+@needs_gluon
+@pytest.mark.parametrize("single", [False, True], ids=["splits", "one_split"])
+def test_the_seesaw_build(single):
+    """The seesaw schedule: per pair of key blocks each warpgroup scores one (256 / 16 + 256 / 16
+    + 64 / 16 k-steps) and runs P V on its 256 output columns for both (64 / 16 each), one with P
+    in registers (its own block's) and one from shared memory; nothing serialised. Spills: the
+    operand descriptors of warpgroup 0's scores (a few hundred bytes under Triton 3.6, the H200's;
+    about 100 under 3.9), never a tile."""
+    import triton
+
+    info = build("mla_sm90_build", dict(SCHEDULE="seesaw"), single=single)
+    assert not info["serialized"], info["ptxas_info"]
+    assert info["spill_bytes"] <= (640 if triton.__version__.startswith("3.6") else 160), info["ptxas_info"]
+    assert info["hgmma"] == 2 * (36 + 2 * 4) and info["hgmma_reg_a"] == 2 * 4, info
+    assert info["hmma"] == 0 and info["qgmma"] == 0, info
+    assert sm90.smem_bytes_seesaw() - 1024 <= info["shared"] <= sm90.SMEM_BYTES, info
+
+
 def test_a_config_is_checked_before_launch():
-    assert sm90.launch_config(None) == dict(STAGES=2, LEFT=128, PREFETCH=False)
+    assert sm90.launch_config(None) == dict(STAGES=2, LEFT=128, PREFETCH=False, SCHEDULE="split")
+    assert sm90.launch_config(dict(SCHEDULE="seesaw")) == dict(STAGES=2, LEFT=256, PREFETCH=False, SCHEDULE="seesaw")
+    assert sm90.launch_config(dict(SCHEDULE="seesaw", LEFT=256))["SCHEDULE"] == "seesaw"
+    with pytest.raises(ValueError, match="SCHEDULE must be one of \\['split', 'seesaw'\\], got 'pingpong'"):
+        sm90.launch_config(dict(SCHEDULE="pingpong"))
+    with pytest.raises(ValueError, match="SCHEDULE 'seesaw' fixes \\['LEFT', 'PREFETCH'\\]"):
+        sm90.launch_config(dict(SCHEDULE="seesaw", LEFT=128, PREFETCH=True))
+    with pytest.raises(ValueError, match="SCHEDULE 'seesaw' takes a bf16/fp16 cache only"):
+        sm90.launch_config(dict(SCHEDULE="seesaw"), fp8=True)
     with pytest.raises(ValueError, match=r"unknown keys \['BLOCK_H'\]"):
         sm90.launch_config(dict(BLOCK_H=32))
     with pytest.raises(ValueError, match="STAGES must be an int >= 2"):
@@ -148,9 +174,11 @@ def _check(lens, heads=128, dtype=torch.bfloat16, page=64, num_splits=None, conf
 @needs_hopper
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("num_splits", [1, 3, None], ids=["one_split", "three_splits", "auto"])
-@pytest.mark.parametrize("config", [None, dict(LEFT=256), dict(PREFETCH=True)], ids=["default", "left_256", "prefetch"])
+@pytest.mark.parametrize("config", [None, dict(LEFT=256), dict(PREFETCH=True), dict(SCHEDULE="seesaw")],
+                         ids=["default", "left_256", "prefetch", "seesaw"])
 def test_ragged_batch_matches_the_reference(num_splits, config):
     # empty, one token, one block exactly, partial blocks either side of one, several blocks
+    # (for the seesaw's pairs: one block alone, a partial second block, odd and even counts)
     _check([0, 1, 64, 63, 65, 300, 1000], num_splits=num_splits, config=config, seed=num_splits or 7)
 
 
@@ -162,8 +190,9 @@ def test_ragged_batch_matches_the_reference(num_splits, config):
     dict(lens=[300, 517], page=128),  # 64-token blocks inside larger pages
     dict(lens=[4096] * 4, num_splits=4),
 ], ids=["fp16", "64_heads", "page_128", "long"])
-def test_cases_match_the_reference(case):
-    _check(seed=11, **case)
+@pytest.mark.parametrize("config", [None, dict(SCHEDULE="seesaw")], ids=["split", "seesaw"])
+def test_cases_match_the_reference(case, config):
+    _check(seed=11, config=config, **case)
 
 
 @needs_hopper

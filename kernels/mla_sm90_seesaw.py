@@ -1,0 +1,288 @@
+"""MLA paged decode for Hopper (sm_90) in Gluon, the "seesaw" schedule of FlashMLA's sm90 dense
+decode: two warpgroups score alternate key blocks, each owns half the output columns, and each
+block's P crosses to the other warpgroup through shared memory.
+
+Same contract, grid and outputs as ``kernels.mla_sm90``'s split kernel (``mla_sm90_split`` runs
+this one with ``config={"SCHEDULE": "seesaw"}``). Why a second schedule: there, one warpgroup
+scores every block and the tensor pipe idles while it runs the softmax between its dependent
+products (Nsight Compute, race 10: tensor pipe busy 58.8% of cycles against FlashMLA's 65.4%, the
+same busy cycles; kernels/README.md, MLA decode). Here key blocks come in pairs (a = 2i in slot
+0, b = 2i + 1 in slot 1), with m the running row maximum before the pair:
+
+- warpgroup 0 (output columns [0, 256)): S_a = Q K_a^T; m_a = max(m, rowmax S_a), published;
+  P_a = exp2(S_a - m_a); O_L = O_L exp2(m - m_a) + P_a V_a[:, :256] (P in registers); once
+  warpgroup 1 published P_b and exp2(m_a - m_b): O_L = O_L exp2(m_a - m_b) + P_b V_b[:, :256]
+  (P from shared memory), and P_a exp2(m_a - m_b) published for warpgroup 1;
+- warpgroup 1 (output columns [256, 512)), beside it: S_b = Q K_b^T; with m_a,
+  m_b = max(m_a, rowmax S_b), P_b = exp2(S_b - m_b), both published;
+  O_R = O_R exp2(m - m_b) + P_b V_b[:, 256:] (P in registers), then + the rescaled P_a
+  V_a[:, 256:] (P from shared memory).
+
+While one warpgroup runs its softmax the other's products keep the tensor pipe busy; each
+warpgroup runs 576 + 2 x 256 columns of products per pair, the same. Both keep their own row
+sums (the P they computed), added at the end. The two key blocks and Q fill shared memory, so a
+published P goes into its block's rope rows (read only by that block's scores, which precede it).
+A producer warp loads each block in two halves, latent columns [0, 256), then [256, 512) with
+the rope, each as soon as its readers freed it (the left half of block a early, after warpgroup
+0's first product): the next pair's scores start on the half that landed. A pair without block b
+(an odd block count) runs b's products on zeroed rows with P = 0; a partial last block's rows
+past the sequence are zeroed before the products read them (the slots may hold NaN).
+
+Gluon kernels compile only for a GPU: tests/kernels/test_mla_sm90.py compiles this one for sm_90a
+on any machine (``kernels.bench.sm90.mla_sm90_build``) and checks it against the float64 reference
+on a Hopper GPU."""
+
+from __future__ import annotations
+
+from kernels.mla_sm90_parts import HAVE_GLUON
+
+if HAVE_GLUON:
+    from kernels.mla_sm90_parts import _PRODUCER_REGS, _span, _stage_q, _write_out, _zero_tail
+    from kernels.sm90_common import fence_async_shared, gl, gluon, mbarrier, release, warpgroup_mma, warpgroup_mma_wait
+    from kernels.sm90_common import tma_load as _tma_load
+
+    @gluon.jit
+    def _ss_producer(lo_desc, pe_desc, k_lo, k_hi, k_pe, ready_lo, ready_hi, empty_lo, empty_hi, SEQ, BT, stride_bt,
+                     chunk, PAGE):
+        """One warp: block 2i into slot 0, 2i + 1 into slot 1; both left halves (latent columns
+        [0, 256)) first, each once its slot's left half is free, then both right halves."""
+        b, s, start, end, n_blocks = _span(SEQ, chunk, 64)
+        nlo: gl.constexpr = lo_desc.block_type.nbytes
+        nhi: gl.constexpr = lo_desc.block_type.nbytes + pe_desc.block_type.nbytes
+        bt = BT + b.to(gl.int64) * stride_bt
+        for i in range(gl.cdiv(n_blocks, 2)):
+            free = (i & 1) ^ 1  # the first pass is free
+            tok_a = start + 2 * i * 64
+            row_a = (gl.load(bt + tok_a // PAGE) * PAGE + tok_a % PAGE).to(gl.int32)
+            has_b = tok_a + 64 < end
+            tok_b = tok_a + 64
+            row_b = row_a
+            if has_b:
+                row_b = (gl.load(bt + tok_b // PAGE) * PAGE + tok_b % PAGE).to(gl.int32)
+            mbarrier.wait(empty_lo.index(0), free)
+            mbarrier.expect(ready_lo.index(0), nlo)
+            _tma_load(lo_desc, [row_a, 0], ready_lo.index(0), k_lo.index(0))
+            if has_b:
+                mbarrier.wait(empty_lo.index(1), free)
+                mbarrier.expect(ready_lo.index(1), nlo)
+                _tma_load(lo_desc, [row_b, 0], ready_lo.index(1), k_lo.index(1))
+            mbarrier.wait(empty_hi.index(0), free)
+            mbarrier.expect(ready_hi.index(0), nhi)
+            _tma_load(lo_desc, [row_a, 256], ready_hi.index(0), k_hi.index(0))
+            _tma_load(pe_desc, [row_a, 512], ready_hi.index(0), k_pe.index(0))
+            if has_b:
+                mbarrier.wait(empty_hi.index(1), free)
+                mbarrier.expect(ready_hi.index(1), nhi)
+                _tma_load(lo_desc, [row_b, 256], ready_hi.index(1), k_hi.index(1))
+                _tma_load(pe_desc, [row_b, 512], ready_hi.index(1), k_pe.index(1))
+
+    @gluon.jit
+    def _ss_scores(q_smem, q_pe, k_lo, k_hi, k_pe, st, ready_lo, ready_hi, ph, regs):
+        """S = Q K^T of slot st: latent columns [0, 256) once they landed, then [256, 512) and the
+        rope once the right half did; waited."""
+        mbarrier.wait(ready_lo.index(st), ph)
+        tok = warpgroup_mma(q_smem.slice(0, 256, dim=1), k_lo.index(st).permute((1, 0)), regs, use_acc=False,
+                            is_async=True)
+        mbarrier.wait(ready_hi.index(st), ph)
+        tok = warpgroup_mma(q_smem.slice(256, 256, dim=1), k_hi.index(st).permute((1, 0)), tok, is_async=True)
+        tok = warpgroup_mma(q_pe, k_pe.index(st).permute((1, 0)), tok, is_async=True)
+        return warpgroup_mma_wait(num_outstanding=0, deps=(tok,))
+
+    @gluon.jit
+    def _ss_mask(sc, tok0, end):
+        """Scores of keys past ``end`` -> -inf (a partial last block, or an absent block b)."""
+        if tok0 + sc.shape[1] > end:
+            cols = tok0 + gl.arange(0, sc.shape[1], layout=gl.SliceLayout(0, sc.type.layout))
+            sc = gl.where((cols < end)[None, :], sc, float("-inf"))
+        return sc
+
+    @gluon.jit
+    def _ss_finish(acc, l_i, m_i, l_smem, l_ready, ME: gl.constexpr, O, LSE, OP, LP, b, s, n_blocks, stride_ob,
+                   stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh,
+                   out_scale, COL0: gl.constexpr, layout: gl.constexpr, SINGLE: gl.constexpr,
+                   STORE_LSE: gl.constexpr):
+        """This warpgroup's row sums published (slot ``ME``), the other's added once published,
+        then its output columns written (warpgroup 0 the LSE too)."""
+        l_smem.index(ME).store(l_i)
+        release(l_ready.index(ME))
+        mbarrier.wait(l_ready.index(1 - ME), 0)
+        row: gl.constexpr = gl.SliceLayout(1, layout)
+        l_all = gl.convert_layout(l_i, row) + l_smem.index(1 - ME).load(row)
+        _write_out(acc, l_all, gl.convert_layout(m_i, row), O, LSE, OP, LP, b, s, n_blocks, stride_ob, stride_oh,
+                   stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, out_scale, COL0,
+                   layout, SINGLE, STORE_LSE, ME == 0)
+
+    @gluon.jit
+    def _ss_left(q_smem, q_pe, k_lo, k_hi, k_pe, m_smem, f_smem, l_smem, ready_lo, ready_hi, empty_lo, empty_hi,
+                 q_ready, ma_ready, pb_ready, pa_ready, l_ready, Q, SEQ, O, LSE, OP, LP, stride_qb, stride_qh,
+                 stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh,
+                 chunk, score_scale, out_scale, SINGLE: gl.constexpr, STORE_LSE: gl.constexpr):
+        """Warpgroup 0: stages Q; per pair block a's scores and softmax, output columns [0, 256)."""
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, 64, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, 256, 16])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+        row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+        b, s, start, end, n_blocks = _span(SEQ, chunk, 64)
+        _stage_q(q_smem, q_pe, Q + b.to(gl.int64) * stride_qb + gl.program_id(0) * 64 * stride_qh, stride_qh)
+        mbarrier.arrive(q_ready)
+        acc = gl.zeros([64, 256], gl.float32, o_layout)
+        m_i = gl.full([64], -1.0e30, gl.float32, row_s)
+        l_i = gl.zeros([64], gl.float32, row_s)
+        for i in range(gl.cdiv(n_blocks, 2)):
+            ph = i & 1
+            tok_a = start + 2 * i * 64
+            tok_b = tok_a + 64
+            # (a fresh accumulator: a loop-carried one would hold 32 registers through the loop;
+            # under a condition that always holds, or the compiler hoists the 72 operand
+            # descriptors out of the loop and spills them)
+            sc = gl.zeros([64, 64], gl.float32, s_layout)
+            if tok_a < end:
+                sc = _ss_scores(q_smem, q_pe, k_lo, k_hi, k_pe, 0, ready_lo, ready_hi, ph, sc)
+            release(empty_hi.index(0))  # block a's right half: warpgroup 1's P V is its last reader
+            sc = _ss_mask(sc, tok_a, end)
+            m_a = gl.maximum(m_i, gl.max(sc, axis=1) * score_scale)
+            p = gl.exp2(sc * score_scale - m_a[:, None])
+            alpha_a = gl.exp2(m_i - m_a)
+            rs_a = gl.sum(p, axis=1)
+            m_smem.index(0).store(m_a)
+            release(ma_ready)
+            acc = acc * gl.convert_layout(alpha_a, row_o)[:, None]
+            if tok_b > end:
+                _zero_tail(k_lo.index(0), end - tok_a)
+            p16 = p.to(k_lo.dtype)  # kept in 16 bits (the fp32 P would hold 32 more registers through P V)
+            p_op = gl.convert_layout(p16, p_layout)
+            o_tok = warpgroup_mma(p_op, k_lo.index(0), acc, is_async=True)
+            mbarrier.wait(pb_ready, ph)  # warpgroup 1's P_b and rescale factor
+            acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
+            release(empty_lo.index(0))
+            if tok_b + 64 > end:  # block b partial or absent: its rows past the end zeroed
+                _zero_tail(k_lo.index(1), end - tok_b)
+            alpha_b = f_smem.load(row_o)
+            o_tok = warpgroup_mma(k_pe.index(1), k_lo.index(1), acc * alpha_b[:, None], is_async=True)
+            alpha_bs = f_smem.load(row_s)
+            k_pe.index(0).store((p16.to(gl.float32) * alpha_bs[:, None]).to(k_pe.dtype))  # P_a in m_b's units
+            m_i = m_smem.index(1).load(row_s)
+            fence_async_shared()
+            release(pa_ready)
+            l_i = (l_i * alpha_a + rs_a) * alpha_bs
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok,))
+            release(empty_lo.index(1))
+            mbarrier.arrive(empty_hi.index(1))  # P_b, in block b's rope rows, read
+        _ss_finish(acc, l_i, m_i, l_smem, l_ready, 0, O, LSE, OP, LP, b, s, n_blocks, stride_ob, stride_oh, stride_pb,
+                   stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, out_scale, 0, o_layout,
+                   SINGLE, STORE_LSE)
+
+    @gluon.jit
+    def _ss_right(q_smem, q_pe, k_lo, k_hi, k_pe, m_smem, f_smem, l_smem, ready_lo, ready_hi, empty_lo, empty_hi,
+                  q_ready, ma_ready, pb_ready, pa_ready, l_ready, SEQ, O, LSE, OP, LP, stride_ob, stride_oh,
+                  stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, chunk, score_scale,
+                  out_scale, SINGLE: gl.constexpr, STORE_LSE: gl.constexpr):
+        """Warpgroup 1: per pair block b's scores and softmax, output columns [256, 512)."""
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, 64, 16])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, 256, 16])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+        row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+        b, s, start, end, n_blocks = _span(SEQ, chunk, 64)
+        acc = gl.zeros([64, 256], gl.float32, o_layout)
+        m_i = gl.full([64], -1.0e30, gl.float32, row_s)
+        l_i = gl.zeros([64], gl.float32, row_s)
+        mbarrier.wait(q_ready, 0)
+        for i in range(gl.cdiv(n_blocks, 2)):
+            ph = i & 1
+            tok_a = start + 2 * i * 64
+            tok_b = tok_a + 64
+            mbarrier.arrive(empty_lo.index(0))  # never reads block a's left half
+            sc = gl.zeros([64, 64], gl.float32, s_layout)
+            if tok_b < end:
+                sc = _ss_scores(q_smem, q_pe, k_lo, k_hi, k_pe, 1, ready_lo, ready_hi, ph, sc)
+            release(empty_lo.index(1))  # block b's left half: warpgroup 0's P V is its last reader
+            sc = _ss_mask(sc, tok_b, end)  # an absent block b: all masked, P_b = 0
+            mbarrier.wait(ma_ready, ph)
+            m_a = m_smem.index(0).load(row_s)
+            m_b = gl.maximum(m_a, gl.max(sc, axis=1) * score_scale)
+            p = gl.exp2(sc * score_scale - m_b[:, None])
+            alpha_b = gl.exp2(m_a - m_b)
+            alpha = gl.exp2(m_i - m_a) * alpha_b
+            p16 = p.to(k_pe.dtype)
+            k_pe.index(1).store(p16)
+            f_smem.store(alpha_b)
+            m_smem.index(1).store(m_b)
+            fence_async_shared()
+            release(pb_ready)
+            l_i = l_i * alpha + gl.sum(p, axis=1)
+            m_i = m_b
+            if tok_b + 64 > end:
+                _zero_tail(k_hi.index(1), end - tok_b)
+            p_op = gl.convert_layout(p16, p_layout)
+            o_tok = warpgroup_mma(p_op, k_hi.index(1), acc * gl.convert_layout(alpha, row_o)[:, None],
+                                  is_async=True)
+            mbarrier.wait(pa_ready, ph)  # warpgroup 0's rescaled P_a
+            if tok_b > end:
+                _zero_tail(k_hi.index(0), end - tok_a)
+            o_tok = warpgroup_mma(k_pe.index(0), k_hi.index(0), o_tok, is_async=True)
+            acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
+            release(empty_hi.index(0))
+            mbarrier.arrive(empty_hi.index(1))
+        _ss_finish(acc, l_i, m_i, l_smem, l_ready, 1, O, LSE, OP, LP, b, s, n_blocks, stride_ob, stride_oh, stride_pb,
+                   stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, out_scale, 256, o_layout,
+                   SINGLE, STORE_LSE)
+
+    @gluon.jit
+    def _mla_sm90_seesaw_kernel(lo_desc, pe_desc, Q, BT, SEQ, O, LSE, OP, LP,
+                                stride_qb, stride_qh, stride_bt, stride_ob, stride_oh, stride_pb, stride_ph,
+                                stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, chunk, PAGE, score_scale,
+                                out_scale, SINGLE: gl.constexpr, STORE_LSE: gl.constexpr,
+                                CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
+        """Grid (heads / 64, B, splits). ``lo_desc``: the cache's latent rows in [64, 256] boxes;
+        the default partition is warpgroup 0, a 4-warp worker warpgroup 1, a 1-warp worker the
+        producer."""
+        gl.static_assert(num_warps == 4, "the default partition is one warpgroup")
+        gl.static_assert(lo_desc.block_type.shape[1] == 256, "the latent rows load in halves of 256 columns")
+        dtype: gl.constexpr = lo_desc.dtype
+        q_smem = gl.allocate_shared_memory(dtype, [64, 512], lo_desc.layout)
+        q_pe = gl.allocate_shared_memory(dtype, [64, 64], pe_desc.layout)
+        k_lo = gl.allocate_shared_memory(dtype, [2, 64, 256], lo_desc.layout)
+        k_hi = gl.allocate_shared_memory(dtype, [2, 64, 256], lo_desc.layout)
+        k_pe = gl.allocate_shared_memory(dtype, [2, 64, 64], pe_desc.layout)
+        plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+        m_smem = gl.allocate_shared_memory(gl.float32, [2, 64], plain)  # m_a, m_b
+        f_smem = gl.allocate_shared_memory(gl.float32, [64], plain)  # exp2(m_a - m_b)
+        l_smem = gl.allocate_shared_memory(gl.float32, [2, 64], plain)
+        bar: gl.constexpr = mbarrier.MBarrierLayout()
+        ready_lo = gl.allocate_shared_memory(gl.int64, [2, 1], bar)
+        ready_hi = gl.allocate_shared_memory(gl.int64, [2, 1], bar)
+        empty_lo = gl.allocate_shared_memory(gl.int64, [2, 1], bar)
+        empty_hi = gl.allocate_shared_memory(gl.int64, [2, 1], bar)
+        l_ready = gl.allocate_shared_memory(gl.int64, [2, 1], bar)
+        q_ready = gl.allocate_shared_memory(gl.int64, [1], bar)
+        ma_ready = gl.allocate_shared_memory(gl.int64, [1], bar)
+        pb_ready = gl.allocate_shared_memory(gl.int64, [1], bar)
+        pa_ready = gl.allocate_shared_memory(gl.int64, [1], bar)
+        for i in gl.static_range(2):
+            mbarrier.init(ready_lo.index(i), count=1)
+            mbarrier.init(ready_hi.index(i), count=1)
+            mbarrier.init(empty_lo.index(i), count=2)  # both warpgroups, every pair
+            mbarrier.init(empty_hi.index(i), count=2)
+            mbarrier.init(l_ready.index(i), count=1)
+        mbarrier.init(q_ready, count=1)
+        mbarrier.init(ma_ready, count=1)
+        mbarrier.init(pb_ready, count=1)
+        mbarrier.init(pa_ready, count=1)
+        gl.warp_specialize([
+            (_ss_left, (q_smem, q_pe, k_lo, k_hi, k_pe, m_smem, f_smem, l_smem, ready_lo, ready_hi, empty_lo,
+                        empty_hi, q_ready, ma_ready, pb_ready, pa_ready, l_ready, Q, SEQ, O, LSE, OP, LP, stride_qb,
+                        stride_qh, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
+                        stride_lsb, stride_lsh, chunk, score_scale, out_scale, SINGLE, STORE_LSE)),
+            (_ss_right, (q_smem, q_pe, k_lo, k_hi, k_pe, m_smem, f_smem, l_smem, ready_lo, ready_hi, empty_lo,
+                         empty_hi, q_ready, ma_ready, pb_ready, pa_ready, l_ready, SEQ, O, LSE, OP, LP, stride_ob,
+                         stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh,
+                         chunk, score_scale, out_scale, SINGLE, STORE_LSE)),
+            (_ss_producer, (lo_desc, pe_desc, k_lo, k_hi, k_pe, ready_lo, ready_hi, empty_lo, empty_hi, SEQ, BT,
+                            stride_bt, chunk, PAGE)),
+        ], [4, 1], [CONSUMER_REGS, _PRODUCER_REGS])
