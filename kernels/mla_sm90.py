@@ -82,9 +82,10 @@ def smem_bytes(stages: int, itemsize: int = 2) -> int:
 
 
 def smem_bytes_seesaw() -> int:
-    """The seesaw schedule (``kernels.mla_sm90_seesaw``): Q and two key blocks [64, 576] (each P
-    goes into its block's rope rows), m_a and m_b, the rescale factor, both row sums, 13 mbarriers."""
-    return 2 * 3 * BLOCK_N * (KV_LORA + ROPE) + 4 * 5 * BLOCK_H + 8 * 13
+    """The seesaw schedule (``kernels.mla_sm90_seesaw``): Q and two key blocks [64, 576], P_b
+    [64, 64] (P_a goes into its block's rope rows), m_a and m_b, the rescale factor, both row sums,
+    13 mbarriers."""
+    return 2 * (3 * BLOCK_N * (KV_LORA + ROPE) + BLOCK_H * BLOCK_N) + 4 * 5 * BLOCK_H + 8 * 13
 
 
 def smem_bytes_fp8(stages: int, hstages: int, block_n: int) -> int:

@@ -79,7 +79,7 @@ def test_the_seesaw_build(single):
 
     info = build("mla_sm90_build", dict(SCHEDULE="seesaw"), single=single)
     assert not info["serialized"], info["ptxas_info"]
-    assert info["spill_bytes"] <= (640 if triton.__version__.startswith("3.6") else 160), info["ptxas_info"]
+    assert info["spill_bytes"] <= (800 if triton.__version__.startswith("3.6") else 160), info["ptxas_info"]
     assert info["hgmma"] == 2 * (36 + 2 * 4) and info["hgmma_reg_a"] == 2 * 4, info
     assert info["hmma"] == 0 and info["qgmma"] == 0, info
     assert sm90.smem_bytes_seesaw() - 1024 <= info["shared"] <= sm90.SMEM_BYTES, info
