@@ -41,6 +41,10 @@ below 65,504, fp16's largest value), P is fp16, the per-tensor scale folds into 
 output scales. ``mla_decode`` takes it for fp8 caches wherever it runs (race 10b: 2.2-2.4x the
 Triton kernel's speed; 0.63-0.72x FlashMLA's on the bf16 cache, which has no fp8 dense decode).
 
+``config={"SCHEDULE": "seesaw"}`` runs the bf16 cache on ``kernels.mla_sm90_seesaw`` instead,
+FlashMLA's schedule (two warpgroups scoring alternate blocks); race 11 timed it at 0.86-0.90x this
+schedule's speed, so it stays opt-in.
+
 ``mla_decode`` takes it by default wherever ``supported`` holds (H200 race 9: 2.0-2.3x the Triton
 kernel's speed; races 9-10c: 0.84-0.99x FlashMLA's; kernels/README.md, MLA decode).
 Gluon kernels compile only for a GPU (no interpreter): tests/kernels/test_mla_sm90.py compiles
@@ -82,10 +86,9 @@ def smem_bytes(stages: int, itemsize: int = 2) -> int:
 
 
 def smem_bytes_seesaw() -> int:
-    """The seesaw schedule (``kernels.mla_sm90_seesaw``): Q and two key blocks [64, 576], P_b
-    [64, 64] (P_a goes into its block's rope rows), m_a and m_b, the rescale factor, both row sums,
-    13 mbarriers."""
-    return 2 * (3 * BLOCK_N * (KV_LORA + ROPE) + BLOCK_H * BLOCK_N) + 4 * 5 * BLOCK_H + 8 * 13
+    """The seesaw schedule (``kernels.mla_sm90_seesaw``): Q and two key blocks [64, 576] (each P
+    goes into its block's rope rows), m_a and m_b, the rescale factor, both row sums, 13 mbarriers."""
+    return 2 * 3 * BLOCK_N * (KV_LORA + ROPE) + 4 * 5 * BLOCK_H + 8 * 13
 
 
 def smem_bytes_fp8(stages: int, hstages: int, block_n: int) -> int:
@@ -133,7 +136,9 @@ def launch_config(config: dict | None, fp8: bool = False) -> dict:
     no spills under Triton 3.6, where 256 spilled 80 bytes). ``PREFETCH`` issues block j + 1's
     scores before block j's slot is freed (they then run beside the products, but with two slots
     block j + 2's load has only the softmax to land); without it, block j's scores start block
-    j's turn. Both unraced. A ``ValueError`` names the field. ``fp8``: ``launch_config_fp8``."""
+    j's turn (races 10c-11: 0.90-0.94x the default's speed). ``SCHEDULE``: "split" (this kernel) or
+    "seesaw" (``kernels.mla_sm90_seesaw``, whose layout is fixed: 2 stages, 256 columns a
+    warpgroup, no prefetch). A ``ValueError`` names the field. ``fp8``: ``launch_config_fp8``."""
     if fp8:
         if (config or {}).get("SCHEDULE", "split") != "split":
             raise ValueError("mla_sm90 config: SCHEDULE 'seesaw' takes a bf16/fp16 cache only")

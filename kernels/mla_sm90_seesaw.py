@@ -20,13 +20,21 @@ same busy cycles; kernels/README.md, MLA decode). Here key blocks come in pairs 
 
 While one warpgroup runs its softmax the other's products keep the tensor pipe busy; each
 warpgroup runs 576 + 2 x 256 columns of products per pair, the same. Both keep their own row
-sums (the P they computed), added at the end. P_b has its own buffer; the rescaled P_a goes
-into block a's rope rows (read only by a's scores, which precede it). A producer warp loads each
-block in two halves, latent columns [0, 256), then [256, 512) with the rope, each as soon as its
-readers freed it (a's left half after warpgroup 0's first product, b's right half after warpgroup
-1's): the next pair's scores start on the half that landed. A pair without block b
+sums (the P they computed), added at the end. The two key blocks and Q fill shared memory, so a
+published P goes into its block's rope rows (read only by that block's scores, which precede it).
+A producer warp loads each block in two halves, latent columns [0, 256), then [256, 512) with
+the rope, each as soon as its readers freed it (the left half of block a early, after warpgroup
+0's first product): the next pair's scores start on the half that landed. A pair without block b
 (an odd block count) runs b's products on zeroed rows with P = 0; a partial last block's rows
 past the sequence are zeroed before the products read them (the slots may hold NaN).
+
+Raced on the H200 (race 11, kernels/README.md): correct everywhere, but 0.86-0.90x the split
+schedule's speed (0.76-0.82x FlashMLA's), so ``mla_decode`` keeps the split schedule and this one
+runs only when asked for. What limits it (Nsight Compute, race 11b, a variant with five-tile
+right halves that was slower still): Triton 3.6's register allocation spills warpgroup 0's score
+operand descriptors, hoisted out of the loop (0.5-0.7 KB a thread; about 0.1 KB under 3.9), and
+reloads them before every score product: 41% of warp stalls wait on those local loads, the SM
+is busy 44% of cycles against the split schedule's 59%.
 
 Gluon kernels compile only for a GPU: tests/kernels/test_mla_sm90.py compiles this one for sm_90a
 on any machine (``kernels.bench.sm90.mla_sm90_build``) and checks it against the float64 reference
@@ -42,25 +50,13 @@ if HAVE_GLUON:
     from kernels.sm90_common import tma_load as _tma_load
 
     @gluon.jit
-    def _ss_load_right(pe_desc, row, k_hi, k_pe, ready_hi, st: gl.constexpr):
-        """Block rows ``row``'s right half into slot st in five [64, 64] tiles, latent columns
-        [256, 512) and the rope, each on its own barrier (ready_hi[5 st + t]): the scores take
-        each tile as it lands."""
-        nbytes: gl.constexpr = pe_desc.block_type.nbytes
-        for t in gl.static_range(4):
-            mbarrier.expect(ready_hi.index(5 * st + t), nbytes)
-            k_t = k_hi.index(st).slice(64 * t, 64, dim=1)
-            _tma_load(pe_desc, [row, 256 + 64 * t], ready_hi.index(5 * st + t), k_t)
-        mbarrier.expect(ready_hi.index(5 * st + 4), nbytes)
-        _tma_load(pe_desc, [row, 512], ready_hi.index(5 * st + 4), k_pe.index(st))
-
-    @gluon.jit
     def _ss_producer(lo_desc, pe_desc, k_lo, k_hi, k_pe, ready_lo, ready_hi, empty_lo, empty_hi, SEQ, BT, stride_bt,
                      chunk, PAGE):
-        """One warp: block 2i into slot 0, 2i + 1 into slot 1, each in two halves (latent columns
-        [0, 256); the rest and the rope), each half once its readers freed it."""
+        """One warp: block 2i into slot 0, 2i + 1 into slot 1; both left halves (latent columns
+        [0, 256)) first, each once its slot's left half is free, then both right halves."""
         b, s, start, end, n_blocks = _span(SEQ, chunk, 64)
         nlo: gl.constexpr = lo_desc.block_type.nbytes
+        nhi: gl.constexpr = lo_desc.block_type.nbytes + pe_desc.block_type.nbytes
         bt = BT + b.to(gl.int64) * stride_bt
         for i in range(gl.cdiv(n_blocks, 2)):
             free = (i & 1) ^ 1  # the first pass is free
@@ -71,32 +67,32 @@ if HAVE_GLUON:
             row_b = row_a
             if has_b:
                 row_b = (gl.load(bt + tok_b // PAGE) * PAGE + tok_b % PAGE).to(gl.int32)
-            # in the order their readers free them: a's left half (after warpgroup 0's first P V),
-            # b's right half (after warpgroup 1's first), b's left half, a's right half
             mbarrier.wait(empty_lo.index(0), free)
             mbarrier.expect(ready_lo.index(0), nlo)
             _tma_load(lo_desc, [row_a, 0], ready_lo.index(0), k_lo.index(0))
             if has_b:
-                mbarrier.wait(empty_hi.index(1), free)
-                _ss_load_right(pe_desc, row_b, k_hi, k_pe, ready_hi, 1)
                 mbarrier.wait(empty_lo.index(1), free)
                 mbarrier.expect(ready_lo.index(1), nlo)
                 _tma_load(lo_desc, [row_b, 0], ready_lo.index(1), k_lo.index(1))
             mbarrier.wait(empty_hi.index(0), free)
-            _ss_load_right(pe_desc, row_a, k_hi, k_pe, ready_hi, 0)
+            mbarrier.expect(ready_hi.index(0), nhi)
+            _tma_load(lo_desc, [row_a, 256], ready_hi.index(0), k_hi.index(0))
+            _tma_load(pe_desc, [row_a, 512], ready_hi.index(0), k_pe.index(0))
+            if has_b:
+                mbarrier.wait(empty_hi.index(1), free)
+                mbarrier.expect(ready_hi.index(1), nhi)
+                _tma_load(lo_desc, [row_b, 256], ready_hi.index(1), k_hi.index(1))
+                _tma_load(pe_desc, [row_b, 512], ready_hi.index(1), k_pe.index(1))
 
     @gluon.jit
-    def _ss_scores(q_smem, q_pe, k_lo, k_hi, k_pe, st: gl.constexpr, ready_lo, ready_hi, ph, regs):
-        """S = Q K^T of slot st: latent columns [0, 256) once they landed, then each 64-column tile
-        of the right half (the rope last) as it lands; waited."""
+    def _ss_scores(q_smem, q_pe, k_lo, k_hi, k_pe, st, ready_lo, ready_hi, ph, regs):
+        """S = Q K^T of slot st: latent columns [0, 256) once they landed, then [256, 512) and the
+        rope once the right half did; waited."""
         mbarrier.wait(ready_lo.index(st), ph)
         tok = warpgroup_mma(q_smem.slice(0, 256, dim=1), k_lo.index(st).permute((1, 0)), regs, use_acc=False,
                             is_async=True)
-        for t in gl.static_range(4):
-            mbarrier.wait(ready_hi.index(5 * st + t), ph)
-            k_t = k_hi.index(st).slice(64 * t, 64, dim=1)
-            tok = warpgroup_mma(q_smem.slice(256 + 64 * t, 64, dim=1), k_t.permute((1, 0)), tok, is_async=True)
-        mbarrier.wait(ready_hi.index(5 * st + 4), ph)
+        mbarrier.wait(ready_hi.index(st), ph)
+        tok = warpgroup_mma(q_smem.slice(256, 256, dim=1), k_hi.index(st).permute((1, 0)), tok, is_async=True)
         tok = warpgroup_mma(q_pe, k_pe.index(st).permute((1, 0)), tok, is_async=True)
         return warpgroup_mma_wait(num_outstanding=0, deps=(tok,))
 
@@ -125,9 +121,8 @@ if HAVE_GLUON:
                    layout, SINGLE, STORE_LSE, ME == 0)
 
     @gluon.jit
-    def _ss_left(q_smem, q_pe, k_lo, k_hi, k_pe, p_smem, m_smem, f_smem, l_smem, ready_lo, ready_hi, empty_lo,
-                 empty_hi, q_ready, ma_ready, pb_ready, pa_ready, l_ready, Q, SEQ, O, LSE, OP, LP, stride_qb,
-                 stride_qh,
+    def _ss_left(q_smem, q_pe, k_lo, k_hi, k_pe, m_smem, f_smem, l_smem, ready_lo, ready_hi, empty_lo, empty_hi,
+                 q_ready, ma_ready, pb_ready, pa_ready, l_ready, Q, SEQ, O, LSE, OP, LP, stride_qb, stride_qh,
                  stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh,
                  chunk, score_scale, out_scale, SINGLE: gl.constexpr, STORE_LSE: gl.constexpr):
         """Warpgroup 0: stages Q; per pair block a's scores and softmax, output columns [0, 256)."""
@@ -174,7 +169,7 @@ if HAVE_GLUON:
             if tok_b + 64 > end:  # block b partial or absent: its rows past the end zeroed
                 _zero_tail(k_lo.index(1), end - tok_b)
             alpha_b = f_smem.load(row_o)
-            o_tok = warpgroup_mma(p_smem, k_lo.index(1), acc * alpha_b[:, None], is_async=True)
+            o_tok = warpgroup_mma(k_pe.index(1), k_lo.index(1), acc * alpha_b[:, None], is_async=True)
             alpha_bs = f_smem.load(row_s)
             k_pe.index(0).store((p16.to(gl.float32) * alpha_bs[:, None]).to(k_pe.dtype))  # P_a in m_b's units
             m_i = m_smem.index(1).load(row_s)
@@ -183,14 +178,14 @@ if HAVE_GLUON:
             l_i = (l_i * alpha_a + rs_a) * alpha_bs
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok,))
             release(empty_lo.index(1))
+            mbarrier.arrive(empty_hi.index(1))  # P_b, in block b's rope rows, read
         _ss_finish(acc, l_i, m_i, l_smem, l_ready, 0, O, LSE, OP, LP, b, s, n_blocks, stride_ob, stride_oh, stride_pb,
                    stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, out_scale, 0, o_layout,
                    SINGLE, STORE_LSE)
 
     @gluon.jit
-    def _ss_right(q_smem, q_pe, k_lo, k_hi, k_pe, p_smem, m_smem, f_smem, l_smem, ready_lo, ready_hi, empty_lo,
-                  empty_hi, q_ready, ma_ready, pb_ready, pa_ready, l_ready, SEQ, O, LSE, OP, LP, stride_ob,
-                  stride_oh,
+    def _ss_right(q_smem, q_pe, k_lo, k_hi, k_pe, m_smem, f_smem, l_smem, ready_lo, ready_hi, empty_lo, empty_hi,
+                  q_ready, ma_ready, pb_ready, pa_ready, l_ready, SEQ, O, LSE, OP, LP, stride_ob, stride_oh,
                   stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, chunk, score_scale,
                   out_scale, SINGLE: gl.constexpr, STORE_LSE: gl.constexpr):
         """Warpgroup 1: per pair block b's scores and softmax, output columns [256, 512)."""
@@ -210,6 +205,7 @@ if HAVE_GLUON:
             ph = i & 1
             tok_a = start + 2 * i * 64
             tok_b = tok_a + 64
+            mbarrier.arrive(empty_lo.index(0))  # never reads block a's left half
             sc = gl.zeros([64, 64], gl.float32, s_layout)
             if tok_b < end:
                 sc = _ss_scores(q_smem, q_pe, k_lo, k_hi, k_pe, 1, ready_lo, ready_hi, ph, sc)
@@ -222,7 +218,7 @@ if HAVE_GLUON:
             alpha_b = gl.exp2(m_a - m_b)
             alpha = gl.exp2(m_i - m_a) * alpha_b
             p16 = p.to(k_pe.dtype)
-            p_smem.store(p16)
+            k_pe.index(1).store(p16)
             f_smem.store(alpha_b)
             m_smem.index(1).store(m_b)
             fence_async_shared()
@@ -238,10 +234,9 @@ if HAVE_GLUON:
             if tok_b > end:
                 _zero_tail(k_hi.index(0), end - tok_a)
             o_tok = warpgroup_mma(k_pe.index(0), k_hi.index(0), o_tok, is_async=True)
-            warpgroup_mma_wait(num_outstanding=1, deps=(p_op,))  # P_b V_b retired: b's right half is free
-            release(empty_hi.index(1))
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok,))
+            acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
             release(empty_hi.index(0))
+            mbarrier.arrive(empty_hi.index(1))
         _ss_finish(acc, l_i, m_i, l_smem, l_ready, 1, O, LSE, OP, LP, b, s, n_blocks, stride_ob, stride_oh, stride_pb,
                    stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, out_scale, 256, o_layout,
                    SINGLE, STORE_LSE)
@@ -263,14 +258,13 @@ if HAVE_GLUON:
         k_lo = gl.allocate_shared_memory(dtype, [2, 64, 256], lo_desc.layout)
         k_hi = gl.allocate_shared_memory(dtype, [2, 64, 256], lo_desc.layout)
         k_pe = gl.allocate_shared_memory(dtype, [2, 64, 64], pe_desc.layout)
-        p_smem = gl.allocate_shared_memory(dtype, [64, 64], pe_desc.layout)  # P_b, for warpgroup 0
         plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
         m_smem = gl.allocate_shared_memory(gl.float32, [2, 64], plain)  # m_a, m_b
         f_smem = gl.allocate_shared_memory(gl.float32, [64], plain)  # exp2(m_a - m_b)
         l_smem = gl.allocate_shared_memory(gl.float32, [2, 64], plain)
         bar: gl.constexpr = mbarrier.MBarrierLayout()
         ready_lo = gl.allocate_shared_memory(gl.int64, [2, 1], bar)
-        ready_hi = gl.allocate_shared_memory(gl.int64, [10, 1], bar)  # slot x 5 tiles
+        ready_hi = gl.allocate_shared_memory(gl.int64, [2, 1], bar)
         empty_lo = gl.allocate_shared_memory(gl.int64, [2, 1], bar)
         empty_hi = gl.allocate_shared_memory(gl.int64, [2, 1], bar)
         l_ready = gl.allocate_shared_memory(gl.int64, [2, 1], bar)
@@ -280,25 +274,20 @@ if HAVE_GLUON:
         pa_ready = gl.allocate_shared_memory(gl.int64, [1], bar)
         for i in gl.static_range(2):
             mbarrier.init(ready_lo.index(i), count=1)
+            mbarrier.init(ready_hi.index(i), count=1)
+            mbarrier.init(empty_lo.index(i), count=2)  # both warpgroups, every pair
+            mbarrier.init(empty_hi.index(i), count=2)
             mbarrier.init(l_ready.index(i), count=1)
-        # a half's readers: a's left half warpgroup 0 only, b's right half warpgroup 1 only (P_b
-        # has its own buffer), a's right half and b's left half both
-        for t in gl.static_range(10):
-            mbarrier.init(ready_hi.index(t), count=1)
-        mbarrier.init(empty_lo.index(0), count=1)
-        mbarrier.init(empty_hi.index(1), count=1)
-        mbarrier.init(empty_hi.index(0), count=2)
-        mbarrier.init(empty_lo.index(1), count=2)
         mbarrier.init(q_ready, count=1)
         mbarrier.init(ma_ready, count=1)
         mbarrier.init(pb_ready, count=1)
         mbarrier.init(pa_ready, count=1)
         gl.warp_specialize([
-            (_ss_left, (q_smem, q_pe, k_lo, k_hi, k_pe, p_smem, m_smem, f_smem, l_smem, ready_lo, ready_hi, empty_lo,
+            (_ss_left, (q_smem, q_pe, k_lo, k_hi, k_pe, m_smem, f_smem, l_smem, ready_lo, ready_hi, empty_lo,
                         empty_hi, q_ready, ma_ready, pb_ready, pa_ready, l_ready, Q, SEQ, O, LSE, OP, LP, stride_qb,
                         stride_qh, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
                         stride_lsb, stride_lsh, chunk, score_scale, out_scale, SINGLE, STORE_LSE)),
-            (_ss_right, (q_smem, q_pe, k_lo, k_hi, k_pe, p_smem, m_smem, f_smem, l_smem, ready_lo, ready_hi, empty_lo,
+            (_ss_right, (q_smem, q_pe, k_lo, k_hi, k_pe, m_smem, f_smem, l_smem, ready_lo, ready_hi, empty_lo,
                          empty_hi, q_ready, ma_ready, pb_ready, pa_ready, l_ready, SEQ, O, LSE, OP, LP, stride_ob,
                          stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh,
                          chunk, score_scale, out_scale, SINGLE, STORE_LSE)),
