@@ -50,7 +50,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from kernels.sm90_common import HAVE_GLUON, split_registers
+from kernels.sm90_common import HAVE_GLUON, SMEM_BYTES, split_registers
 
 if HAVE_GLUON:
     from kernels.sm90_common import GL_DTYPE as _GL_OUT
@@ -366,12 +366,45 @@ def ws_registers(block_m: int, per_sm: int) -> tuple[int, int]:
 
 
 CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "GROUP_M", "STAGES", "PERSISTENT", "PAIR_RELEASE", "SCALE_TMA")
+# the shortest K at which column-major activation scales are TMA-loaded unasked: H200 race 12
+# (kernels/bench/results/2026-12-03_h200_race12_fp8.json) timed SCALE_TMA at 0.69-1.00x
+# cuBLASLt's time at K >= 1536 where the pointer-loaded scales took 0.94-1.20x, but at K 512
+# 1.13-1.32x against 0.98-1.00x
+SCALE_TMA_MIN_K = 1024
+
+
+def smem_bytes(cfg: dict) -> int:
+    """Shared memory of a launch: ``STAGES`` A and B tiles (128 fp8 columns each), each stage's
+    activation scales with ``SCALE_TMA``, one 64-row output tile per consumer warpgroup (16-bit),
+    two mbarriers a stage, and 256 bytes for the allocator's alignment."""
+    bm, bn, st = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["STAGES"]
+    return (st * (bm + bn) * BLOCK_K + (st * bm * 4 if cfg.get("SCALE_TMA") else 0) + (bm // 64) * 64 * bn * 2
+            + 16 * st + 256)
+
+
+def with_scale_tma(cfg: dict) -> dict:
+    """``cfg`` with the producer TMA-loading the activation scales, one stage fewer where the
+    scales' buffers would not fit beside the ring (6 stages of 128 x 128 tiles)."""
+    out = dict(cfg, SCALE_TMA=True)
+    while smem_bytes(out) > SMEM_BYTES and out["STAGES"] > 3:
+        out["STAGES"] -= 1
+    return out
+
+
+def scale_tma_default(a_scale: torch.Tensor, k: int) -> bool:
+    """Whether ``fp8_gemm_sm90`` TMA-loads the activation scales unasked: they are column-major
+    (vLLM's layout), M is a multiple of 4 (the TMA box's rows 16-byte aligned) and K is at least
+    ``SCALE_TMA_MIN_K``."""
+    m = a_scale.shape[0]
+    return (k >= SCALE_TMA_MIN_K and m % 4 == 0 and a_scale.stride(0) == 1 and a_scale.stride(1) == m
+            and a_scale.data_ptr() % 16 == 0)
 
 
 def launch_config(config: dict) -> dict:
     """A config's keys for the kernel, checked: ``CONFIG_KEYS`` (``PERSISTENT``: programs per
     SM, 0 or absent for one program per tile; ``SCALE_TMA``: the producer TMA-loads each stage's
-    activation scales, for column-major scales, opt-in until raced). Race 7's JSON records configs with ``WS=True``
+    activation scales, for column-major scales: ``fp8_gemm_sm90`` turns it on where
+    ``scale_tma_default`` holds). Race 7's JSON records configs with ``WS=True``
     and ``num_warps=4`` from when the single-stream kernel ran beside this one; those two are
     accepted with those values."""
     cfg = dict(config)
@@ -384,16 +417,26 @@ def launch_config(config: dict) -> dict:
     if cfg.get("BLOCK_M") not in (64, 128) or cfg.get("BLOCK_N") not in (64, 128):
         raise ValueError(f"fp8_gemm_sm90 config: BLOCK_M and BLOCK_N must be 64 or 128, got "
                          f"{cfg.get('BLOCK_M')} x {cfg.get('BLOCK_N')}")
+    if "STAGES" in cfg and smem_bytes(cfg) > SMEM_BYTES:
+        raise ValueError(f"fp8_gemm_sm90 config: STAGES {cfg['STAGES']} of {cfg['BLOCK_M']} x {cfg['BLOCK_N']} tiles"
+                         f"{' with SCALE_TMA' if cfg.get('SCALE_TMA') else ''} need {smem_bytes(cfg)} bytes of shared "
+                         f"memory, more than the {SMEM_BYTES} an SM has")
     return cfg
 
 
 def fp8_gemm_sm90(a, a_scale, b, b_scale, out_dtype=torch.bfloat16, config: dict | None = None) -> torch.Tensor:
     """Dense block-scaled FP8 GEMM on Hopper: [M, K] x [N, K]^T -> [M, N] (``supported`` must
-    hold; shapes and scales as ``kernels.fp8_gemm.fp8_gemm`` checks them)."""
+    hold; shapes and scales as ``kernels.fp8_gemm.fp8_gemm`` checks them). With no ``config``:
+    ``pick_config``'s tiles, and the activation scales TMA-loaded where ``scale_tma_default``
+    holds (``with_scale_tma``)."""
     m, k = a.shape
     n = b.shape[0]
     sms = torch.cuda.get_device_properties(a.device).multi_processor_count
-    cfg = launch_config(config or pick_config(m, n, k, sms))
+    if config is None:
+        config = pick_config(m, n, k, sms)
+        if scale_tma_default(a_scale, k):
+            config = with_scale_tma(config)
+    cfg = launch_config(config)
     out = torch.empty(m, n, dtype=out_dtype, device=a.device)
     bm, bn = cfg.pop("BLOCK_M"), cfg.pop("BLOCK_N")
     per_sm = cfg.pop("PERSISTENT", 0)

@@ -71,6 +71,25 @@ def test_tma_scales_need_column_major_scales():
         sm90._scale_desc(torch.ones(4, 130).t(), 128)  # column-major, M = 130: rows of 520 bytes
 
 
+def test_tma_scales_fit_beside_the_ring_and_are_the_default_where_they_won():
+    """SCALE_TMA adds a stage's scales to each stage: 6 stages of 128 x 128 tiles no longer fit
+    (race 12's launch failed for 232,728 bytes), so ``with_scale_tma`` drops to 5 and an explicit
+    6-stage config is refused by name; ``fp8_gemm_sm90`` takes it unasked for column-major scales
+    with M a multiple of 4 and K >= SCALE_TMA_MIN_K (race 12: it lost at K 512)."""
+    six = dict(BLOCK_M=128, BLOCK_N=128, GROUP_M=8, STAGES=6, PERSISTENT=1, PAIR_RELEASE=True)
+    assert sm90.launch_config(six) == six
+    with pytest.raises(ValueError, match="STAGES 6 of 128 x 128 tiles with SCALE_TMA need 232800 bytes"):
+        sm90.launch_config(dict(six, SCALE_TMA=True))
+    assert sm90.with_scale_tma(six) == dict(six, STAGES=5, SCALE_TMA=True)
+    small = dict(BLOCK_M=64, BLOCK_N=64, GROUP_M=8, STAGES=6, PERSISTENT=2)
+    assert sm90.with_scale_tma(small) == dict(small, SCALE_TMA=True)
+    col = torch.ones(16, 256).t()  # [256, 16], column-major
+    assert sm90.scale_tma_default(col, 2048) and sm90.scale_tma_default(col, sm90.SCALE_TMA_MIN_K)
+    assert not sm90.scale_tma_default(col, 512)
+    assert not sm90.scale_tma_default(col.contiguous(), 2048)  # row-major
+    assert not sm90.scale_tma_default(torch.ones(16, 130).t(), 2048)  # M = 130
+
+
 def test_supported_says_no_off_hopper():
     a = torch.zeros(128, 256, dtype=torch.float8_e4m3fn)
     b = torch.zeros(256, 256, dtype=torch.float8_e4m3fn)
