@@ -366,10 +366,10 @@ def ws_registers(block_m: int, per_sm: int) -> tuple[int, int]:
 
 
 CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "GROUP_M", "STAGES", "PERSISTENT", "PAIR_RELEASE", "SCALE_TMA")
-# the shortest K at which column-major activation scales are TMA-loaded unasked: H200 race 12
-# (kernels/bench/results/2026-12-03_h200_race12_fp8.json) timed SCALE_TMA at 0.69-1.00x
-# cuBLASLt's time at K >= 1536 where the pointer-loaded scales took 0.94-1.20x, but at K 512
-# 1.13-1.32x against 0.98-1.00x
+# the shortest K at which column-major activation scales are TMA-loaded unasked: H200 races
+# 12-12b (kernels/bench/results/2026-12-03_h200_race12*_fp8.json) timed SCALE_TMA at 0.67-1.01x
+# cuBLASLt's time at K >= 1536 where the pointer-loaded scales took 0.90-1.20x, but at K 512 and
+# M <= 128 at 1.13-1.35x against 0.94-1.02x (a tie at M >= 1024)
 SCALE_TMA_MIN_K = 1024
 
 
