@@ -86,9 +86,10 @@ def smem_bytes(stages: int, itemsize: int = 2) -> int:
 
 
 def smem_bytes_seesaw() -> int:
-    """The seesaw schedule (``kernels.mla_sm90_seesaw``): Q and two key blocks [64, 576] (each P
-    goes into its block's rope rows), m_a and m_b, the rescale factor, both row sums, 13 mbarriers."""
-    return 2 * 3 * BLOCK_N * (KV_LORA + ROPE) + 4 * 5 * BLOCK_H + 8 * 13
+    """The seesaw schedule (``kernels.mla_sm90_seesaw``): Q and two key blocks [64, 576], P_b
+    [64, 64] (the rescaled P_a goes into block a's rope rows), m_a and m_b, the rescale factor,
+    both row sums, 9 mbarriers."""
+    return 2 * (3 * BLOCK_N * (KV_LORA + ROPE) + BLOCK_H * BLOCK_N) + 4 * 5 * BLOCK_H + 8 * 9
 
 
 def smem_bytes_fp8(stages: int, hstages: int, block_n: int) -> int:
@@ -518,10 +519,13 @@ if HAVE_GLUON:
         ], [4, 1], [CONSUMER_REGS, _PRODUCER_REGS])
 
 
-def registers() -> tuple[int, int]:
+def registers(schedule: str = "split") -> tuple[int, int]:
     """(maxnreg, registers per consumer thread): two consumer warpgroups, one program per SM,
     the producer keeping ``PRODUCER_REGS``. (Three consumer warpgroups do not launch: Triton
-    rounds the 13 warps to 16, 512 threads, which leave 128 registers a thread at launch; race 10.)"""
+    rounds the 13 warps to 16, 512 threads, which leave 128 registers a thread; race 10.) The
+    seesaw schedule has no producer warp (its warpgroups issue their own loads): 256 each."""
+    if schedule == "seesaw":
+        return 256, 256
     return split_registers(2, 1, PRODUCER_REGS)
 
 
@@ -555,7 +559,7 @@ def mla_sm90_split(q, kv_cache, block_table, seq_lens, out, lse, op, lp, chunk, 
     kv_desc, pe_desc = descriptors(kv_cache, cfg["BLOCK_N"] if fp8 else BLOCK_N, 256 if seesaw else KV_LORA)
     sp = (0, 0, 0, 0, 0) if single else (op.stride(0), op.stride(1), op.stride(2), lp.stride(0), lp.stride(1))
     lse_st = (lse.stride(0), lse.stride(1)) if lse is not None else (0, 0)
-    maxnreg, regs = registers()
+    maxnreg, regs = registers("seesaw" if seesaw else "split")
     args = (kv_desc, pe_desc, q, block_table, seq_lens, out, lse if lse is not None else out,
             op if op is not None else out, lp if lp is not None else out,
             q.stride(0), q.stride(1), block_table.stride(0), out.stride(0), out.stride(1), *sp, *lse_st,

@@ -20,21 +20,22 @@ same busy cycles; kernels/README.md, MLA decode). Here key blocks come in pairs 
 
 While one warpgroup runs its softmax the other's products keep the tensor pipe busy; each
 warpgroup runs 576 + 2 x 256 columns of products per pair, the same. Both keep their own row
-sums (the P they computed), added at the end. The two key blocks and Q fill shared memory, so a
-published P goes into its block's rope rows (read only by that block's scores, which precede it).
-A producer warp loads each block in two halves, latent columns [0, 256), then [256, 512) with
-the rope, each as soon as its readers freed it (the left half of block a early, after warpgroup
-0's first product): the next pair's scores start on the half that landed. A pair without block b
-(an odd block count) runs b's products on zeroed rows with P = 0; a partial last block's rows
-past the sequence are zeroed before the products read them (the slots may hold NaN).
+sums (the P they computed), added at the end. P_b has its own buffer; the rescaled P_a goes into
+block a's rope rows (read only by a's scores, which precede it). The slots swap roles every pair
+(block a of pair i in slot i % 2), and there is no producer warp: each half of a slot (latent
+columns [0, 256); the rest with the rope) is TMA-loaded for the next pair by the warpgroup that
+reads it last, right after that read retires (left halves by warpgroup 0 after its P V, right
+halves by warpgroup 1 after its P V). Two warpgroups alone leave 255 registers a thread (the
+split kernel's consumers have 232 beside the producer warp), and with the slots changing the
+score products' operand descriptors are no longer loop-invariant, which is what made Triton 3.6
+hoist and spill them in race 11's build. A pair without block b (an odd block count) runs b's
+products on zeroed rows with P = 0; a partial last block's rows past the sequence are zeroed
+before the products read them (the slots may hold NaN).
 
-Raced on the H200 (race 11, kernels/README.md): correct everywhere, but 0.86-0.90x the split
-schedule's speed (0.76-0.82x FlashMLA's), so ``mla_decode`` keeps the split schedule and this one
-runs only when asked for. What limits it (Nsight Compute, race 11b, a variant with five-tile
-right halves that was slower still): Triton 3.6's register allocation spills warpgroup 0's score
-operand descriptors, hoisted out of the loop (0.5-0.7 KB a thread; about 0.1 KB under 3.9), and
-reloads them before every score product: 41% of warp stalls wait on those local loads, the SM
-is busy 44% of cycles against the split schedule's 59%.
+Race 11 (kernels/README.md) raced the first build of this schedule (a producer warp, fixed
+slots): correct everywhere, but 0.86-0.90x the split schedule's speed; Nsight Compute (race 11b)
+found the score operand descriptors spilled and reloaded before every product (41% of warp
+stalls), which this layout removes. ``mla_decode`` keeps the split schedule unless asked.
 
 Gluon kernels compile only for a GPU: tests/kernels/test_mla_sm90.py compiles this one for sm_90a
 on any machine (``kernels.bench.sm90.mla_sm90_build``) and checks it against the float64 reference
@@ -45,44 +46,28 @@ from __future__ import annotations
 from kernels.mla_sm90_parts import HAVE_GLUON
 
 if HAVE_GLUON:
-    from kernels.mla_sm90_parts import _PRODUCER_REGS, _span, _stage_q, _write_out, _zero_tail
+    from kernels.mla_sm90_parts import _span, _stage_q, _write_out, _zero_tail
     from kernels.sm90_common import fence_async_shared, gl, gluon, mbarrier, release, warpgroup_mma, warpgroup_mma_wait
     from kernels.sm90_common import tma_load as _tma_load
 
     @gluon.jit
-    def _ss_producer(lo_desc, pe_desc, k_lo, k_hi, k_pe, ready_lo, ready_hi, empty_lo, empty_hi, SEQ, BT, stride_bt,
-                     chunk, PAGE):
-        """One warp: block 2i into slot 0, 2i + 1 into slot 1; both left halves (latent columns
-        [0, 256)) first, each once its slot's left half is free, then both right halves."""
-        b, s, start, end, n_blocks = _span(SEQ, chunk, 64)
-        nlo: gl.constexpr = lo_desc.block_type.nbytes
-        nhi: gl.constexpr = lo_desc.block_type.nbytes + pe_desc.block_type.nbytes
-        bt = BT + b.to(gl.int64) * stride_bt
-        for i in range(gl.cdiv(n_blocks, 2)):
-            free = (i & 1) ^ 1  # the first pass is free
-            tok_a = start + 2 * i * 64
-            row_a = (gl.load(bt + tok_a // PAGE) * PAGE + tok_a % PAGE).to(gl.int32)
-            has_b = tok_a + 64 < end
-            tok_b = tok_a + 64
-            row_b = row_a
-            if has_b:
-                row_b = (gl.load(bt + tok_b // PAGE) * PAGE + tok_b % PAGE).to(gl.int32)
-            mbarrier.wait(empty_lo.index(0), free)
-            mbarrier.expect(ready_lo.index(0), nlo)
-            _tma_load(lo_desc, [row_a, 0], ready_lo.index(0), k_lo.index(0))
-            if has_b:
-                mbarrier.wait(empty_lo.index(1), free)
-                mbarrier.expect(ready_lo.index(1), nlo)
-                _tma_load(lo_desc, [row_b, 0], ready_lo.index(1), k_lo.index(1))
-            mbarrier.wait(empty_hi.index(0), free)
-            mbarrier.expect(ready_hi.index(0), nhi)
-            _tma_load(lo_desc, [row_a, 256], ready_hi.index(0), k_hi.index(0))
-            _tma_load(pe_desc, [row_a, 512], ready_hi.index(0), k_pe.index(0))
-            if has_b:
-                mbarrier.wait(empty_hi.index(1), free)
-                mbarrier.expect(ready_hi.index(1), nhi)
-                _tma_load(lo_desc, [row_b, 256], ready_hi.index(1), k_hi.index(1))
-                _tma_load(pe_desc, [row_b, 512], ready_hi.index(1), k_pe.index(1))
+    def _ss_row(bt, tok, end, PAGE):
+        """The cache row of token ``tok`` (a block's first) through the block table; 0 past
+        ``end`` (the table may end there)."""
+        return (gl.load(bt + tok // PAGE, mask=tok < end, other=0) * PAGE + tok % PAGE).to(gl.int32)
+
+    @gluon.jit
+    def _ss_load_left(lo_desc, row, k_lo, ready_lo, st):
+        """A key block's latent columns [0, 256) into slot st (TMA, completing on ready_lo[st])."""
+        mbarrier.expect(ready_lo.index(st), lo_desc.block_type.nbytes)
+        _tma_load(lo_desc, [row, 0], ready_lo.index(st), k_lo.index(st))
+
+    @gluon.jit
+    def _ss_load_right(lo_desc, pe_desc, row, k_hi, k_pe, ready_hi, st):
+        """Its latent columns [256, 512) and rope columns into slot st (completing on ready_hi[st])."""
+        mbarrier.expect(ready_hi.index(st), lo_desc.block_type.nbytes + pe_desc.block_type.nbytes)
+        _tma_load(lo_desc, [row, 256], ready_hi.index(st), k_hi.index(st))
+        _tma_load(pe_desc, [row, 512], ready_hi.index(st), k_pe.index(st))
 
     @gluon.jit
     def _ss_scores(q_smem, q_pe, k_lo, k_hi, k_pe, st, ready_lo, ready_hi, ph, regs):
@@ -121,8 +106,9 @@ if HAVE_GLUON:
                    layout, SINGLE, STORE_LSE, ME == 0)
 
     @gluon.jit
-    def _ss_left(q_smem, q_pe, k_lo, k_hi, k_pe, m_smem, f_smem, l_smem, ready_lo, ready_hi, empty_lo, empty_hi,
-                 q_ready, ma_ready, pb_ready, pa_ready, l_ready, Q, SEQ, O, LSE, OP, LP, stride_qb, stride_qh,
+    def _ss_left(lo_desc, pe_desc, q_smem, q_pe, k_lo, k_hi, k_pe, p_smem, m_smem, f_smem, l_smem, ready_lo,
+                 ready_hi, q_ready, ma_ready, pb_ready, pa_ready, l_ready, BT, stride_bt, PAGE, Q, SEQ, O, LSE, OP,
+                 LP, stride_qb, stride_qh,
                  stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh,
                  chunk, score_scale, out_scale, SINGLE: gl.constexpr, STORE_LSE: gl.constexpr):
         """Warpgroup 0: stages Q; per pair block a's scores and softmax, output columns [0, 256)."""
@@ -134,6 +120,15 @@ if HAVE_GLUON:
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
         b, s, start, end, n_blocks = _span(SEQ, chunk, 64)
+        bt = BT + b.to(gl.int64) * stride_bt
+        if n_blocks > 0:  # the first pair's blocks; later ones are loaded by their slots' last readers
+            row = _ss_row(bt, start, end, PAGE)
+            _ss_load_left(lo_desc, row, k_lo, ready_lo, 0)
+            _ss_load_right(lo_desc, pe_desc, row, k_hi, k_pe, ready_hi, 0)
+            if n_blocks > 1:
+                row = _ss_row(bt, start + 64, end, PAGE)
+                _ss_load_left(lo_desc, row, k_lo, ready_lo, 1)
+                _ss_load_right(lo_desc, pe_desc, row, k_hi, k_pe, ready_hi, 1)
         _stage_q(q_smem, q_pe, Q + b.to(gl.int64) * stride_qb + gl.program_id(0) * 64 * stride_qh, stride_qh)
         mbarrier.arrive(q_ready)
         acc = gl.zeros([64, 256], gl.float32, o_layout)
@@ -141,15 +136,18 @@ if HAVE_GLUON:
         l_i = gl.zeros([64], gl.float32, row_s)
         for i in range(gl.cdiv(n_blocks, 2)):
             ph = i & 1
+            sa = i & 1  # block a's slot: the slots swap roles every pair (see the module doc)
+            sb = 1 - sa
             tok_a = start + 2 * i * 64
             tok_b = tok_a + 64
+            row_a2 = _ss_row(bt, tok_a + 128, end, PAGE)  # the next pair's (read now, used later)
+            row_b2 = _ss_row(bt, tok_b + 128, end, PAGE)
             # (a fresh accumulator: a loop-carried one would hold 32 registers through the loop;
             # under a condition that always holds, or the compiler hoists the 72 operand
             # descriptors out of the loop and spills them)
             sc = gl.zeros([64, 64], gl.float32, s_layout)
             if tok_a < end:
-                sc = _ss_scores(q_smem, q_pe, k_lo, k_hi, k_pe, 0, ready_lo, ready_hi, ph, sc)
-            release(empty_hi.index(0))  # block a's right half: warpgroup 1's P V is its last reader
+                sc = _ss_scores(q_smem, q_pe, k_lo, k_hi, k_pe, sa, ready_lo, ready_hi, ph, sc)
             sc = _ss_mask(sc, tok_a, end)
             m_a = gl.maximum(m_i, gl.max(sc, axis=1) * score_scale)
             p = gl.exp2(sc * score_scale - m_a[:, None])
@@ -159,33 +157,35 @@ if HAVE_GLUON:
             release(ma_ready)
             acc = acc * gl.convert_layout(alpha_a, row_o)[:, None]
             if tok_b > end:
-                _zero_tail(k_lo.index(0), end - tok_a)
+                _zero_tail(k_lo.index(sa), end - tok_a)
             p16 = p.to(k_lo.dtype)  # kept in 16 bits (the fp32 P would hold 32 more registers through P V)
             p_op = gl.convert_layout(p16, p_layout)
-            o_tok = warpgroup_mma(p_op, k_lo.index(0), acc, is_async=True)
+            o_tok = warpgroup_mma(p_op, k_lo.index(sa), acc, is_async=True)
             mbarrier.wait(pb_ready, ph)  # warpgroup 1's P_b and rescale factor
             acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
-            release(empty_lo.index(0))
+            if tok_b + 128 < end:  # block a's left half read (its scores, this P V): the next b's
+                _ss_load_left(lo_desc, row_b2, k_lo, ready_lo, sa)
             if tok_b + 64 > end:  # block b partial or absent: its rows past the end zeroed
-                _zero_tail(k_lo.index(1), end - tok_b)
+                _zero_tail(k_lo.index(sb), end - tok_b)
             alpha_b = f_smem.load(row_o)
-            o_tok = warpgroup_mma(k_pe.index(1), k_lo.index(1), acc * alpha_b[:, None], is_async=True)
+            o_tok = warpgroup_mma(p_smem, k_lo.index(sb), acc * alpha_b[:, None], is_async=True)
             alpha_bs = f_smem.load(row_s)
-            k_pe.index(0).store((p16.to(gl.float32) * alpha_bs[:, None]).to(k_pe.dtype))  # P_a in m_b's units
+            k_pe.index(sa).store((p16.to(gl.float32) * alpha_bs[:, None]).to(k_pe.dtype))  # P_a in m_b's units
             m_i = m_smem.index(1).load(row_s)
             fence_async_shared()
             release(pa_ready)
             l_i = (l_i * alpha_a + rs_a) * alpha_bs
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok,))
-            release(empty_lo.index(1))
-            mbarrier.arrive(empty_hi.index(1))  # P_b, in block b's rope rows, read
+            if tok_a + 128 < end:  # block b's left half read (warpgroup 1's scores, this P V): the next a's
+                _ss_load_left(lo_desc, row_a2, k_lo, ready_lo, sb)
         _ss_finish(acc, l_i, m_i, l_smem, l_ready, 0, O, LSE, OP, LP, b, s, n_blocks, stride_ob, stride_oh, stride_pb,
                    stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, out_scale, 0, o_layout,
                    SINGLE, STORE_LSE)
 
     @gluon.jit
-    def _ss_right(q_smem, q_pe, k_lo, k_hi, k_pe, m_smem, f_smem, l_smem, ready_lo, ready_hi, empty_lo, empty_hi,
-                  q_ready, ma_ready, pb_ready, pa_ready, l_ready, SEQ, O, LSE, OP, LP, stride_ob, stride_oh,
+    def _ss_right(lo_desc, pe_desc, q_smem, q_pe, k_lo, k_hi, k_pe, p_smem, m_smem, f_smem, l_smem, ready_lo,
+                  ready_hi, q_ready, ma_ready, pb_ready, pa_ready, l_ready, BT, stride_bt, PAGE, SEQ, O, LSE, OP, LP,
+                  stride_ob, stride_oh,
                   stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, chunk, score_scale,
                   out_scale, SINGLE: gl.constexpr, STORE_LSE: gl.constexpr):
         """Warpgroup 1: per pair block b's scores and softmax, output columns [256, 512)."""
@@ -200,16 +200,19 @@ if HAVE_GLUON:
         acc = gl.zeros([64, 256], gl.float32, o_layout)
         m_i = gl.full([64], -1.0e30, gl.float32, row_s)
         l_i = gl.zeros([64], gl.float32, row_s)
+        bt = BT + b.to(gl.int64) * stride_bt
         mbarrier.wait(q_ready, 0)
         for i in range(gl.cdiv(n_blocks, 2)):
             ph = i & 1
+            sa = i & 1  # block a's slot: the slots swap roles every pair (see the module doc)
+            sb = 1 - sa
             tok_a = start + 2 * i * 64
             tok_b = tok_a + 64
-            mbarrier.arrive(empty_lo.index(0))  # never reads block a's left half
+            row_a2 = _ss_row(bt, tok_a + 128, end, PAGE)
+            row_b2 = _ss_row(bt, tok_b + 128, end, PAGE)
             sc = gl.zeros([64, 64], gl.float32, s_layout)
             if tok_b < end:
-                sc = _ss_scores(q_smem, q_pe, k_lo, k_hi, k_pe, 1, ready_lo, ready_hi, ph, sc)
-            release(empty_lo.index(1))  # block b's left half: warpgroup 0's P V is its last reader
+                sc = _ss_scores(q_smem, q_pe, k_lo, k_hi, k_pe, sb, ready_lo, ready_hi, ph, sc)
             sc = _ss_mask(sc, tok_b, end)  # an absent block b: all masked, P_b = 0
             mbarrier.wait(ma_ready, ph)
             m_a = m_smem.index(0).load(row_s)
@@ -218,7 +221,7 @@ if HAVE_GLUON:
             alpha_b = gl.exp2(m_a - m_b)
             alpha = gl.exp2(m_i - m_a) * alpha_b
             p16 = p.to(k_pe.dtype)
-            k_pe.index(1).store(p16)
+            p_smem.store(p16)
             f_smem.store(alpha_b)
             m_smem.index(1).store(m_b)
             fence_async_shared()
@@ -226,17 +229,20 @@ if HAVE_GLUON:
             l_i = l_i * alpha + gl.sum(p, axis=1)
             m_i = m_b
             if tok_b + 64 > end:
-                _zero_tail(k_hi.index(1), end - tok_b)
+                _zero_tail(k_hi.index(sb), end - tok_b)
             p_op = gl.convert_layout(p16, p_layout)
-            o_tok = warpgroup_mma(p_op, k_hi.index(1), acc * gl.convert_layout(alpha, row_o)[:, None],
+            o_tok = warpgroup_mma(p_op, k_hi.index(sb), acc * gl.convert_layout(alpha, row_o)[:, None],
                                   is_async=True)
             mbarrier.wait(pa_ready, ph)  # warpgroup 0's rescaled P_a
             if tok_b > end:
-                _zero_tail(k_hi.index(0), end - tok_a)
-            o_tok = warpgroup_mma(k_pe.index(0), k_hi.index(0), o_tok, is_async=True)
-            acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
-            release(empty_hi.index(0))
-            mbarrier.arrive(empty_hi.index(1))
+                _zero_tail(k_hi.index(sa), end - tok_a)
+            o_tok = warpgroup_mma(k_pe.index(sa), k_hi.index(sa), o_tok, is_async=True)
+            warpgroup_mma_wait(num_outstanding=1, deps=(p_op,))  # P_b V_b retired: b's right half read
+            if tok_a + 128 < end:  # the next a's
+                _ss_load_right(lo_desc, pe_desc, row_a2, k_hi, k_pe, ready_hi, sb)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok,))
+            if tok_b + 128 < end:  # block a's right half (its scores, the rescaled P_a, this P V) read: the next b's
+                _ss_load_right(lo_desc, pe_desc, row_b2, k_hi, k_pe, ready_hi, sa)
         _ss_finish(acc, l_i, m_i, l_smem, l_ready, 1, O, LSE, OP, LP, b, s, n_blocks, stride_ob, stride_oh, stride_pb,
                    stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, out_scale, 256, o_layout,
                    SINGLE, STORE_LSE)
@@ -248,8 +254,8 @@ if HAVE_GLUON:
                                 out_scale, SINGLE: gl.constexpr, STORE_LSE: gl.constexpr,
                                 CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
         """Grid (heads / 64, B, splits). ``lo_desc``: the cache's latent rows in [64, 256] boxes;
-        the default partition is warpgroup 0, a 4-warp worker warpgroup 1, a 1-warp worker the
-        producer."""
+        the default partition is warpgroup 0, a 4-warp worker warpgroup 1; each issues the TMA
+        loads of the halves it reads last (two warpgroups, no producer warp: 256 registers a thread)."""
         gl.static_assert(num_warps == 4, "the default partition is one warpgroup")
         gl.static_assert(lo_desc.block_type.shape[1] == 256, "the latent rows load in halves of 256 columns")
         dtype: gl.constexpr = lo_desc.dtype
@@ -258,6 +264,7 @@ if HAVE_GLUON:
         k_lo = gl.allocate_shared_memory(dtype, [2, 64, 256], lo_desc.layout)
         k_hi = gl.allocate_shared_memory(dtype, [2, 64, 256], lo_desc.layout)
         k_pe = gl.allocate_shared_memory(dtype, [2, 64, 64], pe_desc.layout)
+        p_smem = gl.allocate_shared_memory(dtype, [64, 64], pe_desc.layout)  # P_b, for warpgroup 0
         plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
         m_smem = gl.allocate_shared_memory(gl.float32, [2, 64], plain)  # m_a, m_b
         f_smem = gl.allocate_shared_memory(gl.float32, [64], plain)  # exp2(m_a - m_b)
@@ -265,8 +272,6 @@ if HAVE_GLUON:
         bar: gl.constexpr = mbarrier.MBarrierLayout()
         ready_lo = gl.allocate_shared_memory(gl.int64, [2, 1], bar)
         ready_hi = gl.allocate_shared_memory(gl.int64, [2, 1], bar)
-        empty_lo = gl.allocate_shared_memory(gl.int64, [2, 1], bar)
-        empty_hi = gl.allocate_shared_memory(gl.int64, [2, 1], bar)
         l_ready = gl.allocate_shared_memory(gl.int64, [2, 1], bar)
         q_ready = gl.allocate_shared_memory(gl.int64, [1], bar)
         ma_ready = gl.allocate_shared_memory(gl.int64, [1], bar)
@@ -275,22 +280,19 @@ if HAVE_GLUON:
         for i in gl.static_range(2):
             mbarrier.init(ready_lo.index(i), count=1)
             mbarrier.init(ready_hi.index(i), count=1)
-            mbarrier.init(empty_lo.index(i), count=2)  # both warpgroups, every pair
-            mbarrier.init(empty_hi.index(i), count=2)
             mbarrier.init(l_ready.index(i), count=1)
         mbarrier.init(q_ready, count=1)
         mbarrier.init(ma_ready, count=1)
         mbarrier.init(pb_ready, count=1)
         mbarrier.init(pa_ready, count=1)
         gl.warp_specialize([
-            (_ss_left, (q_smem, q_pe, k_lo, k_hi, k_pe, m_smem, f_smem, l_smem, ready_lo, ready_hi, empty_lo,
-                        empty_hi, q_ready, ma_ready, pb_ready, pa_ready, l_ready, Q, SEQ, O, LSE, OP, LP, stride_qb,
-                        stride_qh, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
-                        stride_lsb, stride_lsh, chunk, score_scale, out_scale, SINGLE, STORE_LSE)),
-            (_ss_right, (q_smem, q_pe, k_lo, k_hi, k_pe, m_smem, f_smem, l_smem, ready_lo, ready_hi, empty_lo,
-                         empty_hi, q_ready, ma_ready, pb_ready, pa_ready, l_ready, SEQ, O, LSE, OP, LP, stride_ob,
-                         stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh,
-                         chunk, score_scale, out_scale, SINGLE, STORE_LSE)),
-            (_ss_producer, (lo_desc, pe_desc, k_lo, k_hi, k_pe, ready_lo, ready_hi, empty_lo, empty_hi, SEQ, BT,
-                            stride_bt, chunk, PAGE)),
-        ], [4, 1], [CONSUMER_REGS, _PRODUCER_REGS])
+            (_ss_left, (lo_desc, pe_desc, q_smem, q_pe, k_lo, k_hi, k_pe, p_smem, m_smem, f_smem, l_smem, ready_lo,
+                        ready_hi, q_ready, ma_ready, pb_ready, pa_ready, l_ready, BT, stride_bt, PAGE, Q, SEQ, O, LSE,
+                        OP, LP, stride_qb, stride_qh, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps,
+                        stride_lb, stride_lh, stride_lsb, stride_lsh, chunk, score_scale, out_scale, SINGLE,
+                        STORE_LSE)),
+            (_ss_right, (lo_desc, pe_desc, q_smem, q_pe, k_lo, k_hi, k_pe, p_smem, m_smem, f_smem, l_smem, ready_lo,
+                         ready_hi, q_ready, ma_ready, pb_ready, pa_ready, l_ready, BT, stride_bt, PAGE, SEQ, O, LSE,
+                         OP, LP, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
+                         stride_lsb, stride_lsh, chunk, score_scale, out_scale, SINGLE, STORE_LSE)),
+        ], [4], [CONSUMER_REGS])

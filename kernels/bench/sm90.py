@@ -200,7 +200,7 @@ def mla_sm90_build(config: dict | None = None, single: bool = False, dtype: str 
         consts = {"SINGLE": single, "STORE_LSE": single, "STAGES": cfg["STAGES"], "HSTAGES": cfg["HSTAGES"],
                   "LEFT": cfg["LEFT"], "CONSUMER_REGS": regs, "num_warps": 4}
         return gluon_sm90_build(_mla_sm90_fp8_kernel, sig, consts, 4, maxnreg)
-    maxnreg, regs = registers()
+    maxnreg, regs = registers(cfg["SCHEDULE"])
     if cfg["SCHEDULE"] == "seesaw":
         from kernels.mla_sm90_seesaw import _mla_sm90_seesaw_kernel
 
