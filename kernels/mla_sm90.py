@@ -42,8 +42,8 @@ output scales. ``mla_decode`` takes it for fp8 caches wherever it runs (race 10b
 Triton kernel's speed; 0.63-0.72x FlashMLA's on the bf16 cache, which has no fp8 dense decode).
 
 ``config={"SCHEDULE": "seesaw"}`` runs the bf16 cache on ``kernels.mla_sm90_seesaw`` instead,
-FlashMLA's schedule (two warpgroups scoring alternate blocks); race 11 timed it at 0.86-0.90x this
-schedule's speed, so it stays opt-in.
+FlashMLA's schedule (two warpgroups scoring alternate blocks); races 11 and 13 timed it at
+0.86-0.90x and 0.92-0.96x this schedule's speed, so it stays opt-in.
 
 ``mla_decode`` takes it by default wherever ``supported`` holds (H200 race 9: 2.0-2.3x the Triton
 kernel's speed; races 9-10c: 0.84-0.99x FlashMLA's; kernels/README.md, MLA decode).

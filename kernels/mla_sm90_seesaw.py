@@ -35,7 +35,8 @@ before the products read them (the slots may hold NaN).
 Race 11 (kernels/README.md) raced the first build of this schedule (a producer warp, fixed
 slots): correct everywhere, but 0.86-0.90x the split schedule's speed; Nsight Compute (race 11b)
 found the score operand descriptors spilled and reloaded before every product (41% of warp
-stalls), which this layout removes. ``mla_decode`` keeps the split schedule unless asked.
+stalls), which this layout removes. Race 13 raced this build: 0.92-0.96x the split schedule's
+speed (0.80-0.87x FlashMLA's), so ``mla_decode`` keeps the split schedule unless asked.
 
 Gluon kernels compile only for a GPU: tests/kernels/test_mla_sm90.py compiles this one for sm_90a
 on any machine (``kernels.bench.sm90.mla_sm90_build``) and checks it against the float64 reference
