@@ -51,6 +51,13 @@ if HAVE_GLUON:
     from kernels.sm90_common import fence_async_shared, gl, gluon, mbarrier, release, warpgroup_mma, warpgroup_mma_wait
     from kernels.sm90_common import tma_load as _tma_load
 
+    # both warpgroups' register layouts: a [64, 64] score block, a [64, 256] output half, P as the
+    # A operand of the P V product
+    _S_LAYOUT = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16]))
+    _O_LAYOUT = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, 256, 16]))
+    _P_LAYOUT = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=_O_LAYOUT.value, k_width=2))
+
     @gluon.jit
     def _ss_row(bt, tok, end, PAGE):
         """The cache row of token ``tok`` (a block's first) through the block table; 0 past
@@ -109,15 +116,13 @@ if HAVE_GLUON:
     @gluon.jit
     def _ss_left(lo_desc, pe_desc, q_smem, q_pe, k_lo, k_hi, k_pe, p_smem, m_smem, f_smem, l_smem, ready_lo,
                  ready_hi, q_ready, ma_ready, pb_ready, pa_ready, l_ready, BT, stride_bt, PAGE, Q, SEQ, O, LSE, OP,
-                 LP, stride_qb, stride_qh,
-                 stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh,
-                 chunk, score_scale, out_scale, SINGLE: gl.constexpr, STORE_LSE: gl.constexpr):
+                 LP, stride_qb, stride_qh, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb,
+                 stride_lh, stride_lsb, stride_lsh, chunk, score_scale, out_scale, SINGLE: gl.constexpr,
+                 STORE_LSE: gl.constexpr):
         """Warpgroup 0: stages Q; per pair block a's scores and softmax, output columns [0, 256)."""
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, 64, 16])
-        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, 256, 16])
-        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        s_layout: gl.constexpr = _S_LAYOUT
+        o_layout: gl.constexpr = _O_LAYOUT
+        p_layout: gl.constexpr = _P_LAYOUT
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
         b, s, start, end, n_blocks = _span(SEQ, chunk, 64)
@@ -186,15 +191,12 @@ if HAVE_GLUON:
     @gluon.jit
     def _ss_right(lo_desc, pe_desc, q_smem, q_pe, k_lo, k_hi, k_pe, p_smem, m_smem, f_smem, l_smem, ready_lo,
                   ready_hi, q_ready, ma_ready, pb_ready, pa_ready, l_ready, BT, stride_bt, PAGE, SEQ, O, LSE, OP, LP,
-                  stride_ob, stride_oh,
-                  stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, chunk, score_scale,
-                  out_scale, SINGLE: gl.constexpr, STORE_LSE: gl.constexpr):
+                  stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh,
+                  chunk, score_scale, out_scale, SINGLE: gl.constexpr, STORE_LSE: gl.constexpr):
         """Warpgroup 1: per pair block b's scores and softmax, output columns [256, 512)."""
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, 64, 16])
-        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, 256, 16])
-        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        s_layout: gl.constexpr = _S_LAYOUT
+        o_layout: gl.constexpr = _O_LAYOUT
+        p_layout: gl.constexpr = _P_LAYOUT
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
         b, s, start, end, n_blocks = _span(SEQ, chunk, 64)
