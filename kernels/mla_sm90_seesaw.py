@@ -57,6 +57,8 @@ if HAVE_GLUON:
     _O_LAYOUT = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, 256, 16]))
     _P_LAYOUT = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=_O_LAYOUT.value, k_width=2))
+    _ROW_S = gl.constexpr(gl.SliceLayout(1, _S_LAYOUT.value))  # a score block's rows
+    _ROW_O = gl.constexpr(gl.SliceLayout(1, _O_LAYOUT.value))
 
     @gluon.jit
     def _ss_row(bt, tok, end, PAGE):
@@ -120,11 +122,6 @@ if HAVE_GLUON:
                  stride_lh, stride_lsb, stride_lsh, chunk, score_scale, out_scale, SINGLE: gl.constexpr,
                  STORE_LSE: gl.constexpr):
         """Warpgroup 0: stages Q; per pair block a's scores and softmax, output columns [0, 256)."""
-        s_layout: gl.constexpr = _S_LAYOUT
-        o_layout: gl.constexpr = _O_LAYOUT
-        p_layout: gl.constexpr = _P_LAYOUT
-        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
-        row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
         b, s, start, end, n_blocks = _span(SEQ, chunk, 64)
         bt = BT + b.to(gl.int64) * stride_bt
         if n_blocks > 0:  # the first pair's blocks; later ones are loaded by their slots' last readers
@@ -137,9 +134,9 @@ if HAVE_GLUON:
                 _ss_load_right(lo_desc, pe_desc, row, k_hi, k_pe, ready_hi, 1)
         _stage_q(q_smem, q_pe, Q + b.to(gl.int64) * stride_qb + gl.program_id(0) * 64 * stride_qh, stride_qh)
         mbarrier.arrive(q_ready)
-        acc = gl.zeros([64, 256], gl.float32, o_layout)
-        m_i = gl.full([64], -1.0e30, gl.float32, row_s)
-        l_i = gl.zeros([64], gl.float32, row_s)
+        acc = gl.zeros([64, 256], gl.float32, _O_LAYOUT)
+        m_i = gl.full([64], -1.0e30, gl.float32, _ROW_S)
+        l_i = gl.zeros([64], gl.float32, _ROW_S)
         for i in range(gl.cdiv(n_blocks, 2)):
             ph = i & 1
             sa = i & 1  # block a's slot: the slots swap roles every pair (see the module doc)
@@ -151,7 +148,7 @@ if HAVE_GLUON:
             # (a fresh accumulator: a loop-carried one would hold 32 registers through the loop;
             # under a condition that always holds, or the compiler hoists the 72 operand
             # descriptors out of the loop and spills them)
-            sc = gl.zeros([64, 64], gl.float32, s_layout)
+            sc = gl.zeros([64, 64], gl.float32, _S_LAYOUT)
             if tok_a < end:
                 sc = _ss_scores(q_smem, q_pe, k_lo, k_hi, k_pe, sa, ready_lo, ready_hi, ph, sc)
             sc = _ss_mask(sc, tok_a, end)
@@ -161,11 +158,11 @@ if HAVE_GLUON:
             rs_a = gl.sum(p, axis=1)
             m_smem.index(0).store(m_a)
             release(ma_ready)
-            acc = acc * gl.convert_layout(alpha_a, row_o)[:, None]
+            acc = acc * gl.convert_layout(alpha_a, _ROW_O)[:, None]
             if tok_b > end:
                 _zero_tail(k_lo.index(sa), end - tok_a)
             p16 = p.to(k_lo.dtype)  # kept in 16 bits (the fp32 P would hold 32 more registers through P V)
-            p_op = gl.convert_layout(p16, p_layout)
+            p_op = gl.convert_layout(p16, _P_LAYOUT)
             o_tok = warpgroup_mma(p_op, k_lo.index(sa), acc, is_async=True)
             mbarrier.wait(pb_ready, ph)  # warpgroup 1's P_b and rescale factor
             acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
@@ -173,11 +170,11 @@ if HAVE_GLUON:
                 _ss_load_left(lo_desc, row_b2, k_lo, ready_lo, sa)
             if tok_b + 64 > end:  # block b partial or absent: its rows past the end zeroed
                 _zero_tail(k_lo.index(sb), end - tok_b)
-            alpha_b = f_smem.load(row_o)
+            alpha_b = f_smem.load(_ROW_O)
             o_tok = warpgroup_mma(p_smem, k_lo.index(sb), acc * alpha_b[:, None], is_async=True)
-            alpha_bs = f_smem.load(row_s)
+            alpha_bs = f_smem.load(_ROW_S)
             k_pe.index(sa).store((p16.to(gl.float32) * alpha_bs[:, None]).to(k_pe.dtype))  # P_a in m_b's units
-            m_i = m_smem.index(1).load(row_s)
+            m_i = m_smem.index(1).load(_ROW_S)
             fence_async_shared()
             release(pa_ready)
             l_i = (l_i * alpha_a + rs_a) * alpha_bs
@@ -185,7 +182,7 @@ if HAVE_GLUON:
             if tok_a + 128 < end:  # block b's left half read (warpgroup 1's scores, this P V): the next a's
                 _ss_load_left(lo_desc, row_a2, k_lo, ready_lo, sb)
         _ss_finish(acc, l_i, m_i, l_smem, l_ready, 0, O, LSE, OP, LP, b, s, n_blocks, stride_ob, stride_oh, stride_pb,
-                   stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, out_scale, 0, o_layout,
+                   stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, out_scale, 0, _O_LAYOUT,
                    SINGLE, STORE_LSE)
 
     @gluon.jit
@@ -194,15 +191,10 @@ if HAVE_GLUON:
                   stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh,
                   chunk, score_scale, out_scale, SINGLE: gl.constexpr, STORE_LSE: gl.constexpr):
         """Warpgroup 1: per pair block b's scores and softmax, output columns [256, 512)."""
-        s_layout: gl.constexpr = _S_LAYOUT
-        o_layout: gl.constexpr = _O_LAYOUT
-        p_layout: gl.constexpr = _P_LAYOUT
-        row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
-        row_o: gl.constexpr = gl.SliceLayout(1, o_layout)
         b, s, start, end, n_blocks = _span(SEQ, chunk, 64)
-        acc = gl.zeros([64, 256], gl.float32, o_layout)
-        m_i = gl.full([64], -1.0e30, gl.float32, row_s)
-        l_i = gl.zeros([64], gl.float32, row_s)
+        acc = gl.zeros([64, 256], gl.float32, _O_LAYOUT)
+        m_i = gl.full([64], -1.0e30, gl.float32, _ROW_S)
+        l_i = gl.zeros([64], gl.float32, _ROW_S)
         bt = BT + b.to(gl.int64) * stride_bt
         mbarrier.wait(q_ready, 0)
         for i in range(gl.cdiv(n_blocks, 2)):
@@ -213,12 +205,12 @@ if HAVE_GLUON:
             tok_b = tok_a + 64
             row_a2 = _ss_row(bt, tok_a + 128, end, PAGE)
             row_b2 = _ss_row(bt, tok_b + 128, end, PAGE)
-            sc = gl.zeros([64, 64], gl.float32, s_layout)
+            sc = gl.zeros([64, 64], gl.float32, _S_LAYOUT)
             if tok_b < end:
                 sc = _ss_scores(q_smem, q_pe, k_lo, k_hi, k_pe, sb, ready_lo, ready_hi, ph, sc)
             sc = _ss_mask(sc, tok_b, end)  # an absent block b: all masked, P_b = 0
             mbarrier.wait(ma_ready, ph)
-            m_a = m_smem.index(0).load(row_s)
+            m_a = m_smem.index(0).load(_ROW_S)
             m_b = gl.maximum(m_a, gl.max(sc, axis=1) * score_scale)
             p = gl.exp2(sc * score_scale - m_b[:, None])
             alpha_b = gl.exp2(m_a - m_b)
@@ -233,8 +225,8 @@ if HAVE_GLUON:
             m_i = m_b
             if tok_b + 64 > end:
                 _zero_tail(k_hi.index(sb), end - tok_b)
-            p_op = gl.convert_layout(p16, p_layout)
-            o_tok = warpgroup_mma(p_op, k_hi.index(sb), acc * gl.convert_layout(alpha, row_o)[:, None],
+            p_op = gl.convert_layout(p16, _P_LAYOUT)
+            o_tok = warpgroup_mma(p_op, k_hi.index(sb), acc * gl.convert_layout(alpha, _ROW_O)[:, None],
                                   is_async=True)
             mbarrier.wait(pa_ready, ph)  # warpgroup 0's rescaled P_a
             if tok_b > end:
@@ -247,7 +239,7 @@ if HAVE_GLUON:
             if tok_b + 128 < end:  # block a's right half (its scores, the rescaled P_a, this P V) read: the next b's
                 _ss_load_right(lo_desc, pe_desc, row_b2, k_hi, k_pe, ready_hi, sa)
         _ss_finish(acc, l_i, m_i, l_smem, l_ready, 1, O, LSE, OP, LP, b, s, n_blocks, stride_ob, stride_oh, stride_pb,
-                   stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, out_scale, 256, o_layout,
+                   stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, out_scale, 256, _O_LAYOUT,
                    SINGLE, STORE_LSE)
 
     @gluon.jit
