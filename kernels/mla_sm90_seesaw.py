@@ -67,6 +67,16 @@ if HAVE_GLUON:
         return (gl.load(bt + tok // PAGE, mask=tok < end, other=0) * PAGE + tok % PAGE).to(gl.int32)
 
     @gluon.jit
+    def _ss_pair(i, start, end, bt, PAGE):
+        """Pair i's barrier phase, block a's and block b's slots (the slots swap roles every pair),
+        their first tokens, and the next pair's cache rows (read now, used after this pair's
+        products)."""
+        sa = i & 1
+        tok_a = start + 2 * i * 64
+        return (i & 1, sa, 1 - sa, tok_a, tok_a + 64, _ss_row(bt, tok_a + 128, end, PAGE),
+                _ss_row(bt, tok_a + 192, end, PAGE))
+
+    @gluon.jit
     def _ss_load_left(lo_desc, row, k_lo, ready_lo, st):
         """A key block's latent columns [0, 256) into slot st (TMA, completing on ready_lo[st])."""
         mbarrier.expect(ready_lo.index(st), lo_desc.block_type.nbytes)
@@ -138,13 +148,7 @@ if HAVE_GLUON:
         m_i = gl.full([64], -1.0e30, gl.float32, _ROW_S)
         l_i = gl.zeros([64], gl.float32, _ROW_S)
         for i in range(gl.cdiv(n_blocks, 2)):
-            ph = i & 1
-            sa = i & 1  # block a's slot: the slots swap roles every pair (see the module doc)
-            sb = 1 - sa
-            tok_a = start + 2 * i * 64
-            tok_b = tok_a + 64
-            row_a2 = _ss_row(bt, tok_a + 128, end, PAGE)  # the next pair's (read now, used later)
-            row_b2 = _ss_row(bt, tok_b + 128, end, PAGE)
+            ph, sa, sb, tok_a, tok_b, row_a2, row_b2 = _ss_pair(i, start, end, bt, PAGE)
             # (a fresh accumulator: a loop-carried one would hold 32 registers through the loop;
             # under a condition that always holds, or the compiler hoists the 72 operand
             # descriptors out of the loop and spills them)
@@ -198,13 +202,7 @@ if HAVE_GLUON:
         bt = BT + b.to(gl.int64) * stride_bt
         mbarrier.wait(q_ready, 0)
         for i in range(gl.cdiv(n_blocks, 2)):
-            ph = i & 1
-            sa = i & 1  # block a's slot: the slots swap roles every pair (see the module doc)
-            sb = 1 - sa
-            tok_a = start + 2 * i * 64
-            tok_b = tok_a + 64
-            row_a2 = _ss_row(bt, tok_a + 128, end, PAGE)
-            row_b2 = _ss_row(bt, tok_b + 128, end, PAGE)
+            ph, sa, sb, tok_a, tok_b, row_a2, row_b2 = _ss_pair(i, start, end, bt, PAGE)
             sc = gl.zeros([64, 64], gl.float32, _S_LAYOUT)
             if tok_b < end:
                 sc = _ss_scores(q_smem, q_pe, k_lo, k_hi, k_pe, sb, ready_lo, ready_hi, ph, sc)
