@@ -6,8 +6,9 @@ Same contract, grid and outputs as ``kernels.mla_sm90``'s split kernel (``mla_sm
 this one with ``config={"SCHEDULE": "seesaw"}``). Why a second schedule: there, one warpgroup
 scores every block and the tensor pipe idles while it runs the softmax between its dependent
 products (Nsight Compute, race 10: tensor pipe busy 58.8% of cycles against FlashMLA's 65.4%, the
-same busy cycles; kernels/README.md, MLA decode). Here key blocks come in pairs (a = 2i in slot
-0, b = 2i + 1 in slot 1), with m the running row maximum before the pair:
+same busy cycles; kernels/README.md, MLA decode). Here key blocks come in pairs (a = 2i,
+b = 2i + 1, one in each of two shared-memory slots), with m the running row maximum before the
+pair:
 
 - warpgroup 0 (output columns [0, 256)): S_a = Q K_a^T; m_a = max(m, rowmax S_a), published;
   P_a = exp2(S_a - m_a); O_L = O_L exp2(m - m_a) + P_a V_a[:, :256] (P in registers); once
