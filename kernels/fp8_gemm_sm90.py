@@ -58,7 +58,7 @@ if HAVE_GLUON:
     from kernels.sm90_common import cta_barrier as _cta_barrier
     from kernels.sm90_common import tma_load as _tma_load
     from kernels.sm90_common import tma_store as _tma_store
-    from kernels.sm90_common import warpgroup_mma, warpgroup_mma_wait
+    from kernels.sm90_common import warpgroup_mma, warpgroup_mma_wait, wgmma_layout
 
 BLOCK_K = 128  # the format's scale block along K
 PRODUCER_REGS = 40  # registers per thread of the TMA producer's warpgroup (the consumers get the rest)
@@ -190,8 +190,7 @@ if HAVE_GLUON:
         HALF: gl.constexpr = c_desc.block_type.shape[0]
         BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
         BLOCK_M: gl.constexpr = HALF * CONSUMERS
-        layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                         instr_shape=[16, BLOCK_N, 32])
+        layout: gl.constexpr = wgmma_layout(BLOCK_N, 32)
         c_smem = c_bufs.index(W)
         pid = gl.program_id(0)
         nprog = gl.num_programs(0)

@@ -66,6 +66,7 @@ if HAVE_GLUON:
     from kernels.sm90_common import (TensorDescriptor, fence_async_shared, gl, gluon, mbarrier, release,
                                      warpgroup_mma, warpgroup_mma_wait)
     from kernels.sm90_common import cta_barrier as _cta_barrier
+    from kernels.sm90_common import wgmma_layout
 
 KV_LORA = 512
 ROPE = 64
@@ -201,10 +202,8 @@ if HAVE_GLUON:
                 SINGLE: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr, LEFT: gl.constexpr,
                 PREFETCH: gl.constexpr):
         """Consumer 0: the scores, the softmax and output columns [0, LEFT)."""
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, 64, 16])
-        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, LEFT, 16])
+        s_layout: gl.constexpr = wgmma_layout(64)
+        o_layout: gl.constexpr = wgmma_layout(LEFT)
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         b, s, start, end, n_blocks = _span(SEQ, chunk, 64)
@@ -261,9 +260,8 @@ if HAVE_GLUON:
         """Consumer 1: output columns [LEFT, 512), P from shared memory: [256, 512) in one
         accumulator, with LEFT = 128 columns [128, 256) in a second (a slice of the key block
         starts at a multiple of its width)."""
-        la: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16])
-        lb: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                     instr_shape=[16, 256 - LEFT if LEFT < 256 else 256, 16])
+        la: gl.constexpr = wgmma_layout(256)
+        lb: gl.constexpr = wgmma_layout(256 - LEFT if LEFT < 256 else 256)
         NP: gl.constexpr = p_bufs.shape[0]
         b, s, start, end, n_blocks = _span(SEQ, chunk, 64)
         acc_a = gl.zeros([64, 256], gl.float32, la)
@@ -385,10 +383,8 @@ if HAVE_GLUON:
         consumer 1, output columns [0, LEFT) with P from registers; while that product runs, its
         share of the next block's conversion (with one fp16 block: after it)."""
         BN: gl.constexpr = f_lat.shape[1]
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, BN, 16])
-        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, LEFT, 16])
+        s_layout: gl.constexpr = wgmma_layout(BN)
+        o_layout: gl.constexpr = wgmma_layout(LEFT)
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         b, s, start, end, n_blocks = _span(SEQ, chunk, BN)
@@ -433,7 +429,7 @@ if HAVE_GLUON:
         BN: gl.constexpr = f_lat.shape[1]
         NP: gl.constexpr = p_bufs.shape[0]
         W: gl.constexpr = 512 - LEFT
-        la: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, W, 16])
+        la: gl.constexpr = wgmma_layout(W)
         b, s, start, end, n_blocks = _span(SEQ, chunk, BN)
         acc = gl.zeros([64, W], gl.float32, la)
         if n_blocks > 0:

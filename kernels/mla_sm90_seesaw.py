@@ -51,12 +51,12 @@ if HAVE_GLUON:
     from kernels.mla_sm90_parts import _span, _stage_q, _write_out, _zero_tail
     from kernels.sm90_common import fence_async_shared, gl, gluon, mbarrier, release, warpgroup_mma, warpgroup_mma_wait
     from kernels.sm90_common import tma_load as _tma_load
+    from kernels.sm90_common import wgmma_layout
 
     # both warpgroups' register layouts: a [64, 64] score block, a [64, 256] output half, P as the
     # A operand of the P V product
-    _S_LAYOUT = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16]))
-    _O_LAYOUT = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, 256, 16]))
+    _S_LAYOUT = gl.constexpr(wgmma_layout(64))
+    _O_LAYOUT = gl.constexpr(wgmma_layout(256))
     _P_LAYOUT = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=_O_LAYOUT.value, k_width=2))
     _ROW_S = gl.constexpr(gl.SliceLayout(1, _S_LAYOUT.value))  # a score block's rows
     _ROW_O = gl.constexpr(gl.SliceLayout(1, _O_LAYOUT.value))

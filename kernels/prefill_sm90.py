@@ -51,6 +51,7 @@ if HAVE_GLUON:
     from kernels.sm90_common import GL_DTYPE as _GL
     from kernels.sm90_common import TensorDescriptor, gl, gluon, mbarrier, release, warpgroup_mma, warpgroup_mma_wait
     from kernels.sm90_common import tma_load as _tma_load
+    from kernels.sm90_common import wgmma_layout
 
 BLOCK_M = 128  # query rows per tile: two consumer warpgroups of 64
 PRODUCER_REGS = 40
@@ -250,10 +251,8 @@ if HAVE_GLUON:
         HALF: gl.constexpr = 64
         BM: gl.constexpr = 2 * HALF
         dtype: gl.constexpr = q_smem.dtype
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, BN, 16])
-        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, DV, 16])
+        s_layout: gl.constexpr = wgmma_layout(BN)
+        o_layout: gl.constexpr = wgmma_layout(DV)
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
         row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
         row_o: gl.constexpr = gl.SliceLayout(1, o_layout)

@@ -1,14 +1,16 @@
 """What the Gluon Hopper kernels (``fp8_gemm_sm90``, ``prefill_sm90``, ``mla_sm90``) share: Gluon's
 Hopper modules (absent from Triton builds without them: ``HAVE_GLUON`` is then False), the names
-Triton 3.6 (the H200's) and later releases give the same operations, and the release of a ring
-slot by one warp-specialised partition."""
+Triton 3.6 (the H200's) and later releases give the same operations, the register layout of a
+warpgroup MMA's accumulator, and the release of a ring slot by one warp-specialised partition."""
 
 from __future__ import annotations
 
 import torch
+import triton
 
-__all__ = ["HAVE_GLUON", "SMEM_BYTES", "split_registers", "GL_DTYPE", "TensorDescriptor", "async_copy", "cp_async", "cta_barrier", "fence_async_shared", "gl", "gluon", "mbarrier",
-           "mma_v2", "release", "tma", "tma_load", "tma_store", "warpgroup_mma", "warpgroup_mma_wait"]
+__all__ = ["HAVE_GLUON", "SMEM_BYTES", "split_registers", "GL_DTYPE", "TensorDescriptor", "async_copy", "cp_async",
+           "cta_barrier", "fence_async_shared", "gl", "gluon", "mbarrier", "mma_v2", "release", "tma", "tma_load",
+           "tma_store", "warpgroup_mma", "warpgroup_mma_wait", "wgmma_layout"]
 
 SMEM_BYTES = 227 * 1024  # the shared memory one sm_90 CTA may take
 
@@ -53,6 +55,12 @@ try:  # Gluon ships with Triton >= 3.4; the Hopper modules exist only in the CUD
         arrival on the slot's mbarrier."""
         cta_barrier()
         mbarrier.arrive(bar)
+
+    @triton.constexpr_function
+    def wgmma_layout(n, k=16):
+        """The register layout of a one-warpgroup ``wgmma`` accumulator of [64, ``n``] (instruction
+        K ``k``: 16 for 16-bit operands, 32 for fp8), callable from Gluon code."""
+        return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, n, k])
 
 except ImportError:  # pragma: no cover - depends on the Triton build
     HAVE_GLUON = False
