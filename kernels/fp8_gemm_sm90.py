@@ -390,13 +390,16 @@ def with_scale_tma(cfg: dict) -> dict:
     return out
 
 
+def tma_scales(a_scale: torch.Tensor) -> bool:
+    """Whether TMA can read the activation scales as their [K / 128, M] transpose: column-major
+    (vLLM's layout), each K block's column 16-byte aligned (M a multiple of 4 when packed)."""
+    return a_scale.stride(0) == 1 and (a_scale.stride(1) * 4) % 16 == 0 and a_scale.data_ptr() % 16 == 0
+
+
 def scale_tma_default(a_scale: torch.Tensor, k: int) -> bool:
-    """Whether ``fp8_gemm_sm90`` TMA-loads the activation scales unasked: they are column-major
-    (vLLM's layout), M is a multiple of 4 (the TMA box's rows 16-byte aligned) and K is at least
-    ``SCALE_TMA_MIN_K``."""
-    m = a_scale.shape[0]
-    return (k >= SCALE_TMA_MIN_K and m % 4 == 0 and a_scale.stride(0) == 1 and a_scale.stride(1) == m
-            and a_scale.data_ptr() % 16 == 0)
+    """Whether ``fp8_gemm_sm90`` TMA-loads the activation scales unasked: ``tma_scales`` holds
+    and K is at least ``SCALE_TMA_MIN_K``."""
+    return k >= SCALE_TMA_MIN_K and tma_scales(a_scale)
 
 
 def launch_config(config: dict) -> dict:
@@ -464,7 +467,7 @@ def _scale_desc(a_scale: torch.Tensor, block_m: int):
     out so (TMA needs the transpose's rows contiguous and 16-byte aligned: M a multiple of 4)."""
     m = a_scale.shape[0]
     t = a_scale.t()
-    if t.stride(1) != 1 or (t.stride(0) * 4) % 16 or t.data_ptr() % 16:
+    if not tma_scales(a_scale):
         raise ValueError(f"fp8_gemm_sm90 config SCALE_TMA: the activation scales must be column-major with M a "
                          f"multiple of 4 (got shape {tuple(a_scale.shape)}, strides {a_scale.stride()})")
     layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
