@@ -89,8 +89,8 @@ def smem_bytes(stages: int, itemsize: int = 2) -> int:
 def smem_bytes_seesaw() -> int:
     """The seesaw schedule (``kernels.mla_sm90_seesaw``): Q and two key blocks [64, 576], P_b
     [64, 64] (the rescaled P_a goes into block a's rope rows), m_a and m_b, the rescale factor,
-    both row sums, 9 mbarriers."""
-    return 2 * (3 * BLOCK_N * (KV_LORA + ROPE) + BLOCK_H * BLOCK_N) + 4 * 5 * BLOCK_H + 8 * 9
+    both row sums, 25 mbarriers (one per [64, 64] tile of each slot, 18, and 7 hand-overs)."""
+    return 2 * (3 * BLOCK_N * (KV_LORA + ROPE) + BLOCK_H * BLOCK_N) + 4 * 5 * BLOCK_H + 8 * 25
 
 
 def smem_bytes_fp8(stages: int, hstages: int, block_n: int) -> int:
@@ -158,6 +158,9 @@ def launch_config(config: dict | None, fp8: bool = False) -> dict:
         if bad:
             raise ValueError(f"mla_sm90 config: SCHEDULE 'seesaw' fixes {bad} (STAGES 2, LEFT 256, PREFETCH off), "
                              f"got {({k: config[k] for k in bad})}")
+        unknown = sorted(set(config) - set(CONFIG_KEYS))
+        if unknown:
+            raise ValueError(f"mla_sm90 config: unknown keys {unknown}, expected some of {list(CONFIG_KEYS)}")
         return dict(fixed, SCHEDULE="seesaw")
     cfg = dict(STAGES=2, LEFT=128, PREFETCH=False, SCHEDULE="split")
     if config:
@@ -525,10 +528,10 @@ def registers(schedule: str = "split") -> tuple[int, int]:
     return split_registers(2, 1, PRODUCER_REGS)
 
 
-def descriptors(kv_cache: torch.Tensor, block_n: int = BLOCK_N, latent: int = KV_LORA):
+def descriptors(kv_cache: torch.Tensor, block_n: int = BLOCK_N):
     """TMA descriptors over the cache as a [blocks x page, 576] matrix: a key block's latent rows
-    [block_n, ``latent``] (the seesaw schedule loads them in halves of 256) and rope rows
-    [block_n, 64]."""
+    [block_n, 512] and rope rows [block_n, 64] (the seesaw schedule loads every [64, 64] tile of
+    a block with the second)."""
     rows = kv_cache.shape[0] * kv_cache.shape[1]
     m = kv_cache.as_strided((rows, KV_LORA + ROPE), (kv_cache.stride(1), 1))
     dt = gl.float8e4nv if kv_cache.dtype == torch.float8_e4m3fn else _GL[kv_cache.dtype]
@@ -537,7 +540,7 @@ def descriptors(kv_cache: torch.Tensor, block_n: int = BLOCK_N, latent: int = KV
         return TensorDescriptor(m, list(m.shape), list(m.stride()), block,
                                 gl.NVMMASharedLayout.get_default_for(block, dt))
 
-    return desc([block_n, latent]), desc([block_n, ROPE])
+    return desc([block_n, KV_LORA]), desc([block_n, ROPE])
 
 
 def mla_sm90_split(q, kv_cache, block_table, seq_lens, out, lse, op, lp, chunk, num_splits, score_scale, out_scale,
@@ -552,7 +555,7 @@ def mla_sm90_split(q, kv_cache, block_table, seq_lens, out, lse, op, lp, chunk, 
     bsz, nh, _ = q.shape
     single = num_splits == 1
     seesaw = cfg.get("SCHEDULE") == "seesaw"
-    kv_desc, pe_desc = descriptors(kv_cache, cfg["BLOCK_N"] if fp8 else BLOCK_N, 256 if seesaw else KV_LORA)
+    kv_desc, pe_desc = descriptors(kv_cache, cfg["BLOCK_N"] if fp8 else BLOCK_N)
     sp = (0, 0, 0, 0, 0) if single else (op.stride(0), op.stride(1), op.stride(2), lp.stride(0), lp.stride(1))
     lse_st = (lse.stride(0), lse.stride(1)) if lse is not None else (0, 0)
     maxnreg, regs = registers("seesaw" if seesaw else "split")
@@ -560,9 +563,9 @@ def mla_sm90_split(q, kv_cache, block_table, seq_lens, out, lse, op, lp, chunk, 
             op if op is not None else out, lp if lp is not None else out,
             q.stride(0), q.stride(1), block_table.stride(0), out.stride(0), out.stride(1), *sp, *lse_st,
             chunk, kv_cache.shape[1], score_scale, out_scale)
-    if seesaw:
+    if seesaw:  # one [64, 64] descriptor: the seesaw loads a key block as nine tiles
         _mla_sm90_seesaw_kernel[(nh // BLOCK_H, bsz, num_splits)](
-            *args, SINGLE=single, STORE_LSE=lse is not None and single, CONSUMER_REGS=regs, num_warps=4,
+            *args[1:], SINGLE=single, STORE_LSE=lse is not None and single, CONSUMER_REGS=regs, num_warps=4,
             maxnreg=maxnreg)
         return
     common = dict(SINGLE=single, STORE_LSE=lse is not None and single, STAGES=cfg["STAGES"], LEFT=cfg["LEFT"],

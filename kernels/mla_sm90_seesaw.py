@@ -6,38 +6,42 @@ Same contract, grid and outputs as ``kernels.mla_sm90``'s split kernel (``mla_sm
 this one with ``config={"SCHEDULE": "seesaw"}``). Why a second schedule: there, one warpgroup
 scores every block and the tensor pipe idles while it runs the softmax between its dependent
 products (Nsight Compute, race 10: tensor pipe busy 58.8% of cycles against FlashMLA's 65.4%, the
-same busy cycles; kernels/README.md, MLA decode). Here key blocks come in pairs (a = 2i,
-b = 2i + 1, one in each of two shared-memory slots), with m the running row maximum before the
-pair:
+same busy cycles; kernels/README.md, MLA decode). Here key blocks come in pairs, block a = 2i in
+slot 0 and b = 2i + 1 in slot 1, with m the running row maximum before the pair; S_a and S_b
+were issued at the end of the previous pair (before the loop for the first):
 
-- warpgroup 0 (output columns [0, 256)): S_a = Q K_a^T; m_a = max(m, rowmax S_a), published;
-  P_a = exp2(S_a - m_a); O_L = O_L exp2(m - m_a) + P_a V_a[:, :256] (P in registers); once
-  warpgroup 1 published P_b and exp2(m_a - m_b): O_L = O_L exp2(m_a - m_b) + P_b V_b[:, :256]
-  (P from shared memory), and P_a exp2(m_a - m_b) published for warpgroup 1;
-- warpgroup 1 (output columns [256, 512)), beside it: S_b = Q K_b^T; with m_a,
-  m_b = max(m_a, rowmax S_b), P_b = exp2(S_b - m_b), both published;
-  O_R = O_R exp2(m - m_b) + P_b V_b[:, 256:] (P in registers), then + the rescaled P_a
-  V_a[:, 256:] (P from shared memory).
+- warpgroup 0 (output columns [0, 256)): m_a = max(m, rowmax S_a), published; P_a =
+  exp2(S_a - m_a); O_L = O_L exp2(m - m_a) + P_a V_a[:, :256] (P in registers); once warpgroup 1
+  published exp2(m_a - m_b): P_a exp2(m_a - m_b) published (into block a's rope rows, read only
+  by a's scores); once P_b is in: O_L = O_L exp2(m_a - m_b) + P_b V_b[:, :256] (P from shared
+  memory), and beside that product the next pair's S_a;
+- warpgroup 1 (output columns [256, 512)), beside it: with m_a, m_b = max(m_a, rowmax S_b), the
+  rescale factor, then P_b = exp2(S_b - m_b) published; O_R = O_R exp2(m - m_b) + P_b V_b[:, 256:]
+  (P in registers), then + the rescaled P_a V_a[:, 256:] (P from shared memory); then the next
+  pair's S_b, its right half first.
 
 While one warpgroup runs its softmax the other's products keep the tensor pipe busy; each
 warpgroup runs 576 + 2 x 256 columns of products per pair, the same. Both keep their own row
-sums (the P they computed), added at the end. P_b has its own buffer; the rescaled P_a goes into
-block a's rope rows (read only by a's scores, which precede it). The slots swap roles every pair
-(block a of pair i in slot i % 2), and there is no producer warp: each half of a slot (latent
-columns [0, 256); the rest with the rope) is TMA-loaded for the next pair by the warpgroup that
-reads it last, right after that read retires (left halves by warpgroup 0 after its P V, right
-halves by warpgroup 1 after its P V). Two warpgroups alone leave 255 registers a thread (the
-split kernel's consumers have 232 beside the producer warp), and with the slots changing the
-score products' operand descriptors are no longer loop-invariant, which is what made Triton 3.6
-hoist and spill them in race 11's build. A pair without block b (an odd block count) runs b's
-products on zeroed rows with P = 0; a partial last block's rows past the sequence are zeroed
-before the products read them (the slots may hold NaN).
+sums (the P they computed), added at the end. There is no producer warp: each [64, 64] tile of a
+slot (8 latent, 1 rope) completes on its own mbarrier, and each half of a slot (latent columns
+[0, 256); the rest with the rope) is TMA-loaded for the next pair by the warpgroup that reads it
+last, right after that read retires: the left half of a after warpgroup 0's P_a V, the right half
+of b after warpgroup 1's P_b V (both mid-pair), the other two at the pair's end; each score
+product starts with the half loaded first and waits tile by tile (FlashMLA's order). Two
+warpgroups alone leave 255 registers a thread (the split kernel's consumers have 232 beside the
+producer warp). The slot indices come from a loop-variant value (``_ss_slots``) so that Triton
+does not hoist the 72 score operand descriptors out of the loop and spill them, as race 11's build
+did. A pair without block b (an odd block count) runs b's products on zeroed rows with P = 0; a
+partial last block's rows past the sequence are zeroed before the products read them (the slots
+may hold NaN).
 
-Race 11 (kernels/README.md) raced the first build of this schedule (a producer warp, fixed
-slots): correct everywhere, but 0.86-0.90x the split schedule's speed; Nsight Compute (race 11b)
-found the score operand descriptors spilled and reloaded before every product (41% of warp
-stalls), which this layout removes. Race 13 raced this build: 0.92-0.96x the split schedule's
-speed (0.80-0.87x FlashMLA's), so ``mla_decode`` keeps the split schedule unless asked.
+Races (kernels/README.md, "Race 11: FlashMLA's seesaw schedule"): race 11's first build (a
+producer warp, fixed slots) 0.86-0.90x the split schedule's speed; race 13's (no producer warp,
+the slots swapping roles, scores at the start of a pair behind half-block barriers) 0.92-0.96x;
+race 14 (this order, half-block or per-tile barriers) 0.87-0.95x; race 14b (this build: P_b's
+hand-over split from the rescale factor's, warpgroup 1 scoring its right half first, per-tile
+barriers) 0.94-1.01x, 0.81-0.89x FlashMLA's. So ``mla_decode`` keeps the split schedule unless
+asked.
 
 Gluon kernels compile only for a GPU: tests/kernels/test_mla_sm90.py compiles this one for sm_90a
 on any machine (``kernels.bench.sm90.mla_sm90_build``) and checks it against the float64 reference
@@ -68,39 +72,42 @@ if HAVE_GLUON:
         return (gl.load(bt + tok // PAGE, mask=tok < end, other=0) * PAGE + tok % PAGE).to(gl.int32)
 
     @gluon.jit
-    def _ss_pair(i, start, end, bt, PAGE):
-        """Pair i's barrier phase, block a's and block b's slots (the slots swap roles every pair),
-        their first tokens, and the next pair's cache rows (read now, used after this pair's
-        products)."""
-        sa = i & 1
-        tok_a = start + 2 * i * 64
-        return (i & 1, sa, 1 - sa, tok_a, tok_a + 64, _ss_row(bt, tok_a + 128, end, PAGE),
-                _ss_row(bt, tok_a + 192, end, PAGE))
+    def _ss_slots(tok_a):
+        """Block a's and block b's slots: 0 and 1 in every pair, computed from the pair's first
+        token (zero below 2^30 tokens, which no sequence reaches) so that the score products'
+        operand descriptors are not loop-invariant: Triton 3.6 hoists loop-invariant ones out of
+        the loop, 72 of them, and spills them (race 11b)."""
+        sa = (tok_a >> 30) & 1
+        return sa, 1 - sa
 
     @gluon.jit
-    def _ss_load_left(lo_desc, row, k_lo, ready_lo, st):
-        """A key block's latent columns [0, 256) into slot st (TMA, completing on ready_lo[st])."""
-        mbarrier.expect(ready_lo.index(st), lo_desc.block_type.nbytes)
-        _tma_load(lo_desc, [row, 0], ready_lo.index(st), k_lo.index(st))
+    def _ss_load(tile_desc, row, k_half, k_pe, ready, st, HALF: gl.constexpr):
+        """Half ``HALF`` of a key block (0: latent columns [0, 256); 1: [256, 512) and the rope)
+        into slot st, one [64, 64] tile at a time, each completing on its own mbarrier
+        (ready[9 st + tile]; the rope is tile 8)."""
+        nb: gl.constexpr = tile_desc.block_type.nbytes
+        for t in gl.static_range(4):
+            mbarrier.expect(ready.index(9 * st + 4 * HALF + t), nb)
+            _tma_load(tile_desc, [row, 256 * HALF + 64 * t], ready.index(9 * st + 4 * HALF + t),
+                      k_half.index(st).slice(64 * t, 64, dim=1))
+        if HALF == 1:
+            mbarrier.expect(ready.index(9 * st + 8), nb)
+            _tma_load(tile_desc, [row, 512], ready.index(9 * st + 8), k_pe.index(st))
 
     @gluon.jit
-    def _ss_load_right(lo_desc, pe_desc, row, k_hi, k_pe, ready_hi, st):
-        """Its latent columns [256, 512) and rope columns into slot st (completing on ready_hi[st])."""
-        mbarrier.expect(ready_hi.index(st), lo_desc.block_type.nbytes + pe_desc.block_type.nbytes)
-        _tma_load(lo_desc, [row, 256], ready_hi.index(st), k_hi.index(st))
-        _tma_load(pe_desc, [row, 512], ready_hi.index(st), k_pe.index(st))
-
-    @gluon.jit
-    def _ss_scores(q_smem, q_pe, k_lo, k_hi, k_pe, st, ready_lo, ready_hi, ph, regs):
-        """S = Q K^T of slot st: latent columns [0, 256) once they landed, then [256, 512) and the
-        rope once the right half did; waited."""
-        mbarrier.wait(ready_lo.index(st), ph)
-        tok = warpgroup_mma(q_smem.slice(0, 256, dim=1), k_lo.index(st).permute((1, 0)), regs, use_acc=False,
-                            is_async=True)
-        mbarrier.wait(ready_hi.index(st), ph)
-        tok = warpgroup_mma(q_smem.slice(256, 256, dim=1), k_hi.index(st).permute((1, 0)), tok, is_async=True)
-        tok = warpgroup_mma(q_pe, k_pe.index(st).permute((1, 0)), tok, is_async=True)
-        return warpgroup_mma_wait(num_outstanding=0, deps=(tok,))
+    def _ss_qk(q_smem, q_pe, k_half, k_pe, ready, st, ph, acc, HALF: gl.constexpr, FIRST: gl.constexpr):
+        """Issue half ``HALF`` of S = Q K^T of slot st (0: latent columns [0, 256); 1: [256, 512)
+        and the rope), one 64-column tile a product as each lands, into ``acc`` (``FIRST``: the
+        half that starts the sum). Returns the token."""
+        for t in gl.static_range(4):
+            mbarrier.wait(ready.index(9 * st + 4 * HALF + t), ph)
+            acc = warpgroup_mma(q_smem.slice(256 * HALF + 64 * t, 64, dim=1),
+                                k_half.index(st).slice(64 * t, 64, dim=1).permute((1, 0)), acc,
+                                use_acc=not (FIRST and t == 0), is_async=True)
+        if HALF == 1:
+            mbarrier.wait(ready.index(9 * st + 8), ph)
+            acc = warpgroup_mma(q_pe, k_pe.index(st).permute((1, 0)), acc, is_async=True)
+        return acc
 
     @gluon.jit
     def _ss_mask(sc, tok0, end):
@@ -127,35 +134,39 @@ if HAVE_GLUON:
                    layout, SINGLE, STORE_LSE, ME == 0)
 
     @gluon.jit
-    def _ss_left(lo_desc, pe_desc, q_smem, q_pe, k_lo, k_hi, k_pe, p_smem, m_smem, f_smem, l_smem, ready_lo,
-                 ready_hi, q_ready, ma_ready, pb_ready, pa_ready, l_ready, BT, stride_bt, PAGE, Q, SEQ, O, LSE, OP,
-                 LP, stride_qb, stride_qh, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb,
-                 stride_lh, stride_lsb, stride_lsh, chunk, score_scale, out_scale, SINGLE: gl.constexpr,
-                 STORE_LSE: gl.constexpr):
-        """Warpgroup 0: stages Q; per pair block a's scores and softmax, output columns [0, 256)."""
+    def _ss_left(tile_desc, q_smem, q_pe, k_lo, k_hi, k_pe, p_smem, m_smem, f_smem, l_smem, ready, q_ready,
+                 ma_ready, f_ready, pb_ready, pa_ready, l_ready, BT, stride_bt, PAGE, Q, SEQ, O, LSE, OP, LP, stride_qb,
+                 stride_qh, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb,
+                 stride_lsh, chunk, score_scale, out_scale, SINGLE: gl.constexpr, STORE_LSE: gl.constexpr):
+        """Warpgroup 0: stages Q; per pair block a's softmax and output columns [0, 256), then the
+        next pair's block a's scores."""
         b, s, start, end, n_blocks = _span(SEQ, chunk, 64)
         bt = BT + b.to(gl.int64) * stride_bt
-        if n_blocks > 0:  # the first pair's blocks; later ones are loaded by their slots' last readers
+        if n_blocks > 0:  # the first pair's blocks; later ones are loaded by their halves' last readers
             row = _ss_row(bt, start, end, PAGE)
-            _ss_load_left(lo_desc, row, k_lo, ready_lo, 0)
-            _ss_load_right(lo_desc, pe_desc, row, k_hi, k_pe, ready_hi, 0)
+            _ss_load(tile_desc, row, k_lo, k_pe, ready, 0, 0)
+            _ss_load(tile_desc, row, k_hi, k_pe, ready, 0, 1)
             if n_blocks > 1:
                 row = _ss_row(bt, start + 64, end, PAGE)
-                _ss_load_left(lo_desc, row, k_lo, ready_lo, 1)
-                _ss_load_right(lo_desc, pe_desc, row, k_hi, k_pe, ready_hi, 1)
+                _ss_load(tile_desc, row, k_lo, k_pe, ready, 1, 0)
+                _ss_load(tile_desc, row, k_hi, k_pe, ready, 1, 1)
         _stage_q(q_smem, q_pe, Q + b.to(gl.int64) * stride_qb + gl.program_id(0) * 64 * stride_qh, stride_qh)
         mbarrier.arrive(q_ready)
         acc = gl.zeros([64, 256], gl.float32, _O_LAYOUT)
         m_i = gl.full([64], -1.0e30, gl.float32, _ROW_S)
         l_i = gl.zeros([64], gl.float32, _ROW_S)
+        sc = gl.zeros([64, 64], gl.float32, _S_LAYOUT)
+        if n_blocks > 0:
+            tok = _ss_qk(q_smem, q_pe, k_lo, k_pe, ready, 0, 0, sc, 0, True)
+            tok = _ss_qk(q_smem, q_pe, k_hi, k_pe, ready, 0, 0, tok, 1, False)
+            sc = warpgroup_mma_wait(num_outstanding=0, deps=(tok,))
         for i in range(gl.cdiv(n_blocks, 2)):
-            ph, sa, sb, tok_a, tok_b, row_a2, row_b2 = _ss_pair(i, start, end, bt, PAGE)
-            # (a fresh accumulator: a loop-carried one would hold 32 registers through the loop;
-            # under a condition that always holds, or the compiler hoists the 72 operand
-            # descriptors out of the loop and spills them)
-            sc = gl.zeros([64, 64], gl.float32, _S_LAYOUT)
-            if tok_a < end:
-                sc = _ss_scores(q_smem, q_pe, k_lo, k_hi, k_pe, sa, ready_lo, ready_hi, ph, sc)
+            ph = i & 1
+            tok_a = start + 2 * i * 64
+            tok_b = tok_a + 64
+            sa, sb = _ss_slots(tok_a)
+            row_a2 = _ss_row(bt, tok_a + 128, end, PAGE)
+            row_b2 = _ss_row(bt, tok_a + 192, end, PAGE)
             sc = _ss_mask(sc, tok_a, end)
             m_a = gl.maximum(m_i, gl.max(sc, axis=1) * score_scale)
             p = gl.exp2(sc * score_scale - m_a[:, None])
@@ -167,46 +178,60 @@ if HAVE_GLUON:
             if tok_b > end:
                 _zero_tail(k_lo.index(sa), end - tok_a)
             p16 = p.to(k_lo.dtype)  # kept in 16 bits (the fp32 P would hold 32 more registers through P V)
-            p_op = gl.convert_layout(p16, _P_LAYOUT)
-            o_tok = warpgroup_mma(p_op, k_lo.index(sa), acc, is_async=True)
-            mbarrier.wait(pb_ready, ph)  # warpgroup 1's P_b and rescale factor
-            acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
-            if tok_b + 128 < end:  # block a's left half read (its scores, this P V): the next b's
-                _ss_load_left(lo_desc, row_b2, k_lo, ready_lo, sa)
-            if tok_b + 64 > end:  # block b partial or absent: its rows past the end zeroed
-                _zero_tail(k_lo.index(sb), end - tok_b)
-            alpha_b = f_smem.load(_ROW_O)
-            o_tok = warpgroup_mma(p_smem, k_lo.index(sb), acc * alpha_b[:, None], is_async=True)
+            o_tok = warpgroup_mma(gl.convert_layout(p16, _P_LAYOUT), k_lo.index(sa), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok,))
+            if tok_a + 128 < end:  # block a's left half read (its scores, this P V): the next a's
+                _ss_load(tile_desc, row_a2, k_lo, k_pe, ready, sa, 0)
+            mbarrier.wait(f_ready, ph)  # warpgroup 1's rescale factor and m_b
             alpha_bs = f_smem.load(_ROW_S)
             k_pe.index(sa).store((p16.to(gl.float32) * alpha_bs[:, None]).to(k_pe.dtype))  # P_a in m_b's units
             m_i = m_smem.index(1).load(_ROW_S)
             fence_async_shared()
             release(pa_ready)
             l_i = (l_i * alpha_a + rs_a) * alpha_bs
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok,))
-            if tok_a + 128 < end:  # block b's left half read (warpgroup 1's scores, this P V): the next a's
-                _ss_load_left(lo_desc, row_a2, k_lo, ready_lo, sb)
+            if tok_b + 64 > end:  # block b partial or absent: its rows past the end zeroed
+                _zero_tail(k_lo.index(sb), end - tok_b)
+            mbarrier.wait(pb_ready, ph)  # warpgroup 1's P_b
+            o_tok = warpgroup_mma(p_smem, k_lo.index(sb), acc * f_smem.load(_ROW_O)[:, None], is_async=True)
+            sc = gl.zeros([64, 64], gl.float32, _S_LAYOUT)
+            if tok_a + 128 < end:  # the next a's scores, as its tiles land, beside this P V
+                s_tok = _ss_qk(q_smem, q_pe, k_lo, k_pe, ready, sa, ph ^ 1, sc, 0, True)
+                acc = warpgroup_mma_wait(num_outstanding=4, deps=(o_tok,))  # the 4 score products still run
+                if tok_b + 128 < end:  # block b's left half read (warpgroup 1's scores, this P V): the next b's
+                    _ss_load(tile_desc, row_b2, k_lo, k_pe, ready, sb, 0)
+                s_tok = _ss_qk(q_smem, q_pe, k_hi, k_pe, ready, sa, ph ^ 1, s_tok, 1, False)
+                sc = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
+            else:
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok,))
         _ss_finish(acc, l_i, m_i, l_smem, l_ready, 0, O, LSE, OP, LP, b, s, n_blocks, stride_ob, stride_oh, stride_pb,
                    stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, out_scale, 0, _O_LAYOUT,
                    SINGLE, STORE_LSE)
 
     @gluon.jit
-    def _ss_right(lo_desc, pe_desc, q_smem, q_pe, k_lo, k_hi, k_pe, p_smem, m_smem, f_smem, l_smem, ready_lo,
-                  ready_hi, q_ready, ma_ready, pb_ready, pa_ready, l_ready, BT, stride_bt, PAGE, SEQ, O, LSE, OP, LP,
-                  stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh,
-                  chunk, score_scale, out_scale, SINGLE: gl.constexpr, STORE_LSE: gl.constexpr):
-        """Warpgroup 1: per pair block b's scores and softmax, output columns [256, 512)."""
+    def _ss_right(tile_desc, q_smem, q_pe, k_lo, k_hi, k_pe, p_smem, m_smem, f_smem, l_smem, ready, q_ready,
+                  ma_ready, f_ready, pb_ready, pa_ready, l_ready, BT, stride_bt, PAGE, SEQ, O, LSE, OP, LP, stride_ob,
+                  stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, chunk,
+                  score_scale, out_scale, SINGLE: gl.constexpr, STORE_LSE: gl.constexpr):
+        """Warpgroup 1: per pair block b's softmax and output columns [256, 512), then the next
+        pair's block b's scores."""
         b, s, start, end, n_blocks = _span(SEQ, chunk, 64)
         acc = gl.zeros([64, 256], gl.float32, _O_LAYOUT)
         m_i = gl.full([64], -1.0e30, gl.float32, _ROW_S)
         l_i = gl.zeros([64], gl.float32, _ROW_S)
         bt = BT + b.to(gl.int64) * stride_bt
         mbarrier.wait(q_ready, 0)
+        sc = gl.zeros([64, 64], gl.float32, _S_LAYOUT)
+        if n_blocks > 1:
+            tok = _ss_qk(q_smem, q_pe, k_hi, k_pe, ready, 1, 0, sc, 1, True)
+            tok = _ss_qk(q_smem, q_pe, k_lo, k_pe, ready, 1, 0, tok, 0, False)
+            sc = warpgroup_mma_wait(num_outstanding=0, deps=(tok,))
         for i in range(gl.cdiv(n_blocks, 2)):
-            ph, sa, sb, tok_a, tok_b, row_a2, row_b2 = _ss_pair(i, start, end, bt, PAGE)
-            sc = gl.zeros([64, 64], gl.float32, _S_LAYOUT)
-            if tok_b < end:
-                sc = _ss_scores(q_smem, q_pe, k_lo, k_hi, k_pe, sb, ready_lo, ready_hi, ph, sc)
+            ph = i & 1
+            tok_a = start + 2 * i * 64
+            tok_b = tok_a + 64
+            sa, sb = _ss_slots(tok_a)
+            row_a2 = _ss_row(bt, tok_a + 128, end, PAGE)
+            row_b2 = _ss_row(bt, tok_a + 192, end, PAGE)
             sc = _ss_mask(sc, tok_b, end)  # an absent block b: all masked, P_b = 0
             mbarrier.wait(ma_ready, ph)
             m_a = m_smem.index(0).load(_ROW_S)
@@ -214,10 +239,11 @@ if HAVE_GLUON:
             p = gl.exp2(sc * score_scale - m_b[:, None])
             alpha_b = gl.exp2(m_a - m_b)
             alpha = gl.exp2(m_i - m_a) * alpha_b
-            p16 = p.to(k_pe.dtype)
-            p_smem.store(p16)
             f_smem.store(alpha_b)
             m_smem.index(1).store(m_b)
+            release(f_ready)  # warpgroup 0 rescales P_a with it while P_b is stored
+            p16 = p.to(k_pe.dtype)
+            p_smem.store(p16)
             fence_async_shared()
             release(pb_ready)
             l_i = l_i * alpha + gl.sum(p, axis=1)
@@ -232,61 +258,68 @@ if HAVE_GLUON:
                 _zero_tail(k_hi.index(sa), end - tok_a)
             o_tok = warpgroup_mma(k_pe.index(sa), k_hi.index(sa), o_tok, is_async=True)
             warpgroup_mma_wait(num_outstanding=1, deps=(p_op,))  # P_b V_b retired: b's right half read
-            if tok_a + 128 < end:  # the next a's
-                _ss_load_right(lo_desc, pe_desc, row_a2, k_hi, k_pe, ready_hi, sb)
+            if tok_b + 128 < end:  # the next b's
+                _ss_load(tile_desc, row_b2, k_hi, k_pe, ready, sb, 1)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok,))
-            if tok_b + 128 < end:  # block a's right half (its scores, the rescaled P_a, this P V) read: the next b's
-                _ss_load_right(lo_desc, pe_desc, row_b2, k_hi, k_pe, ready_hi, sa)
+            if tok_a + 128 < end:  # block a's right half (its scores, the rescaled P_a, this P V) read: the next a's
+                _ss_load(tile_desc, row_a2, k_hi, k_pe, ready, sa, 1)
+            sc = gl.zeros([64, 64], gl.float32, _S_LAYOUT)
+            if tok_b + 128 < end:  # the next b's scores as its tiles land: the right half (loaded first) first
+                s_tok = _ss_qk(q_smem, q_pe, k_hi, k_pe, ready, sb, ph ^ 1, sc, 1, True)
+                s_tok = _ss_qk(q_smem, q_pe, k_lo, k_pe, ready, sb, ph ^ 1, s_tok, 0, False)
+                sc = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
         _ss_finish(acc, l_i, m_i, l_smem, l_ready, 1, O, LSE, OP, LP, b, s, n_blocks, stride_ob, stride_oh, stride_pb,
                    stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, out_scale, 256, _O_LAYOUT,
                    SINGLE, STORE_LSE)
 
     @gluon.jit
-    def _mla_sm90_seesaw_kernel(lo_desc, pe_desc, Q, BT, SEQ, O, LSE, OP, LP,
+    def _mla_sm90_seesaw_kernel(tile_desc, Q, BT, SEQ, O, LSE, OP, LP,
                                 stride_qb, stride_qh, stride_bt, stride_ob, stride_oh, stride_pb, stride_ph,
                                 stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, chunk, PAGE, score_scale,
                                 out_scale, SINGLE: gl.constexpr, STORE_LSE: gl.constexpr,
                                 CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
-        """Grid (heads / 64, B, splits). ``lo_desc``: the cache's latent rows in [64, 256] boxes;
-        the default partition is warpgroup 0, a 4-warp worker warpgroup 1; each issues the TMA
-        loads of the halves it reads last (two warpgroups, no producer warp: 256 registers a thread)."""
+        """Grid (heads / 64, B, splits). ``tile_desc``: the cache as a [rows, 576] matrix in [64, 64]
+        boxes (a key block is 9 of them); the default partition is warpgroup 0, a 4-warp worker
+        warpgroup 1; each issues the TMA loads of the halves it reads last (two warpgroups, no
+        producer warp: 256 registers a thread)."""
         gl.static_assert(num_warps == 4, "the default partition is one warpgroup")
-        gl.static_assert(lo_desc.block_type.shape[1] == 256, "the latent rows load in halves of 256 columns")
-        dtype: gl.constexpr = lo_desc.dtype
-        q_smem = gl.allocate_shared_memory(dtype, [64, 512], lo_desc.layout)
-        q_pe = gl.allocate_shared_memory(dtype, [64, 64], pe_desc.layout)
-        k_lo = gl.allocate_shared_memory(dtype, [2, 64, 256], lo_desc.layout)
-        k_hi = gl.allocate_shared_memory(dtype, [2, 64, 256], lo_desc.layout)
-        k_pe = gl.allocate_shared_memory(dtype, [2, 64, 64], pe_desc.layout)
-        p_smem = gl.allocate_shared_memory(dtype, [64, 64], pe_desc.layout)  # P_b, for warpgroup 0
+        gl.static_assert(tile_desc.block_type.shape[1] == 64, "the cache rows load in [64, 64] tiles")
+        dtype: gl.constexpr = tile_desc.dtype
+        q_smem = gl.allocate_shared_memory(dtype, [64, 512], tile_desc.layout)
+        q_pe = gl.allocate_shared_memory(dtype, [64, 64], tile_desc.layout)
+        k_lo = gl.allocate_shared_memory(dtype, [2, 64, 256], tile_desc.layout)
+        k_hi = gl.allocate_shared_memory(dtype, [2, 64, 256], tile_desc.layout)
+        k_pe = gl.allocate_shared_memory(dtype, [2, 64, 64], tile_desc.layout)
+        p_smem = gl.allocate_shared_memory(dtype, [64, 64], tile_desc.layout)  # P_b, for warpgroup 0
         plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
         m_smem = gl.allocate_shared_memory(gl.float32, [2, 64], plain)  # m_a, m_b
         f_smem = gl.allocate_shared_memory(gl.float32, [64], plain)  # exp2(m_a - m_b)
         l_smem = gl.allocate_shared_memory(gl.float32, [2, 64], plain)
         bar: gl.constexpr = mbarrier.MBarrierLayout()
-        ready_lo = gl.allocate_shared_memory(gl.int64, [2, 1], bar)
-        ready_hi = gl.allocate_shared_memory(gl.int64, [2, 1], bar)
+        ready = gl.allocate_shared_memory(gl.int64, [18, 1], bar)  # slot x 9 tiles
         l_ready = gl.allocate_shared_memory(gl.int64, [2, 1], bar)
         q_ready = gl.allocate_shared_memory(gl.int64, [1], bar)
         ma_ready = gl.allocate_shared_memory(gl.int64, [1], bar)
+        f_ready = gl.allocate_shared_memory(gl.int64, [1], bar)
         pb_ready = gl.allocate_shared_memory(gl.int64, [1], bar)
         pa_ready = gl.allocate_shared_memory(gl.int64, [1], bar)
+        for i in gl.static_range(18):
+            mbarrier.init(ready.index(i), count=1)
         for i in gl.static_range(2):
-            mbarrier.init(ready_lo.index(i), count=1)
-            mbarrier.init(ready_hi.index(i), count=1)
             mbarrier.init(l_ready.index(i), count=1)
         mbarrier.init(q_ready, count=1)
         mbarrier.init(ma_ready, count=1)
+        mbarrier.init(f_ready, count=1)
         mbarrier.init(pb_ready, count=1)
         mbarrier.init(pa_ready, count=1)
         gl.warp_specialize([
-            (_ss_left, (lo_desc, pe_desc, q_smem, q_pe, k_lo, k_hi, k_pe, p_smem, m_smem, f_smem, l_smem, ready_lo,
-                        ready_hi, q_ready, ma_ready, pb_ready, pa_ready, l_ready, BT, stride_bt, PAGE, Q, SEQ, O, LSE,
+            (_ss_left, (tile_desc, q_smem, q_pe, k_lo, k_hi, k_pe, p_smem, m_smem, f_smem, l_smem, ready,
+                        q_ready, ma_ready, f_ready, pb_ready, pa_ready, l_ready, BT, stride_bt, PAGE, Q, SEQ, O, LSE,
                         OP, LP, stride_qb, stride_qh, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps,
                         stride_lb, stride_lh, stride_lsb, stride_lsh, chunk, score_scale, out_scale, SINGLE,
                         STORE_LSE)),
-            (_ss_right, (lo_desc, pe_desc, q_smem, q_pe, k_lo, k_hi, k_pe, p_smem, m_smem, f_smem, l_smem, ready_lo,
-                         ready_hi, q_ready, ma_ready, pb_ready, pa_ready, l_ready, BT, stride_bt, PAGE, SEQ, O, LSE,
+            (_ss_right, (tile_desc, q_smem, q_pe, k_lo, k_hi, k_pe, p_smem, m_smem, f_smem, l_smem, ready,
+                         q_ready, ma_ready, f_ready, pb_ready, pa_ready, l_ready, BT, stride_bt, PAGE, SEQ, O, LSE,
                          OP, LP, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
                          stride_lsb, stride_lsh, chunk, score_scale, out_scale, SINGLE, STORE_LSE)),
         ], [4], [CONSUMER_REGS])

@@ -71,18 +71,20 @@ def test_the_fp8_build(single, cfg):
 @pytest.mark.parametrize("single", [False, True], ids=["splits", "one_split"])
 def test_the_seesaw_build(single):
     """The seesaw schedule: per pair of key blocks each warpgroup scores one (256 / 16 + 256 / 16
-    + 64 / 16 k-steps) and runs P V on its 256 output columns for both (64 / 16 each), one with P
-    in registers (its own block's) and one from shared memory; nothing serialised. No producer
-    warp, so 255 registers a thread: under Triton 3.9 no spills, under 3.6 (the H200's) a few
-    scalars (108 bytes; 340 with one split), never a tile or the operand descriptors that race
-    11's build reloaded before every product."""
+    + 64 / 16 k-steps, one product per 64-column tile as it lands) and runs P V on its 256 output
+    columns for both (64 / 16 each), one with P in registers (its own block's) and one from shared
+    memory; nothing serialised. Each warpgroup's score product is compiled twice (the first pair's
+    before the loop, the next pair's at the end of each pair). No producer warp, so 255 registers a
+    thread: a few scalars spill (Triton 3.6, the H200's: 180 bytes, 160 with one split; 3.9: 280
+    and 488), never a tile or the 72 operand descriptors that race 11's build reloaded before
+    every product (the slots come from a loop-variant value so the descriptors are not hoisted)."""
     import triton
 
     info = build("mla_sm90_build", dict(SCHEDULE="seesaw"), single=single)
     assert not info["serialized"], info["ptxas_info"]
-    assert info["spill_bytes"] <= (400 if triton.__version__.startswith("3.6") else 32), info["ptxas_info"]
+    assert info["spill_bytes"] <= (240 if triton.__version__.startswith("3.6") else 512), info["ptxas_info"]
     assert info["regs"] > 232, info  # two warpgroups and no producer: more than the split kernel's 232
-    assert info["hgmma"] == 2 * (36 + 2 * 4) and info["hgmma_reg_a"] == 2 * 4, info
+    assert info["hgmma"] == 2 * (2 * 36 + 2 * 4) and info["hgmma_reg_a"] == 2 * 4, info
     assert info["hmma"] == 0 and info["qgmma"] == 0, info
     assert sm90.smem_bytes_seesaw() - 1024 <= info["shared"] <= sm90.SMEM_BYTES, info
 
