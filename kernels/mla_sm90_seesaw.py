@@ -81,6 +81,15 @@ if HAVE_GLUON:
         return sa, 1 - sa
 
     @gluon.jit
+    def _ss_pair(i, start, end, bt, PAGE):
+        """Pair i's barrier phase, block a's and block b's slots, their first tokens, and the next
+        pair's cache rows (read now, used after this pair's products)."""
+        tok_a = start + 2 * i * 64
+        sa, sb = _ss_slots(tok_a)
+        return (i & 1, sa, sb, tok_a, tok_a + 64, _ss_row(bt, tok_a + 128, end, PAGE),
+                _ss_row(bt, tok_a + 192, end, PAGE))
+
+    @gluon.jit
     def _ss_load(tile_desc, row, k_half, k_pe, ready, st, HALF: gl.constexpr):
         """Half ``HALF`` of a key block (0: latent columns [0, 256); 1: [256, 512) and the rope)
         into slot st, one [64, 64] tile at a time, each completing on its own mbarrier
@@ -161,12 +170,7 @@ if HAVE_GLUON:
             tok = _ss_qk(q_smem, q_pe, k_hi, k_pe, ready, 0, 0, tok, 1, False)
             sc = warpgroup_mma_wait(num_outstanding=0, deps=(tok,))
         for i in range(gl.cdiv(n_blocks, 2)):
-            ph = i & 1
-            tok_a = start + 2 * i * 64
-            tok_b = tok_a + 64
-            sa, sb = _ss_slots(tok_a)
-            row_a2 = _ss_row(bt, tok_a + 128, end, PAGE)
-            row_b2 = _ss_row(bt, tok_a + 192, end, PAGE)
+            ph, sa, sb, tok_a, tok_b, row_a2, row_b2 = _ss_pair(i, start, end, bt, PAGE)
             sc = _ss_mask(sc, tok_a, end)
             m_a = gl.maximum(m_i, gl.max(sc, axis=1) * score_scale)
             p = gl.exp2(sc * score_scale - m_a[:, None])
@@ -226,12 +230,7 @@ if HAVE_GLUON:
             tok = _ss_qk(q_smem, q_pe, k_lo, k_pe, ready, 1, 0, tok, 0, False)
             sc = warpgroup_mma_wait(num_outstanding=0, deps=(tok,))
         for i in range(gl.cdiv(n_blocks, 2)):
-            ph = i & 1
-            tok_a = start + 2 * i * 64
-            tok_b = tok_a + 64
-            sa, sb = _ss_slots(tok_a)
-            row_a2 = _ss_row(bt, tok_a + 128, end, PAGE)
-            row_b2 = _ss_row(bt, tok_a + 192, end, PAGE)
+            ph, sa, sb, tok_a, tok_b, row_a2, row_b2 = _ss_pair(i, start, end, bt, PAGE)
             sc = _ss_mask(sc, tok_b, end)  # an absent block b: all masked, P_b = 0
             mbarrier.wait(ma_ready, ph)
             m_a = m_smem.index(0).load(_ROW_S)
