@@ -207,9 +207,17 @@ def run_fp8(copy_gbs, mm_tflops, fp8_tflops, log, rows, grows, on_shape, dense=F
                     cands = {"default": None, "pointer": sm90.pick_config(m, n, k, sms)}
                     if m % 4 == 0:
                         cands["scale_tma"] = sm90.with_scale_tma(sm90.pick_config(m, n, k, sms))
+                    if m <= 128:  # every raced tile both ways, where the default misses (race 12b)
+                        for name, c in sm90_candidates(m, n, k, sms).items():
+                            for tag, cc in (("ptr", c), ("tma", sm90.with_scale_tma(c) if m % 4 == 0 else None)):
+                                if cc is not None and cc not in cands.values():
+                                    cands[f"{tag}_{name}"] = cc
                     cm, ok = _sweep(cands, lambda c: sm90.fp8_gemm_sm90(qa, sa_cm, qw, sw, config=c),
                                     ref, flop, timer, log, f"sm90 sa column-major {where}")
                     all_ok &= ok
+                    r["sm90_sa_colmajor"] = cm
+                    ok_cm = [(v["us"], kk) for kk, v in cm.items() if "us" in v]
+                    r["sm90_sa_colmajor_best"] = min(ok_cm) if ok_cm else None
                     r["sm90_sa_colmajor_default_us"] = cm["default"].get("us", float("nan"))
                     r["sm90_sa_colmajor_us"] = cm["pointer"].get("us", float("nan"))
                     r["sm90_sa_colmajor_tma_us"] = cm.get("scale_tma", {}).get("us", float("nan"))
