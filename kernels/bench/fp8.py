@@ -309,11 +309,12 @@ def race_lines(fp8, fp8g):
               "\"ours\" is the Triton kernel (kernels/fp8_gemm.py); \"sm90\" the Gluon kernel (kernels/fp8_gemm_sm90.py), "
               "its default and its best candidate; \"/ blockwise\" is its time over _scaled_mm blockwise's (cuBLASLt).",
               "",
-              "| M | N | K | ours us | ours TFLOP/s | of fp8 ceiling | x bf16 cuBLAS | _scaled_mm blockwise us | _scaled_mm per-tensor us | bf16 cuBLAS us | ours without promotion us | best candidate | best us | sm90 us | sm90 TFLOP/s | sm90 / blockwise | sm90, scales column-major (its default), / blockwise | the same, scales loaded by pointer | the same, scales by TMA | sm90 best | DeepGEMM H800 TFLOP/s |",
-              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
+              "| M | N | K | ours us | ours TFLOP/s | of fp8 ceiling | x bf16 cuBLAS | _scaled_mm blockwise us | _scaled_mm per-tensor us | bf16 cuBLAS us | ours without promotion us | best candidate | best us | sm90 us | sm90 TFLOP/s | sm90 / blockwise | sm90, scales column-major (its default), / blockwise | the same, scales loaded by pointer | the same, scales by TMA | column-major best / blockwise | sm90 best | DeepGEMM H800 TFLOP/s |",
+              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---|---:|"]
         for r in fp8:
             best = r.get("best") or (float("nan"), "-")
             dg = r.get("deepgemm_h800")
+            cm_best = r.get("sm90_sa_colmajor_best") or (float("nan"), "-")
             L.append(f"| {r['M']} | {r['N']} | {r['K']} | {r['ours_us']:.1f} | {r['tflops']:.0f} | {r['frac_fp8_ceiling']:.0%} "
                      f"| {r['x_cublas_bf16']:.2f}x | {r.get('scaled_mm_blockwise_us', float('nan')):.1f} "
                      f"| {r.get('scaled_mm_tensorwise_us', float('nan')):.1f} | {r['cublas_bf16_us']:.1f} "
@@ -324,6 +325,7 @@ def race_lines(fp8, fp8g):
                      f"| {r.get('sm90_sa_colmajor_default_us', float('nan')) / r.get('scaled_mm_blockwise_us', float('nan')):.2f} "
                      f"| {r.get('sm90_sa_colmajor_us', float('nan')) / r.get('scaled_mm_blockwise_us', float('nan')):.2f} "
                      f"| {r.get('sm90_sa_colmajor_tma_us', float('nan')) / r.get('scaled_mm_blockwise_us', float('nan')):.2f} "
+                     f"| {cm_best[1]} {cm_best[0] / r.get('scaled_mm_blockwise_us', float('nan')):.2f} "
                      f"| {(r.get('sm90_best') or (0, '-'))[1]} {(r.get('sm90_best') or (float('nan'), ''))[0]:.1f} "
                      f"| {dg[0] if dg else '-'} |")
         L.append("")
@@ -334,6 +336,7 @@ def race_lines(fp8, fp8g):
               "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in fp8g:
             dg = r.get("deepgemm_h800")
+            cm_best = r.get("sm90_sa_colmajor_best") or (float("nan"), "-")
             L.append(f"| {r['groups']} x {r['m_per_group']} | {r['N']} | {r['K']} | {r['ours_us']:.0f} | {r['tflops']:.0f} "
                      f"| {r['frac_fp8_ceiling']:.0%} | {r['x_cublas_bf16']:.2f}x | {r.get('torch_grouped_mm_bf16_us', float('nan')):.0f} "
                      f"| {dg[0] if dg else '-'} |")
