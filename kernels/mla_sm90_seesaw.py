@@ -143,56 +143,6 @@ if HAVE_GLUON:
                    layout, SINGLE, STORE_LSE, ME == 0)
 
     @gluon.jit
-    def _ss_left_pair(i, tile_desc, q_smem, q_pe, k_lo, k_hi, k_pe, p_smem, m_smem, f_smem, ready, ma_ready, f_ready,
-                      pb_ready, pa_ready, bt, PAGE, start, end, score_scale, acc, m_i, l_i, sc, LAST: gl.constexpr):
-        """Warpgroup 0's turn on pair i (S_a in ``sc``): block a's softmax, output columns [0, 256)
-        for both blocks, and (not ``LAST``) the next pair's S_a. Only the last pair can hold a
-        partial or absent block, so its masking and zeroing are compiled into the ``LAST`` copy
-        alone and the loop's copy stays small (Nsight Compute, race 14b: 9% of warp stall samples
-        were instruction fetches). Returns (acc, m_i, l_i, sc)."""
-        ph, sa, sb, tok_a, tok_b, row_a2, row_b2 = _ss_pair(i, start, end, bt, PAGE)
-        if LAST:
-            sc = _ss_mask(sc, tok_a, end)
-        m_a = gl.maximum(m_i, gl.max(sc, axis=1) * score_scale)
-        p = gl.exp2(sc * score_scale - m_a[:, None])
-        alpha_a = gl.exp2(m_i - m_a)
-        rs_a = gl.sum(p, axis=1)
-        m_smem.index(0).store(m_a)
-        release(ma_ready)
-        acc = acc * gl.convert_layout(alpha_a, _ROW_O)[:, None]
-        if LAST:
-            if tok_b > end:
-                _zero_tail(k_lo.index(sa), end - tok_a)
-        p16 = p.to(k_lo.dtype)  # kept in 16 bits (the fp32 P would hold 32 more registers through P V)
-        o_tok = warpgroup_mma(gl.convert_layout(p16, _P_LAYOUT), k_lo.index(sa), acc, is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok,))
-        if not LAST:  # block a's left half read (its scores, this P V): the next a's
-            _ss_load(tile_desc, row_a2, k_lo, k_pe, ready, sa, 0)
-        mbarrier.wait(f_ready, ph)  # warpgroup 1's rescale factor and m_b
-        alpha_bs = f_smem.load(_ROW_S)
-        k_pe.index(sa).store((p16.to(gl.float32) * alpha_bs[:, None]).to(k_pe.dtype))  # P_a in m_b's units
-        m_i = m_smem.index(1).load(_ROW_S)
-        fence_async_shared()
-        release(pa_ready)
-        l_i = (l_i * alpha_a + rs_a) * alpha_bs
-        if LAST:
-            if tok_b + 64 > end:  # block b partial or absent: its rows past the end zeroed
-                _zero_tail(k_lo.index(sb), end - tok_b)
-        mbarrier.wait(pb_ready, ph)  # warpgroup 1's P_b
-        o_tok = warpgroup_mma(p_smem, k_lo.index(sb), acc * f_smem.load(_ROW_O)[:, None], is_async=True)
-        if LAST:
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok,))
-        else:  # the next a's scores, as its tiles land, beside this P V
-            s_tok = _ss_qk(q_smem, q_pe, k_lo, k_pe, ready, sa, ph ^ 1, gl.zeros([64, 64], gl.float32, _S_LAYOUT),
-                           0, True)
-            acc = warpgroup_mma_wait(num_outstanding=4, deps=(o_tok,))  # the 4 score products still run
-            if tok_b + 128 < end:  # block b's left half read (warpgroup 1's scores, this P V): the next b's
-                _ss_load(tile_desc, row_b2, k_lo, k_pe, ready, sb, 0)
-            s_tok = _ss_qk(q_smem, q_pe, k_hi, k_pe, ready, sa, ph ^ 1, s_tok, 1, False)
-            sc = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
-        return acc, m_i, l_i, sc
-
-    @gluon.jit
     def _ss_left(tile_desc, q_smem, q_pe, k_lo, k_hi, k_pe, p_smem, m_smem, f_smem, l_smem, ready, q_ready,
                  ma_ready, f_ready, pb_ready, pa_ready, l_ready, BT, stride_bt, PAGE, Q, SEQ, O, LSE, OP, LP, stride_qb,
                  stride_qh, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb,
@@ -215,18 +165,48 @@ if HAVE_GLUON:
         m_i = gl.full([64], -1.0e30, gl.float32, _ROW_S)
         l_i = gl.zeros([64], gl.float32, _ROW_S)
         sc = gl.zeros([64, 64], gl.float32, _S_LAYOUT)
-        pairs = gl.cdiv(n_blocks, 2)
-        if pairs > 0:
+        if n_blocks > 0:
             tok = _ss_qk(q_smem, q_pe, k_lo, k_pe, ready, 0, 0, sc, 0, True)
             tok = _ss_qk(q_smem, q_pe, k_hi, k_pe, ready, 0, 0, tok, 1, False)
             sc = warpgroup_mma_wait(num_outstanding=0, deps=(tok,))
-            for i in range(pairs - 1):
-                acc, m_i, l_i, sc = _ss_left_pair(i, tile_desc, q_smem, q_pe, k_lo, k_hi, k_pe, p_smem, m_smem, f_smem,
-                                                  ready, ma_ready, f_ready, pb_ready, pa_ready, bt, PAGE, start, end,
-                                                  score_scale, acc, m_i, l_i, sc, False)
-            acc, m_i, l_i, sc = _ss_left_pair(pairs - 1, tile_desc, q_smem, q_pe, k_lo, k_hi, k_pe, p_smem, m_smem,
-                                              f_smem, ready, ma_ready, f_ready, pb_ready, pa_ready, bt, PAGE, start,
-                                              end, score_scale, acc, m_i, l_i, sc, True)
+        for i in range(gl.cdiv(n_blocks, 2)):
+            ph, sa, sb, tok_a, tok_b, row_a2, row_b2 = _ss_pair(i, start, end, bt, PAGE)
+            sc = _ss_mask(sc, tok_a, end)
+            m_a = gl.maximum(m_i, gl.max(sc, axis=1) * score_scale)
+            p = gl.exp2(sc * score_scale - m_a[:, None])
+            alpha_a = gl.exp2(m_i - m_a)
+            rs_a = gl.sum(p, axis=1)
+            m_smem.index(0).store(m_a)
+            release(ma_ready)
+            acc = acc * gl.convert_layout(alpha_a, _ROW_O)[:, None]
+            if tok_b > end:
+                _zero_tail(k_lo.index(sa), end - tok_a)
+            p16 = p.to(k_lo.dtype)  # kept in 16 bits (the fp32 P would hold 32 more registers through P V)
+            o_tok = warpgroup_mma(gl.convert_layout(p16, _P_LAYOUT), k_lo.index(sa), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok,))
+            if tok_a + 128 < end:  # block a's left half read (its scores, this P V): the next a's
+                _ss_load(tile_desc, row_a2, k_lo, k_pe, ready, sa, 0)
+            mbarrier.wait(f_ready, ph)  # warpgroup 1's rescale factor and m_b
+            alpha_bs = f_smem.load(_ROW_S)
+            k_pe.index(sa).store((p16.to(gl.float32) * alpha_bs[:, None]).to(k_pe.dtype))  # P_a in m_b's units
+            m_i = m_smem.index(1).load(_ROW_S)
+            fence_async_shared()
+            release(pa_ready)
+            l_i = (l_i * alpha_a + rs_a) * alpha_bs
+            if tok_b + 64 > end:  # block b partial or absent: its rows past the end zeroed
+                _zero_tail(k_lo.index(sb), end - tok_b)
+            mbarrier.wait(pb_ready, ph)  # warpgroup 1's P_b
+            o_tok = warpgroup_mma(p_smem, k_lo.index(sb), acc * f_smem.load(_ROW_O)[:, None], is_async=True)
+            sc = gl.zeros([64, 64], gl.float32, _S_LAYOUT)
+            if tok_a + 128 < end:  # the next a's scores, as its tiles land, beside this P V
+                s_tok = _ss_qk(q_smem, q_pe, k_lo, k_pe, ready, sa, ph ^ 1, sc, 0, True)
+                acc = warpgroup_mma_wait(num_outstanding=4, deps=(o_tok,))  # the 4 score products still run
+                if tok_b + 128 < end:  # block b's left half read (warpgroup 1's scores, this P V): the next b's
+                    _ss_load(tile_desc, row_b2, k_lo, k_pe, ready, sb, 0)
+                s_tok = _ss_qk(q_smem, q_pe, k_hi, k_pe, ready, sa, ph ^ 1, s_tok, 1, False)
+                sc = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
+            else:
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok,))
         _ss_finish(acc, l_i, m_i, l_smem, l_ready, 0, O, LSE, OP, LP, b, s, n_blocks, stride_ob, stride_oh, stride_pb,
                    stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, out_scale, 0, _O_LAYOUT,
                    SINGLE, STORE_LSE)

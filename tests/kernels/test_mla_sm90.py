@@ -82,10 +82,9 @@ def test_the_seesaw_build(single):
 
     info = build("mla_sm90_build", dict(SCHEDULE="seesaw"), single=single)
     assert not info["serialized"], info["ptxas_info"]
-    assert info["spill_bytes"] <= (280 if triton.__version__.startswith("3.6") else 512), info["ptxas_info"]
+    assert info["spill_bytes"] <= (240 if triton.__version__.startswith("3.6") else 512), info["ptxas_info"]
     assert info["regs"] > 232, info  # two warpgroups and no producer: more than the split kernel's 232
-    # warpgroup 0's last pair is a copy of its loop's body with the tail code: its P V products twice
-    assert info["hgmma"] == 2 * (2 * 36 + 2 * 4) + 2 * 4 and info["hgmma_reg_a"] == 3 * 4, info
+    assert info["hgmma"] == 2 * (2 * 36 + 2 * 4) and info["hgmma_reg_a"] == 2 * 4, info
     assert info["hmma"] == 0 and info["qgmma"] == 0, info
     assert sm90.smem_bytes_seesaw() - 1024 <= info["shared"] <= sm90.SMEM_BYTES, info
 
