@@ -101,6 +101,8 @@ def test_a_config_is_checked_before_launch():
         sm90.launch_config(dict(SCHEDULE="seesaw"), fp8=True)
     with pytest.raises(ValueError, match=r"unknown keys \['BLOCK_H'\]"):
         sm90.launch_config(dict(BLOCK_H=32))
+    with pytest.raises(ValueError, match=r"unknown keys \['TILED'\]"):  # the seesaw's keys are checked too
+        sm90.launch_config(dict(SCHEDULE="seesaw", TILED=True))
     with pytest.raises(ValueError, match="STAGES must be an int >= 2"):
         sm90.launch_config(dict(STAGES=1))
     with pytest.raises(ValueError, match="LEFT .* must be 128 or 256, got 192"):
