@@ -119,6 +119,26 @@ if HAVE_GLUON:
         return acc
 
     @gluon.jit
+    def _ss_scores(q_smem, q_pe, k_lo, k_hi, k_pe, ready, st, ph, RIGHT_FIRST: gl.constexpr):
+        """S = Q K^T of slot st, both halves as their tiles land (``RIGHT_FIRST``: the right half
+        and the rope first), waited."""
+        sc = gl.zeros([64, 64], gl.float32, _S_LAYOUT)
+        if RIGHT_FIRST:
+            tok = _ss_qk(q_smem, q_pe, k_hi, k_pe, ready, st, ph, sc, 1, True)
+            tok = _ss_qk(q_smem, q_pe, k_lo, k_pe, ready, st, ph, tok, 0, False)
+        else:
+            tok = _ss_qk(q_smem, q_pe, k_lo, k_pe, ready, st, ph, sc, 0, True)
+            tok = _ss_qk(q_smem, q_pe, k_hi, k_pe, ready, st, ph, tok, 1, False)
+        return warpgroup_mma_wait(num_outstanding=0, deps=(tok,))
+
+    @gluon.jit
+    def _ss_state():
+        """A warpgroup's start: its 256 output columns, row maximum and row sum, and an empty
+        score block."""
+        return (gl.zeros([64, 256], gl.float32, _O_LAYOUT), gl.full([64], -1.0e30, gl.float32, _ROW_S),
+                gl.zeros([64], gl.float32, _ROW_S), gl.zeros([64, 64], gl.float32, _S_LAYOUT))
+
+    @gluon.jit
     def _ss_mask(sc, tok0, end):
         """Scores of keys past ``end`` -> -inf (a partial last block, or an absent block b)."""
         if tok0 + sc.shape[1] > end:
@@ -161,14 +181,9 @@ if HAVE_GLUON:
                 _ss_load(tile_desc, row, k_hi, k_pe, ready, 1, 1)
         _stage_q(q_smem, q_pe, Q + b.to(gl.int64) * stride_qb + gl.program_id(0) * 64 * stride_qh, stride_qh)
         mbarrier.arrive(q_ready)
-        acc = gl.zeros([64, 256], gl.float32, _O_LAYOUT)
-        m_i = gl.full([64], -1.0e30, gl.float32, _ROW_S)
-        l_i = gl.zeros([64], gl.float32, _ROW_S)
-        sc = gl.zeros([64, 64], gl.float32, _S_LAYOUT)
+        acc, m_i, l_i, sc = _ss_state()
         if n_blocks > 0:
-            tok = _ss_qk(q_smem, q_pe, k_lo, k_pe, ready, 0, 0, sc, 0, True)
-            tok = _ss_qk(q_smem, q_pe, k_hi, k_pe, ready, 0, 0, tok, 1, False)
-            sc = warpgroup_mma_wait(num_outstanding=0, deps=(tok,))
+            sc = _ss_scores(q_smem, q_pe, k_lo, k_hi, k_pe, ready, 0, 0, False)
         for i in range(gl.cdiv(n_blocks, 2)):
             ph, sa, sb, tok_a, tok_b, row_a2, row_b2 = _ss_pair(i, start, end, bt, PAGE)
             sc = _ss_mask(sc, tok_a, end)
@@ -219,16 +234,11 @@ if HAVE_GLUON:
         """Warpgroup 1: per pair block b's softmax and output columns [256, 512), then the next
         pair's block b's scores."""
         b, s, start, end, n_blocks = _span(SEQ, chunk, 64)
-        acc = gl.zeros([64, 256], gl.float32, _O_LAYOUT)
-        m_i = gl.full([64], -1.0e30, gl.float32, _ROW_S)
-        l_i = gl.zeros([64], gl.float32, _ROW_S)
+        acc, m_i, l_i, sc = _ss_state()
         bt = BT + b.to(gl.int64) * stride_bt
         mbarrier.wait(q_ready, 0)
-        sc = gl.zeros([64, 64], gl.float32, _S_LAYOUT)
         if n_blocks > 1:
-            tok = _ss_qk(q_smem, q_pe, k_hi, k_pe, ready, 1, 0, sc, 1, True)
-            tok = _ss_qk(q_smem, q_pe, k_lo, k_pe, ready, 1, 0, tok, 0, False)
-            sc = warpgroup_mma_wait(num_outstanding=0, deps=(tok,))
+            sc = _ss_scores(q_smem, q_pe, k_lo, k_hi, k_pe, ready, 1, 0, True)
         for i in range(gl.cdiv(n_blocks, 2)):
             ph, sa, sb, tok_a, tok_b, row_a2, row_b2 = _ss_pair(i, start, end, bt, PAGE)
             sc = _ss_mask(sc, tok_b, end)  # an absent block b: all masked, P_b = 0
@@ -264,9 +274,7 @@ if HAVE_GLUON:
                 _ss_load(tile_desc, row_a2, k_hi, k_pe, ready, sa, 1)
             sc = gl.zeros([64, 64], gl.float32, _S_LAYOUT)
             if tok_b + 128 < end:  # the next b's scores as its tiles land: the right half (loaded first) first
-                s_tok = _ss_qk(q_smem, q_pe, k_hi, k_pe, ready, sb, ph ^ 1, sc, 1, True)
-                s_tok = _ss_qk(q_smem, q_pe, k_lo, k_pe, ready, sb, ph ^ 1, s_tok, 0, False)
-                sc = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
+                sc = _ss_scores(q_smem, q_pe, k_lo, k_hi, k_pe, ready, sb, ph ^ 1, True)
         _ss_finish(acc, l_i, m_i, l_smem, l_ready, 1, O, LSE, OP, LP, b, s, n_blocks, stride_ob, stride_oh, stride_pb,
                    stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, out_scale, 256, _O_LAYOUT,
                    SINGLE, STORE_LSE)
