@@ -28,11 +28,15 @@ from kernels.reference import awq_dequantize, awq_pack
 from kernels.w4a16_gemm import awq_dequantize_triton, gemv_config, mma_config, pick_config, w4a16_gemm
 
 SHAPES = [(5120, 27648), (27648, 5120), (8192, 28672), (7168, 18432)]
-# (K, N) of the dense layers of the catalog's AWQ checkpoints: R1-Distill-Qwen-32B (hidden 5120,
-# qkv 7168, MLP 27648), R1-Distill-Llama-70B (hidden 8192, qkv 10240, MLP 28672), R1-Distill-Llama-8B
-# (4096, qkv 6144, MLP 14336), and the two small shapes where tinygemm led (4096 x 4096, 2048 x 7168)
+# (K, N): every layer the catalog's AWQ checkpoints run on Hopper (kernels/bench/awq_shapes.py
+# lists them by model and layer; tests/test_awq_shapes.py holds this list to it), then
+# R1-Distill-Llama-8B's (4096, qkv 6144, MLP 14336; no AWQ checkpoint of it in the catalog), V3's
+# 7168 x 18432, Llama-70B's gate_up at TP 2 (8192 x 28672) and the two small shapes where tinygemm
+# led (4096 x 4096, 2048 x 7168)
 RACE_SHAPES = SHAPES + [(5120, 7168), (5120, 5120), (8192, 10240), (28672, 8192), (4096, 6144), (4096, 14336),
-                        (14336, 4096), (4096, 4096), (2048, 7168)]
+                        (14336, 4096), (4096, 4096), (2048, 7168),
+                        # raced in race 5's run 3 (the Triton kernels) only, until now a separate --w4-shapes
+                        (5120, 55296), (8192, 8192), (8192, 57344), (13824, 5120)]
 MS = [1, 4, 16, 64, 256]
 
 

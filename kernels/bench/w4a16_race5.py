@@ -28,9 +28,11 @@ from kernels.bench.w4a16 import RACE_SHAPES, awq_bytes, gemlite_layer, make_weig
 from kernels.w4a16_gemm import gemv_config, mma4_config, pick_config, w4a16_gemm
 
 MS = [1, 2, 4, 8, 16]
-# the shapes the catalog's AWQ models use first (kernels/README.md lists them by model)
+# the race's shapes (kernels/bench/w4a16.py RACE_SHAPES): those the catalog's AWQ models use
+# (kernels/bench/awq_shapes.py) and those raced beside them
 SHAPES = [(5120, 27648), (27648, 5120), (8192, 28672), (28672, 8192), (5120, 7168), (5120, 5120),
-          (8192, 10240), (4096, 6144), (4096, 14336), (14336, 4096), (7168, 18432), (4096, 4096), (2048, 7168)]
+          (8192, 10240), (4096, 6144), (4096, 14336), (14336, 4096), (7168, 18432), (4096, 4096), (2048, 7168),
+          (5120, 55296), (8192, 8192), (8192, 57344), (13824, 5120)]
 assert sorted(SHAPES) == sorted(RACE_SHAPES)
 
 # (BLOCK_N, BLOCK_K, warps, stages, waves, reduce, unpack, maxnreg) of the v4 tile kernel.
