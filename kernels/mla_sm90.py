@@ -41,6 +41,11 @@ below 65,504, fp16's largest value), P is fp16, the per-tensor scale folds into 
 output scales. ``mla_decode`` takes it for fp8 caches wherever it runs (race 10b: 2.2-2.4x the
 Triton kernel's speed; 0.63-0.72x FlashMLA's on the bf16 cache, which has no fp8 dense decode).
 
+``config={"CONVERT": "warpgroup"}`` runs the fp8 cache on ``kernels.mla_sm90_convert`` instead: a
+converter warpgroup in place of the producer warp converts each block in five pieces as the
+products free them, so the next block's scores start on the first pieces while the last are
+still multiplied (built and checked for sm_90a, not yet raced, so opt-in).
+
 ``config={"SCHEDULE": "seesaw"}`` runs the bf16 cache on ``kernels.mla_sm90_seesaw`` instead,
 FlashMLA's schedule (two warpgroups scoring alternate blocks); races 11 and 13 timed it at
 0.86-0.90x and 0.92-0.96x this schedule's speed, so it stays opt-in.
@@ -55,12 +60,14 @@ from __future__ import annotations
 
 import torch
 
+from kernels.mla_sm90_convert import CONVERTER_REGS, HALVES
 from kernels.mla_sm90_parts import PRODUCER_REGS
 from kernels.sm90_common import HAVE_GLUON, SMEM_BYTES, split_registers
 
 if HAVE_GLUON:
     from kernels.mla_sm90_parts import (_PRODUCER_REGS, _producer, _qk, _softmax_publish, _span, _stage_q,
                                         _write_out_l, _write_out_scorer, _zero_tail)
+    from kernels.mla_sm90_convert import _mla_sm90_convert_kernel
     from kernels.mla_sm90_seesaw import _mla_sm90_seesaw_kernel
     from kernels.sm90_common import GL_DTYPE as _GL
     from kernels.sm90_common import (TensorDescriptor, fence_async_shared, gl, gluon, mbarrier, release,
@@ -72,8 +79,9 @@ KV_LORA = 512
 ROPE = 64
 BLOCK_H = 64  # heads per program: the rows of one warpgroup MMA
 BLOCK_N = 64  # tokens per key block
-CONFIG_KEYS = ("STAGES", "LEFT", "PREFETCH", "HSTAGES", "BLOCK_N", "SCHEDULE")
+CONFIG_KEYS = ("STAGES", "LEFT", "PREFETCH", "HSTAGES", "BLOCK_N", "SCHEDULE", "CONVERT")
 SCHEDULES = ("split", "seesaw")  # kernels.mla_sm90_seesaw: the second
+CONVERTS = ("consumers", "warpgroup")  # the fp8 cache's conversion; kernels.mla_sm90_convert: the second
 # whether mla_decode takes this kernel for an fp8 cache unasked: race 10b timed its 64-token path
 # at 2.21-2.41x the Triton kernel's speed (kernels/bench/results/2026-12-03_h200_race10b_mla.json)
 FP8_DEFAULT = True
@@ -110,13 +118,24 @@ def launch_config_fp8(config: dict | None) -> dict:
     256 in one accumulator). Beside Q, 32-token blocks fit 4 fp8 + 2 fp16 (or 2 + 3), 64-token
     ones 2 fp8 + 1 fp16, the default: race 10b timed it 1.19-1.24x the 32-token rings' speed (their
     scores are [64, 32] products, whose Q operand is read from shared memory twice as often).
-    A ``ValueError`` names the field."""
-    cfg = dict(BLOCK_N=64, STAGES=2, HSTAGES=1, LEFT=256)
+    ``CONVERT``: who converts, "consumers" (this kernel) or "warpgroup" (``kernels.mla_sm90_convert``:
+    a converter warpgroup, piece by piece as the products free them; its layout is fixed: 64-token
+    blocks, 2 fp8 + 1 fp16). A ``ValueError`` names the field."""
+    cfg = dict(BLOCK_N=64, STAGES=2, HSTAGES=1, LEFT=256, CONVERT="consumers")
     if config:
         bad = sorted(k for k, v in config.items() if k not in cfg and not (k == "PREFETCH" and not v))
         if bad:
             raise ValueError(f"mla_sm90 config (fp8 cache): {bad} do not apply, expected some of {sorted(cfg)}")
         cfg.update({k: v for k, v in config.items() if k in cfg})
+    if cfg["CONVERT"] not in CONVERTS:
+        raise ValueError(f"mla_sm90 config (fp8 cache): CONVERT must be one of {list(CONVERTS)}, got {cfg['CONVERT']!r}")
+    if cfg["CONVERT"] == "warpgroup":
+        fixed = dict(BLOCK_N=64, STAGES=2, HSTAGES=1, LEFT=256)
+        bad = sorted(k for k in fixed if cfg[k] != fixed[k])
+        if bad:
+            raise ValueError(f"mla_sm90 config (fp8 cache): CONVERT 'warpgroup' fixes {bad} (BLOCK_N 64, STAGES 2, "
+                             f"HSTAGES 1, LEFT 256), got {({k: cfg[k] for k in bad})}")
+        return cfg
     if cfg["BLOCK_N"] not in (32, 64):
         raise ValueError(f"mla_sm90 config (fp8 cache): BLOCK_N must be 32 or 64, got {cfg['BLOCK_N']!r}")
     for key in ("STAGES", "HSTAGES"):
@@ -145,9 +164,10 @@ def launch_config(config: dict | None, fp8: bool = False) -> dict:
         if (config or {}).get("SCHEDULE", "split") != "split":
             raise ValueError("mla_sm90 config: SCHEDULE 'seesaw' takes a bf16/fp16 cache only")
         return launch_config_fp8({k: v for k, v in (config or {}).items() if k != "SCHEDULE"})
-    fp8_only = sorted({"HSTAGES", "BLOCK_N"} & set(config or {}))
+    fp8_only = sorted({"HSTAGES", "BLOCK_N", "CONVERT"} & set(config or {}))
     if fp8_only:
-        raise ValueError(f"mla_sm90 config: {fp8_only} (the fp8 path's blocks) apply to an fp8 cache only")
+        raise ValueError(f"mla_sm90 config: {fp8_only} (the fp8 path's blocks and conversion) apply to an fp8 cache "
+                         f"only")
     config = dict(config or {})
     schedule = config.get("SCHEDULE", "split")
     if schedule not in SCHEDULES:
@@ -520,11 +540,14 @@ if HAVE_GLUON:
 
 def registers(schedule: str = "split") -> tuple[int, int]:
     """(maxnreg, registers per consumer thread): two consumer warpgroups, one program per SM,
-    the producer keeping ``PRODUCER_REGS``. (Three consumer warpgroups do not launch: Triton
+    the producer keeping ``PRODUCER_REGS`` (``schedule`` "convert": the fp8 converter warpgroup
+    ``CONVERTER_REGS``). (Three consumer warpgroups do not launch: Triton
     rounds the 13 warps to 16, 512 threads, which leave 128 registers a thread; race 10.) The
     seesaw schedule has no producer warp (its warpgroups issue their own loads): 256 each."""
     if schedule == "seesaw":
         return 256, 256
+    if schedule == "convert":  # kernels.mla_sm90_convert: a 4-warp converter instead of the producer warp
+        return split_registers(2, 1, CONVERTER_REGS)
     return split_registers(2, 1, PRODUCER_REGS)
 
 
@@ -558,7 +581,8 @@ def mla_sm90_split(q, kv_cache, block_table, seq_lens, out, lse, op, lp, chunk, 
     kv_desc, pe_desc = descriptors(kv_cache, cfg["BLOCK_N"] if fp8 else BLOCK_N)
     sp = (0, 0, 0, 0, 0) if single else (op.stride(0), op.stride(1), op.stride(2), lp.stride(0), lp.stride(1))
     lse_st = (lse.stride(0), lse.stride(1)) if lse is not None else (0, 0)
-    maxnreg, regs = registers("seesaw" if seesaw else "split")
+    convert = fp8 and cfg["CONVERT"] == "warpgroup"
+    maxnreg, regs = registers("seesaw" if seesaw else "convert" if convert else "split")
     args = (kv_desc, pe_desc, q, block_table, seq_lens, out, lse if lse is not None else out,
             op if op is not None else out, lp if lp is not None else out,
             q.stride(0), q.stride(1), block_table.stride(0), out.stride(0), out.stride(1), *sp, *lse_st,
@@ -570,7 +594,11 @@ def mla_sm90_split(q, kv_cache, block_table, seq_lens, out, lse, op, lp, chunk, 
         return
     common = dict(SINGLE=single, STORE_LSE=lse is not None and single, STAGES=cfg["STAGES"], LEFT=cfg["LEFT"],
                   CONSUMER_REGS=regs, num_warps=4, maxnreg=maxnreg)
-    if fp8:
+    if convert:
+        _mla_sm90_convert_kernel[(nh // BLOCK_H, bsz, num_splits)](
+            *args, SINGLE=single, STORE_LSE=lse is not None and single, CONSUMER_REGS=regs,
+            CONVERTER_REGS=CONVERTER_REGS, HALVES=HALVES, num_warps=4, maxnreg=maxnreg)
+    elif fp8:
         _mla_sm90_fp8_kernel[(nh // BLOCK_H, bsz, num_splits)](*args, HSTAGES=cfg["HSTAGES"], **common)
     else:
         _mla_sm90_kernel[(nh // BLOCK_H, bsz, num_splits)](*args, PREFETCH=bool(cfg["PREFETCH"]), **common)

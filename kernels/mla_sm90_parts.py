@@ -33,17 +33,21 @@ if HAVE_GLUON:
         """One warp: each key block's latent and rope rows, from its page, into the ring."""
         BN: gl.constexpr = kv_desc.block_type.shape[0]
         b, s, start, end, n_blocks = _span(SEQ, chunk, BN)
-        nbytes: gl.constexpr = kv_desc.block_type.nbytes + pe_desc.block_type.nbytes
-        DL: gl.constexpr = kv_desc.block_type.shape[1]
         for j in range(n_blocks):
             st = j % STAGES
             mbarrier.wait(kv_empty.index(st), ((j // STAGES) & 1) ^ 1)  # the first pass is free
-            tok = start + j * BN
-            page = gl.load(BT + b.to(gl.int64) * stride_bt + tok // PAGE)
-            row = (page * PAGE + tok % PAGE).to(gl.int32)
-            mbarrier.expect(kv_ready.index(st), nbytes)
-            _tma_load(kv_desc, [row, 0], kv_ready.index(st), kv_bufs.index(st))
-            _tma_load(pe_desc, [row, DL], kv_ready.index(st), pe_bufs.index(st))
+            _load_block(kv_desc, pe_desc, kv_bufs.index(st), pe_bufs.index(st), kv_ready.index(st), b,
+                        start + j * BN, BT, stride_bt, PAGE)
+
+    @gluon.jit
+    def _load_block(kv_desc, pe_desc, kv_buf, pe_buf, ready, b, tok, BT, stride_bt, PAGE):
+        """The key block starting at token ``tok`` of sequence b, latent and rope rows, from its page
+        into one slot, landing on ``ready``."""
+        page = gl.load(BT + b.to(gl.int64) * stride_bt + tok // PAGE)
+        row = (page * PAGE + tok % PAGE).to(gl.int32)
+        mbarrier.expect(ready, kv_desc.block_type.nbytes + pe_desc.block_type.nbytes)
+        _tma_load(kv_desc, [row, 0], ready, kv_buf)
+        _tma_load(pe_desc, [row, kv_desc.block_type.shape[1]], ready, pe_buf)
 
     @gluon.jit
     def _zero_tail(v_cols, valid):
@@ -116,15 +120,29 @@ if HAVE_GLUON:
         the online softmax, P_j (in P's buffer dtype) and the rescale factor published for
         consumer 1 in buffer j % NP once consumer 1 freed it, its own output columns rescaled.
         Returns (acc, P_j as the A operand of its P V, m_i, l_i)."""
+        p, alpha, m_new, l_i = _softmax_step(sc, m_i, l_i, tok0, end, score_scale)
+        p16 = _publish(p, alpha, j, p_bufs, alpha_smem, p_ready, p_free)
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None]
+        return acc, gl.convert_layout(p16, p_layout), m_new, l_i
+
+    @gluon.jit
+    def _softmax_step(sc, m_i, l_i, tok0, end, score_scale):
+        """The online softmax on key block scores ``sc`` starting at token ``tok0`` (keys past
+        ``end`` masked): (P, the rescale factor of the previous blocks' sums, m, l)."""
         BN: gl.constexpr = sc.shape[1]
-        NP: gl.constexpr = p_bufs.shape[0]
         if tok0 + BN > end:  # the partial last block
             cols = tok0 + gl.arange(0, BN, layout=gl.SliceLayout(0, sc.type.layout))
             sc = gl.where((cols < end)[None, :], sc, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(sc, axis=1) * score_scale)
         p = gl.exp2(sc * score_scale - m_new[:, None])
         alpha = gl.exp2(m_i - m_new)
-        l_i = l_i * alpha + gl.sum(p, axis=1)
+        return p, alpha, m_new, l_i * alpha + gl.sum(p, axis=1)
+
+    @gluon.jit
+    def _publish(p, alpha, j, p_bufs, alpha_smem, p_ready, p_free):
+        """P_j (in P's buffer dtype, returned) and its rescale factor into buffer j % NP once its
+        previous reader freed it (``p_free``'s phase), fenced for the products, then ``p_ready``."""
+        NP: gl.constexpr = p_bufs.shape[0]
         pb = j % NP
         mbarrier.wait(p_free.index(pb), ((j // NP) & 1) ^ 1)
         p16 = p.to(p_bufs.dtype)
@@ -132,8 +150,7 @@ if HAVE_GLUON:
         alpha_smem.index(pb).store(alpha)
         fence_async_shared()
         release(p_ready.index(pb))
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None]
-        return acc, gl.convert_layout(p16, p_layout), m_new, l_i
+        return p16
 
     @gluon.jit
     def _write_out_scorer(acc, l_i, m_i, l_smem, l_ready, O, LSE, OP, LP, b, s, n_blocks, stride_ob, stride_oh,

@@ -69,10 +69,10 @@ MLA_SPLIT_SWEEP = {
 MLA_SM90 = {"sm90": dict(KERNEL="sm90"), "sm90_prefetch": dict(KERNEL="sm90", PREFETCH=True),
             "sm90_left256": dict(KERNEL="sm90", LEFT=256), "sm90_seesaw": dict(KERNEL="sm90", SCHEDULE="seesaw")}
 # its fp8-cache path (fp8 blocks converted to fp16 in shared memory): the default (64-token
-# blocks, 2 fp8 and 1 fp16), 32-token blocks with 4 fp8 and 2 fp16 or 2 fp8 and 3 fp16 (race 10b
-# ran these three as sm90_b64, sm90 and sm90_h3)
-MLA_SM90_FP8 = {"sm90": dict(KERNEL="sm90"), "sm90_b32": dict(KERNEL="sm90", BLOCK_N=32, STAGES=4, HSTAGES=2),
-                "sm90_b32_h3": dict(KERNEL="sm90", BLOCK_N=32, STAGES=2, HSTAGES=3)}
+# blocks, 2 fp8 and 1 fp16, the consumers converting) and sm90_convert, a converter warpgroup
+# (kernels/mla_sm90_convert.py). The 32-token rings (BLOCK_N 32 with 4 fp8 and 2 fp16 or 2 fp8
+# and 3 fp16) lost to the default in races 10b-10c (1.19-1.24x its time) and are no longer raced.
+MLA_SM90_FP8 = {"sm90": dict(KERNEL="sm90"), "sm90_convert": dict(KERNEL="sm90", CONVERT="warpgroup")}
 PAGE = 64
 
 

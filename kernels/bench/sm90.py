@@ -195,6 +195,13 @@ def mla_sm90_build(config: dict | None = None, single: bool = False, dtype: str 
     sig.update({n: "i32" for n in ("stride_qb", "stride_qh", "stride_bt", "stride_ob", "stride_oh", "stride_pb",
                                    "stride_ph", "stride_ps", "stride_lb", "stride_lh", "stride_lsb", "stride_lsh",
                                    "chunk", "PAGE")})
+    if fp8 and cfg["CONVERT"] == "warpgroup":
+        from kernels.mla_sm90_convert import CONVERTER_REGS, HALVES, _mla_sm90_convert_kernel
+
+        maxnreg, regs = registers("convert")
+        consts = {"SINGLE": single, "STORE_LSE": single, "CONSUMER_REGS": regs, "CONVERTER_REGS": CONVERTER_REGS,
+                  "HALVES": HALVES, "num_warps": 4}
+        return gluon_sm90_build(_mla_sm90_convert_kernel, sig, consts, 4, maxnreg)
     if fp8:
         maxnreg, regs = registers()
         consts = {"SINGLE": single, "STORE_LSE": single, "STAGES": cfg["STAGES"], "HSTAGES": cfg["HSTAGES"],

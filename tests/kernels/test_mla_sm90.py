@@ -69,6 +69,28 @@ def test_the_fp8_build(single, cfg):
 
 @needs_gluon
 @pytest.mark.parametrize("single", [False, True], ids=["splits", "one_split"])
+def test_the_fp8_build_with_a_converter_warpgroup(single):
+    """CONVERT 'warpgroup' (kernels/mla_sm90_convert.py): per 64-token key block the scores in
+    pieces (rope 64 / 16 k-steps, then four latent pieces of 128 / 16), each consumer's P V in two
+    128-column products of 64 / 16 (consumer 0's with P in registers); fp16 products only; the
+    conversion once per block, in the converter alone (576 x 64 / 128 threads / 2 values per
+    unpack); two consumers at 224 registers and the converter at 56: only a scalar of the
+    converter's rare tail branch spills (8 bytes under Triton 3.6, 36-44 under 3.9)."""
+    import triton
+
+    from kernels import mla_sm90_convert as cv
+
+    info = build("mla_sm90_build", dict(CONVERT="warpgroup"), single=single, kv="fp8")
+    assert not info["serialized"], info["ptxas_info"]
+    assert info["spill_bytes"] <= (16 if triton.__version__.startswith("3.6") else 64), info["ptxas_info"]
+    assert info["hgmma"] == 4 + 4 * 8 + 2 * 2 * 4 and info["hgmma_reg_a"] == 2 * 4 and info["qgmma"] == 0, info
+    assert info["f8_unpack"] == 576 * 64 // 128 // 2, info
+    assert sm90.registers("convert") == (168, 224) and 2 * 128 * 224 + 128 * cv.CONVERTER_REGS <= 168 * 384
+    assert cv.smem_bytes() - 1024 <= info["shared"] <= sm90.SMEM_BYTES, info
+
+
+@needs_gluon
+@pytest.mark.parametrize("single", [False, True], ids=["splits", "one_split"])
 def test_the_seesaw_build(single):
     """The seesaw schedule: per pair of key blocks each warpgroup scores one (256 / 16 + 256 / 16
     + 64 / 16 k-steps, one product per 64-column tile as it lands) and runs P V on its 256 output
@@ -109,14 +131,21 @@ def test_a_config_is_checked_before_launch():
         sm90.launch_config(dict(LEFT=192))
     with pytest.raises(ValueError, match="STAGES 3 need 3[0-9]+ bytes of shared memory"):
         sm90.launch_config(dict(STAGES=3))  # Q and three 72 KB key blocks
-    with pytest.raises(ValueError, match=r"\['BLOCK_N', 'HSTAGES'\] \(the fp8 path's blocks\) apply to an fp8 cache only"):
+    with pytest.raises(ValueError, match=r"\['BLOCK_N', 'HSTAGES'\] \(the fp8 path's blocks and conversion\) apply"):
         sm90.launch_config(dict(HSTAGES=2, BLOCK_N=64))
 
 
 def test_the_fp8_config_is_checked_before_launch():
-    assert sm90.launch_config(None, fp8=True) == dict(BLOCK_N=64, STAGES=2, HSTAGES=1, LEFT=256)
-    assert sm90.launch_config(dict(PREFETCH=False, BLOCK_N=32, HSTAGES=3), fp8=True) == dict(BLOCK_N=32, STAGES=2,
-                                                                                            HSTAGES=3, LEFT=256)
+    assert sm90.launch_config(None, fp8=True) == dict(BLOCK_N=64, STAGES=2, HSTAGES=1, LEFT=256, CONVERT="consumers")
+    assert sm90.launch_config(dict(PREFETCH=False, BLOCK_N=32, HSTAGES=3), fp8=True) == dict(
+        BLOCK_N=32, STAGES=2, HSTAGES=3, LEFT=256, CONVERT="consumers")
+    assert sm90.launch_config(dict(CONVERT="warpgroup", BLOCK_N=64), fp8=True)["CONVERT"] == "warpgroup"
+    with pytest.raises(ValueError, match="CONVERT must be one of \\['consumers', 'warpgroup'\\], got 'producer'"):
+        sm90.launch_config(dict(CONVERT="producer"), fp8=True)
+    with pytest.raises(ValueError, match=r"CONVERT 'warpgroup' fixes \['BLOCK_N', 'STAGES'\]"):
+        sm90.launch_config(dict(CONVERT="warpgroup", BLOCK_N=32, STAGES=4), fp8=True)
+    with pytest.raises(ValueError, match=r"\['CONVERT'\] \(the fp8 path's blocks and conversion\) apply to an fp8"):
+        sm90.launch_config(dict(CONVERT="warpgroup"))
     with pytest.raises(ValueError, match=r"fp8 cache\): \['PREFETCH'\] do not apply"):
         sm90.launch_config(dict(PREFETCH=True), fp8=True)
     with pytest.raises(ValueError, match="HSTAGES must be an int >= 1, got 0"):
@@ -204,8 +233,9 @@ def test_cases_match_the_reference(case, config):
 @needs_hopper
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("num_splits", [1, 3, None], ids=["one_split", "three_splits", "auto"])
-@pytest.mark.parametrize("config", [None, dict(BLOCK_N=32, STAGES=4, HSTAGES=2), dict(BLOCK_N=32, STAGES=2, HSTAGES=3)],
-                         ids=["default", "block_32", "block_32_three_fp16"])
+@pytest.mark.parametrize("config", [None, dict(BLOCK_N=32, STAGES=4, HSTAGES=2), dict(BLOCK_N=32, STAGES=2, HSTAGES=3),
+                                    dict(CONVERT="warpgroup")],
+                         ids=["default", "block_32", "block_32_three_fp16", "converter"])
 def test_fp8_cache_ragged_batch_matches_the_reference(num_splits, config):
     # partial blocks either side of 32 and 64 tokens, one block of either size exactly, several
     _check([0, 1, 31, 32, 33, 64, 95, 300, 1000], num_splits=num_splits, config=config, seed=num_splits or 5,
@@ -220,7 +250,8 @@ def test_fp8_cache_ragged_batch_matches_the_reference(num_splits, config):
     dict(lens=[300, 517], page=128),
     dict(lens=[4096] * 4, num_splits=4),
 ], ids=["fp16", "64_heads", "page_128", "long"])
-@pytest.mark.parametrize("config", [None, dict(BLOCK_N=32, STAGES=4, HSTAGES=2)], ids=["default", "block_32"])
+@pytest.mark.parametrize("config", [None, dict(BLOCK_N=32, STAGES=4, HSTAGES=2), dict(CONVERT="warpgroup")],
+                         ids=["default", "block_32", "converter"])
 def test_fp8_cases_match_the_reference(case, config):
     _check(seed=13, fp8=True, config=config, **case)
 
