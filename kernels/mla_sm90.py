@@ -41,6 +41,10 @@ below 65,504, fp16's largest value), P is fp16, the per-tensor scale folds into 
 output scales. ``mla_decode`` takes it for fp8 caches wherever it runs (race 10b: 2.2-2.4x the
 Triton kernel's speed; 0.63-0.72x FlashMLA's on the bf16 cache, which has no fp8 dense decode).
 
+``config={"QREG": 256}`` keeps Q's first 256 latent columns in consumer 0's registers for the
+scores (a [64, 64] score product with both operands in shared memory needs all of its 128 bytes
+a clock; built and checked for sm_90a, not yet raced, so opt-in).
+
 ``config={"CONVERT": "warpgroup"}`` runs the fp8 cache on ``kernels.mla_sm90_convert`` instead: a
 converter warpgroup in place of the producer warp converts each block in five pieces as the
 products free them, so the next block's scores start on the first pieces while the last are
@@ -79,7 +83,7 @@ KV_LORA = 512
 ROPE = 64
 BLOCK_H = 64  # heads per program: the rows of one warpgroup MMA
 BLOCK_N = 64  # tokens per key block
-CONFIG_KEYS = ("STAGES", "LEFT", "PREFETCH", "HSTAGES", "BLOCK_N", "SCHEDULE", "CONVERT")
+CONFIG_KEYS = ("STAGES", "LEFT", "PREFETCH", "QREG", "HSTAGES", "BLOCK_N", "SCHEDULE", "CONVERT")
 SCHEDULES = ("split", "seesaw")  # kernels.mla_sm90_seesaw: the second
 CONVERTS = ("consumers", "warpgroup")  # the fp8 cache's conversion; kernels.mla_sm90_convert: the second
 # whether mla_decode takes this kernel for an fp8 cache unasked: race 10b timed its 64-token path
@@ -123,7 +127,7 @@ def launch_config_fp8(config: dict | None) -> dict:
     blocks, 2 fp8 + 1 fp16). A ``ValueError`` names the field."""
     cfg = dict(BLOCK_N=64, STAGES=2, HSTAGES=1, LEFT=256, CONVERT="consumers")
     if config:
-        bad = sorted(k for k, v in config.items() if k not in cfg and not (k == "PREFETCH" and not v))
+        bad = sorted(k for k, v in config.items() if k not in cfg and not (k in ("PREFETCH", "QREG") and not v))
         if bad:
             raise ValueError(f"mla_sm90 config (fp8 cache): {bad} do not apply, expected some of {sorted(cfg)}")
         cfg.update({k: v for k, v in config.items() if k in cfg})
@@ -159,7 +163,12 @@ def launch_config(config: dict | None, fp8: bool = False) -> dict:
     block j + 2's load has only the softmax to land); without it, block j's scores start block
     j's turn (races 10c-11: 0.90-0.94x the default's speed). ``SCHEDULE``: "split" (this kernel) or
     "seesaw" (``kernels.mla_sm90_seesaw``, whose layout is fixed: 2 stages, 256 columns a
-    warpgroup, no prefetch). A ``ValueError`` names the field. ``fp8``: ``launch_config_fp8``."""
+    warpgroup, no prefetch). ``QREG`` 256: consumer 0 keeps the first 256 latent columns of Q in
+    registers for the scores (a third less shared-memory traffic in the score product, whose
+    [64, 64] tiles with both operands in shared memory ask for all 128 bytes a clock an SM's
+    shared memory gives); with LEFT 128 and no prefetch only (beside 256 output columns or a
+    prefetched score tile the registers spill). A ``ValueError`` names the field. ``fp8``:
+    ``launch_config_fp8``."""
     if fp8:
         if (config or {}).get("SCHEDULE", "split") != "split":
             raise ValueError("mla_sm90 config: SCHEDULE 'seesaw' takes a bf16/fp16 cache only")
@@ -173,16 +182,16 @@ def launch_config(config: dict | None, fp8: bool = False) -> dict:
     if schedule not in SCHEDULES:
         raise ValueError(f"mla_sm90 config: SCHEDULE must be one of {list(SCHEDULES)}, got {schedule!r}")
     if schedule == "seesaw":  # its layout is fixed: two slots, 256 output columns a warpgroup, no prefetch
-        fixed = dict(STAGES=2, LEFT=256, PREFETCH=False)
+        fixed = dict(STAGES=2, LEFT=256, PREFETCH=False, QREG=0)
         bad = sorted(k for k in fixed if k in config and config[k] != fixed[k])
         if bad:
-            raise ValueError(f"mla_sm90 config: SCHEDULE 'seesaw' fixes {bad} (STAGES 2, LEFT 256, PREFETCH off), "
+            raise ValueError(f"mla_sm90 config: SCHEDULE 'seesaw' fixes {bad} (STAGES 2, LEFT 256, PREFETCH off, QREG 0), "
                              f"got {({k: config[k] for k in bad})}")
         unknown = sorted(set(config) - set(CONFIG_KEYS))
         if unknown:
             raise ValueError(f"mla_sm90 config: unknown keys {unknown}, expected some of {list(CONFIG_KEYS)}")
         return dict(fixed, SCHEDULE="seesaw")
-    cfg = dict(STAGES=2, LEFT=128, PREFETCH=False, SCHEDULE="split")
+    cfg = dict(STAGES=2, LEFT=128, PREFETCH=False, QREG=0, SCHEDULE="split")
     if config:
         unknown = sorted(set(config) - set(CONFIG_KEYS))
         if unknown:
@@ -193,6 +202,11 @@ def launch_config(config: dict | None, fp8: bool = False) -> dict:
                          f"this block's slot is freed), got {cfg['STAGES']!r}")
     if cfg["LEFT"] not in (128, 256):
         raise ValueError(f"mla_sm90 config: LEFT (consumer 0's output columns) must be 128 or 256, got {cfg['LEFT']!r}")
+    if cfg["QREG"] not in (0, 256):
+        raise ValueError(f"mla_sm90 config: QREG (Q's latent columns in registers) must be 0 or 256, got {cfg['QREG']!r}")
+    if cfg["QREG"] and (cfg["LEFT"] != 128 or cfg["PREFETCH"]):
+        raise ValueError(f"mla_sm90 config: QREG 256 needs LEFT 128 and PREFETCH off (else consumer 0's registers "
+                         f"spill), got LEFT {cfg['LEFT']!r}, PREFETCH {cfg['PREFETCH']!r}")
     need = smem_bytes(cfg["STAGES"])
     if need > SMEM_BYTES:
         raise ValueError(f"mla_sm90 config: STAGES {cfg['STAGES']} need {need} bytes of shared memory, more than the "
@@ -223,8 +237,9 @@ if HAVE_GLUON:
                 Q, SEQ, O, LSE, OP, LP, stride_qb, stride_qh, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps,
                 stride_lb, stride_lh, stride_lsb, stride_lsh, chunk, score_scale, out_scale,
                 SINGLE: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr, LEFT: gl.constexpr,
-                PREFETCH: gl.constexpr):
-        """Consumer 0: the scores, the softmax and output columns [0, LEFT)."""
+                PREFETCH: gl.constexpr, QREG: gl.constexpr):
+        """Consumer 0: the scores, the softmax and output columns [0, LEFT); with ``QREG`` the
+        scores' first QREG latent columns of Q from registers."""
         s_layout: gl.constexpr = wgmma_layout(64)
         o_layout: gl.constexpr = wgmma_layout(LEFT)
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
@@ -232,6 +247,8 @@ if HAVE_GLUON:
         b, s, start, end, n_blocks = _span(SEQ, chunk, 64)
         heads = gl.program_id(0) * 64
         _stage_q(q_smem, q_pe, Q + b.to(gl.int64) * stride_qb + heads * stride_qh, stride_qh)
+        q_reg = q_smem.slice(0, max(QREG, 16), dim=1).load(gl.DotOperandLayout(operand_index=0, parent=s_layout,
+                                                                                k_width=2)) if QREG else 0
         acc = gl.zeros([64, LEFT], gl.float32, o_layout)
         m_i = gl.full([64], -1.0e30, gl.float32, row_s)
         l_i = gl.zeros([64], gl.float32, row_s)
@@ -239,13 +256,13 @@ if HAVE_GLUON:
         if n_blocks > 0:
             if PREFETCH:
                 mbarrier.wait(kv_ready.index(0), 0)
-                s_tok = _qk(q_smem, q_pe, kv_bufs, pe_bufs, 0, sc)
+                s_tok = _qk(q_smem, q_pe, kv_bufs, pe_bufs, 0, sc, q_reg, QREG)
                 sc = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
             for j in range(n_blocks):
                 st = j % STAGES
                 if not PREFETCH:  # this block's scores now: its slot had a whole block to load
                     mbarrier.wait(kv_ready.index(st), (j // STAGES) & 1)
-                    s_tok = _qk(q_smem, q_pe, kv_bufs, pe_bufs, st, sc)
+                    s_tok = _qk(q_smem, q_pe, kv_bufs, pe_bufs, st, sc, q_reg, QREG)
                     sc = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
                 tok0 = start + j * 64
                 acc, p_op, m_i, l_i = _softmax_publish(sc, m_i, l_i, acc, j, tok0, end, score_scale, p_bufs,
@@ -256,7 +273,7 @@ if HAVE_GLUON:
                 if PREFETCH and j + 1 < n_blocks:  # the next block's scores beside both halves' products
                     st1 = (j + 1) % STAGES
                     mbarrier.wait(kv_ready.index(st1), ((j + 1) // STAGES) & 1)
-                    s_nxt = _qk(q_smem, q_pe, kv_bufs, pe_bufs, st1, sc)
+                    s_nxt = _qk(q_smem, q_pe, kv_bufs, pe_bufs, st1, sc, q_reg, QREG)
                     acc, p_op, sc = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op, s_nxt))
                 else:
                     acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
@@ -317,7 +334,8 @@ if HAVE_GLUON:
                          stride_qb, stride_qh, stride_bt, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps,
                          stride_lb, stride_lh, stride_lsb, stride_lsh, chunk, PAGE, score_scale, out_scale,
                          SINGLE: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr, LEFT: gl.constexpr,
-                         PREFETCH: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
+                         PREFETCH: gl.constexpr, QREG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                         num_warps: gl.constexpr):
         """Grid (heads / 64, B, splits). The default partition (4 warps) is consumer 0, a 4-warp
         worker consumer 1, a 1-warp worker the TMA producer."""
         gl.static_assert(num_warps == 4, "the default partition is one warpgroup")
@@ -349,7 +367,7 @@ if HAVE_GLUON:
             (_scorer, (q_smem, q_pe, kv_bufs, pe_bufs, p_bufs, alpha_smem, l_smem, kv_ready, kv_empty, p_ready,
                        p_free, l_ready, Q, SEQ, O, LSE, OP, LP, stride_qb, stride_qh, stride_ob, stride_oh,
                        stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, chunk,
-                       score_scale, out_scale, SINGLE, STORE_LSE, STAGES, LEFT, PREFETCH)),
+                       score_scale, out_scale, SINGLE, STORE_LSE, STAGES, LEFT, PREFETCH, QREG)),
             (_right, (kv_bufs, p_bufs, alpha_smem, l_smem, kv_ready, kv_empty, p_ready, p_free, l_ready, SEQ, O,
                       LSE, OP, LP, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
                       stride_lsb, stride_lsh, chunk, out_scale, SINGLE, STORE_LSE, STAGES, LEFT)),
@@ -601,4 +619,5 @@ def mla_sm90_split(q, kv_cache, block_table, seq_lens, out, lse, op, lp, chunk, 
     elif fp8:
         _mla_sm90_fp8_kernel[(nh // BLOCK_H, bsz, num_splits)](*args, HSTAGES=cfg["HSTAGES"], **common)
     else:
-        _mla_sm90_kernel[(nh // BLOCK_H, bsz, num_splits)](*args, PREFETCH=bool(cfg["PREFETCH"]), **common)
+        _mla_sm90_kernel[(nh // BLOCK_H, bsz, num_splits)](*args, PREFETCH=bool(cfg["PREFETCH"]), QREG=cfg["QREG"],
+                                                           **common)

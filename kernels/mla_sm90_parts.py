@@ -82,10 +82,18 @@ if HAVE_GLUON:
         _cta_barrier()
 
     @gluon.jit
-    def _qk(q_smem, q_pe, kv_bufs, pe_bufs, st, regs):
+    def _qk(q_smem, q_pe, kv_bufs, pe_bufs, st, regs, q_reg=0, QREG: gl.constexpr = 0):
         """Issue S = Q K^T of slot st asynchronously into ``regs``: the latent part, then the
-        rope part, chained."""
-        tok = warpgroup_mma(q_smem, kv_bufs.index(st).permute((1, 0)), regs, use_acc=False, is_async=True)
+        rope part, chained; with ``QREG`` the latent part's first QREG columns with Q from
+        registers (``q_reg``), the rest from shared memory."""
+        kv = kv_bufs.index(st)
+        if QREG:
+            DL: gl.constexpr = kv.shape[1]
+            tok = warpgroup_mma(q_reg, kv.slice(0, QREG, dim=1).permute((1, 0)), regs, use_acc=False, is_async=True)
+            tok = warpgroup_mma(q_smem.slice(QREG, DL - QREG, dim=1), kv.slice(QREG, DL - QREG, dim=1).permute((1, 0)),
+                                tok, is_async=True)
+        else:
+            tok = warpgroup_mma(q_smem, kv.permute((1, 0)), regs, use_acc=False, is_async=True)
         return warpgroup_mma(q_pe, pe_bufs.index(st).permute((1, 0)), tok, is_async=True)
 
     @gluon.jit

@@ -25,11 +25,12 @@ SCALE = 192**-0.5
 
 
 @needs_gluon
-@pytest.mark.parametrize("single,left,prefetch", [(False, 128, False), (True, 128, False), (False, 256, False),
-                                                  (False, 128, True)],
-                         ids=["splits", "one_split", "left_256", "prefetch"])
-def test_the_build(single, left, prefetch):
-    info = build("mla_sm90_build", dict(LEFT=left, PREFETCH=prefetch), single=single)
+@pytest.mark.parametrize("single,left,prefetch,qreg", [(False, 128, False, 0), (True, 128, False, 0),
+                                                       (False, 256, False, 0), (False, 128, True, 0),
+                                                       (False, 128, False, 256), (True, 128, False, 256)],
+                         ids=["splits", "one_split", "left_256", "prefetch", "qreg", "qreg_one_split"])
+def test_the_build(single, left, prefetch, qreg):
+    info = build("mla_sm90_build", dict(LEFT=left, PREFETCH=prefetch, QREG=qreg), single=single)
     assert not info["serialized"], info["ptxas_info"]
     # the default (consumer 0 keeps 128 output columns): none under Triton 3.6, a few scalars
     # (16-32 bytes) under 3.9; 256 columns spill more (80 / 272 bytes), never a tile
@@ -38,7 +39,8 @@ def test_the_build(single, left, prefetch):
     # before it, P V on its columns with P in registers (64 / 16); consumer 1: P V on [256, 512)
     # and, with consumer 0 on 128 columns, on [128, 256), P from shared memory
     assert info["hgmma"] == (2 if prefetch else 1) * (32 + 4) + 4 + 4 * (2 if left == 128 else 1), info
-    assert info["hgmma_reg_a"] == 4, info
+    # with QREG the first 256 / 16 k-steps of Q K^T take Q from registers too
+    assert info["hgmma_reg_a"] == 4 + qreg // 16, info
     assert info["hmma"] == 0 and info["qgmma"] == 0, info
     assert sm90.smem_bytes(2) - 1024 <= info["shared"] <= sm90.SMEM_BYTES, info
 
@@ -112,8 +114,18 @@ def test_the_seesaw_build(single):
 
 
 def test_a_config_is_checked_before_launch():
-    assert sm90.launch_config(None) == dict(STAGES=2, LEFT=128, PREFETCH=False, SCHEDULE="split")
-    assert sm90.launch_config(dict(SCHEDULE="seesaw")) == dict(STAGES=2, LEFT=256, PREFETCH=False, SCHEDULE="seesaw")
+    assert sm90.launch_config(None) == dict(STAGES=2, LEFT=128, PREFETCH=False, QREG=0, SCHEDULE="split")
+    assert sm90.launch_config(dict(SCHEDULE="seesaw")) == dict(STAGES=2, LEFT=256, PREFETCH=False, QREG=0,
+                                                               SCHEDULE="seesaw")
+    assert sm90.launch_config(dict(QREG=256))["QREG"] == 256
+    with pytest.raises(ValueError, match="QREG .* must be 0 or 256, got 128"):
+        sm90.launch_config(dict(QREG=128))
+    with pytest.raises(ValueError, match="QREG 256 needs LEFT 128 and PREFETCH off .* got LEFT 256, PREFETCH False"):
+        sm90.launch_config(dict(QREG=256, LEFT=256))
+    with pytest.raises(ValueError, match="SCHEDULE 'seesaw' fixes \\['QREG'\\]"):
+        sm90.launch_config(dict(SCHEDULE="seesaw", QREG=256))
+    with pytest.raises(ValueError, match=r"fp8 cache\): \['QREG'\] do not apply"):
+        sm90.launch_config(dict(QREG=256), fp8=True)
     assert sm90.launch_config(dict(SCHEDULE="seesaw", LEFT=256))["SCHEDULE"] == "seesaw"
     with pytest.raises(ValueError, match="SCHEDULE must be one of \\['split', 'seesaw'\\], got 'pingpong'"):
         sm90.launch_config(dict(SCHEDULE="pingpong"))
@@ -209,8 +221,8 @@ def _check(lens, heads=128, dtype=torch.bfloat16, page=64, num_splits=None, conf
 @needs_hopper
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("num_splits", [1, 3, None], ids=["one_split", "three_splits", "auto"])
-@pytest.mark.parametrize("config", [None, dict(LEFT=256), dict(PREFETCH=True), dict(SCHEDULE="seesaw")],
-                         ids=["default", "left_256", "prefetch", "seesaw"])
+@pytest.mark.parametrize("config", [None, dict(LEFT=256), dict(PREFETCH=True), dict(QREG=256), dict(SCHEDULE="seesaw")],
+                         ids=["default", "left_256", "prefetch", "qreg", "seesaw"])
 def test_ragged_batch_matches_the_reference(num_splits, config):
     # empty, one token, one block exactly, partial blocks either side of one, several blocks
     # (for the seesaw's pairs: one block alone, a partial second block, odd and even counts)
@@ -225,7 +237,7 @@ def test_ragged_batch_matches_the_reference(num_splits, config):
     dict(lens=[300, 517], page=128),  # 64-token blocks inside larger pages
     dict(lens=[4096] * 4, num_splits=4),
 ], ids=["fp16", "64_heads", "page_128", "long"])
-@pytest.mark.parametrize("config", [None, dict(SCHEDULE="seesaw")], ids=["split", "seesaw"])
+@pytest.mark.parametrize("config", [None, dict(QREG=256), dict(SCHEDULE="seesaw")], ids=["split", "qreg", "seesaw"])
 def test_cases_match_the_reference(case, config):
     _check(seed=11, config=config, **case)
 
