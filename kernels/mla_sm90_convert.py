@@ -40,7 +40,7 @@ PIECE = 128  # latent columns per converted piece (four pieces, then the product
 
 if HAVE_GLUON:
     from kernels.mla_sm90_parts import (_load_block, _publish, _softmax_step, _span, _stage_q, _write_out,
-                                        _write_out_l, _write_out_scorer, _zero_tail)
+                                        _write_out_l, _write_out_scorer)
     from kernels.sm90_common import fence_async_shared, gl, gluon, mbarrier, release, warpgroup_mma, warpgroup_mma_wait
     from kernels.sm90_common import wgmma_layout
 
@@ -59,6 +59,20 @@ if HAVE_GLUON:
             dst.slice(i * R, R, dim=0).store(src.slice(i * R, R, dim=0).load(blk).to(gl.float16))
 
     @gluon.jit
+    def _zero_rows(buf, valid):
+        """Rows >= ``valid`` of an fp8 [64, W] slot (its rows past the sequence: anything, NaN
+        too) -> 0, 128 columns (one swizzle tile) at a time, then fenced for the reads after it."""
+        W: gl.constexpr = buf.shape[1]
+        CW: gl.constexpr = 128 if W >= 128 else W
+        TPR: gl.constexpr = CW // 16
+        blk: gl.constexpr = gl.BlockedLayout([1, 16], [32 // TPR, TPR], [4, 1], [1, 0])
+        rows = gl.arange(0, buf.shape[0], layout=gl.SliceLayout(1, blk))
+        for i in gl.static_range(W // CW):
+            part = buf.slice(i * CW, CW, dim=1)
+            x = part.load(blk)
+            part.store(gl.where((rows < valid)[:, None], x, gl.zeros_like(x)))
+
+    @gluon.jit
     def _cv_converter(kv_desc, pe_desc, f_lat, f_pe, h_lat, h_pe, f_ready, pe_ready, pe_free, h_ready, h_free, SEQ,
                       BT, stride_bt, chunk, PAGE, HALVES: gl.constexpr):
         """The converter warpgroup: loads, then per block the rope piece and the four latent pieces
@@ -73,9 +87,9 @@ if HAVE_GLUON:
             fs = j % 2
             valid = end - (start + j * 64)
             mbarrier.wait(f_ready.index(fs), (j // 2) & 1)
-            if valid < 64:  # the partial last block: its fp8 rows past the sequence (anything, NaN too) -> 0
-                _zero_tail(f_lat.index(fs), valid)
-                _zero_tail(f_pe.index(fs), valid)
+            if valid < 64:  # the partial last block: its fp8 rows past the sequence -> 0 before converting
+                _zero_rows(f_lat.index(fs), valid)
+                _zero_rows(f_pe.index(fs), valid)
             mbarrier.wait(pe_free.index(fs), ((j // 2) & 1) ^ 1)  # block j - 2's P read (the first passes free)
             _to_half_piece(f_pe.index(fs), h_pe.index(fs), 1)
             fence_async_shared()
