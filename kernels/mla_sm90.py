@@ -45,6 +45,10 @@ Triton kernel's speed; 0.63-0.72x FlashMLA's on the bf16 cache, which has no fp8
 scores (a [64, 64] score product with both operands in shared memory needs all of its 128 bytes
 a clock; built and checked for sm_90a, not yet raced, so opt-in).
 
+``config={"LAZY": True}`` rescales the output accumulators (consumer 1's 384 columns are 192
+multiplies a thread a block) only when some row's running maximum rises by more than 2^8,
+FlashAttention 4's conditional rescale (built, not yet raced, so opt-in).
+
 ``config={"CONVERT": "warpgroup"}`` runs the fp8 cache on ``kernels.mla_sm90_convert`` instead: a
 converter warpgroup in place of the producer warp converts each block in five pieces as the
 products free them, so the next block's scores start on the first pieces while the last are
@@ -69,7 +73,7 @@ from kernels.mla_sm90_parts import PRODUCER_REGS
 from kernels.sm90_common import HAVE_GLUON, SMEM_BYTES, split_registers
 
 if HAVE_GLUON:
-    from kernels.mla_sm90_parts import (_PRODUCER_REGS, _producer, _qk, _softmax_publish, _span, _stage_q,
+    from kernels.mla_sm90_parts import (_PRODUCER_REGS, _producer, _qk, _read_flag, _softmax_publish, _span, _stage_q,
                                         _write_out_l, _write_out_scorer, _zero_tail)
     from kernels.mla_sm90_convert import _mla_sm90_convert_kernel
     from kernels.mla_sm90_seesaw import _mla_sm90_seesaw_kernel
@@ -83,7 +87,7 @@ KV_LORA = 512
 ROPE = 64
 BLOCK_H = 64  # heads per program: the rows of one warpgroup MMA
 BLOCK_N = 64  # tokens per key block
-CONFIG_KEYS = ("STAGES", "LEFT", "PREFETCH", "QREG", "HSTAGES", "BLOCK_N", "SCHEDULE", "CONVERT")
+CONFIG_KEYS = ("STAGES", "LEFT", "PREFETCH", "QREG", "LAZY", "HSTAGES", "BLOCK_N", "SCHEDULE", "CONVERT")
 SCHEDULES = ("split", "seesaw")  # kernels.mla_sm90_seesaw: the second
 CONVERTS = ("consumers", "warpgroup")  # the fp8 cache's conversion; kernels.mla_sm90_convert: the second
 # whether mla_decode takes this kernel for an fp8 cache unasked: race 10b timed its 64-token path
@@ -127,7 +131,7 @@ def launch_config_fp8(config: dict | None) -> dict:
     blocks, 2 fp8 + 1 fp16). A ``ValueError`` names the field."""
     cfg = dict(BLOCK_N=64, STAGES=2, HSTAGES=1, LEFT=256, CONVERT="consumers")
     if config:
-        bad = sorted(k for k, v in config.items() if k not in cfg and not (k in ("PREFETCH", "QREG") and not v))
+        bad = sorted(k for k, v in config.items() if k not in cfg and not (k in ("PREFETCH", "QREG", "LAZY") and not v))
         if bad:
             raise ValueError(f"mla_sm90 config (fp8 cache): {bad} do not apply, expected some of {sorted(cfg)}")
         cfg.update({k: v for k, v in config.items() if k in cfg})
@@ -167,8 +171,9 @@ def launch_config(config: dict | None, fp8: bool = False) -> dict:
     registers for the scores (a third less shared-memory traffic in the score product, whose
     [64, 64] tiles with both operands in shared memory ask for all 128 bytes a clock an SM's
     shared memory gives); with LEFT 128 and no prefetch only (beside 256 output columns or a
-    prefetched score tile the registers spill). A ``ValueError`` names the field. ``fp8``:
-    ``launch_config_fp8``."""
+    prefetched score tile the registers spill). ``LAZY``: the lazy rescale (``_softmax_step``:
+    the accumulators rescaled only when some row's maximum rises by more than 2^8). A
+    ``ValueError`` names the field. ``fp8``: ``launch_config_fp8``."""
     if fp8:
         if (config or {}).get("SCHEDULE", "split") != "split":
             raise ValueError("mla_sm90 config: SCHEDULE 'seesaw' takes a bf16/fp16 cache only")
@@ -182,16 +187,17 @@ def launch_config(config: dict | None, fp8: bool = False) -> dict:
     if schedule not in SCHEDULES:
         raise ValueError(f"mla_sm90 config: SCHEDULE must be one of {list(SCHEDULES)}, got {schedule!r}")
     if schedule == "seesaw":  # its layout is fixed: two slots, 256 output columns a warpgroup, no prefetch
-        fixed = dict(STAGES=2, LEFT=256, PREFETCH=False, QREG=0)
+        fixed = dict(STAGES=2, LEFT=256, PREFETCH=False, QREG=0, LAZY=False)
         bad = sorted(k for k in fixed if k in config and config[k] != fixed[k])
         if bad:
-            raise ValueError(f"mla_sm90 config: SCHEDULE 'seesaw' fixes {bad} (STAGES 2, LEFT 256, PREFETCH off, QREG 0), "
+            raise ValueError(f"mla_sm90 config: SCHEDULE 'seesaw' fixes {bad} (STAGES 2, LEFT 256, PREFETCH, QREG and "
+                             f"LAZY off), "
                              f"got {({k: config[k] for k in bad})}")
         unknown = sorted(set(config) - set(CONFIG_KEYS))
         if unknown:
             raise ValueError(f"mla_sm90 config: unknown keys {unknown}, expected some of {list(CONFIG_KEYS)}")
         return dict(fixed, SCHEDULE="seesaw")
-    cfg = dict(STAGES=2, LEFT=128, PREFETCH=False, QREG=0, SCHEDULE="split")
+    cfg = dict(STAGES=2, LEFT=128, PREFETCH=False, QREG=0, LAZY=False, SCHEDULE="split")
     if config:
         unknown = sorted(set(config) - set(CONFIG_KEYS))
         if unknown:
@@ -202,6 +208,8 @@ def launch_config(config: dict | None, fp8: bool = False) -> dict:
                          f"this block's slot is freed), got {cfg['STAGES']!r}")
     if cfg["LEFT"] not in (128, 256):
         raise ValueError(f"mla_sm90 config: LEFT (consumer 0's output columns) must be 128 or 256, got {cfg['LEFT']!r}")
+    if cfg["LAZY"] not in (True, False):
+        raise ValueError(f"mla_sm90 config: LAZY (the lazy rescale) must be true or false, got {cfg['LAZY']!r}")
     if cfg["QREG"] not in (0, 256):
         raise ValueError(f"mla_sm90 config: QREG (Q's latent columns in registers) must be 0 or 256, got {cfg['QREG']!r}")
     if cfg["QREG"] and (cfg["LEFT"] != 128 or cfg["PREFETCH"]):
@@ -237,9 +245,10 @@ if HAVE_GLUON:
                 Q, SEQ, O, LSE, OP, LP, stride_qb, stride_qh, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps,
                 stride_lb, stride_lh, stride_lsb, stride_lsh, chunk, score_scale, out_scale,
                 SINGLE: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr, LEFT: gl.constexpr,
-                PREFETCH: gl.constexpr, QREG: gl.constexpr):
+                PREFETCH: gl.constexpr, QREG: gl.constexpr, LAZY: gl.constexpr, flag_smem):
         """Consumer 0: the scores, the softmax and output columns [0, LEFT); with ``QREG`` the
-        scores' first QREG latent columns of Q from registers."""
+        scores' first QREG latent columns of Q from registers; with ``LAZY`` the lazy rescale
+        (``_softmax_step``), its flag published for consumer 1."""
         s_layout: gl.constexpr = wgmma_layout(64)
         o_layout: gl.constexpr = wgmma_layout(LEFT)
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
@@ -266,7 +275,7 @@ if HAVE_GLUON:
                     sc = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
                 tok0 = start + j * 64
                 acc, p_op, m_i, l_i = _softmax_publish(sc, m_i, l_i, acc, j, tok0, end, score_scale, p_bufs,
-                                                       alpha_smem, p_ready, p_free, p_layout)
+                                                       alpha_smem, p_ready, p_free, p_layout, LAZY, flag_smem)
                 if tok0 + 64 > end:  # the partial last block: its cache rows past the end zeroed before P V
                     _zero_tail(kv_bufs.index(st).slice(0, LEFT, dim=1), end - tok0)
                 o_tok = warpgroup_mma(p_op, kv_bufs.index(st).slice(0, LEFT, dim=1), acc, is_async=True)
@@ -283,20 +292,26 @@ if HAVE_GLUON:
                           o_layout, SINGLE, STORE_LSE)
 
     @gluon.jit
-    def _pv_part(acc, p_smem, kv_st, alpha, tok0, end, COL0: gl.constexpr):
-        """acc (output columns [COL0, COL0 + its width)) rescaled, + P V of those columns, P from
-        shared memory; a partial last block's rows past the sequence zeroed first."""
+    def _pv_part(acc, p_smem, kv_st, alpha, tok0, end, COL0: gl.constexpr, LAZY: gl.constexpr = False, grow=1):
+        """acc (output columns [COL0, COL0 + its width)) rescaled (with ``LAZY`` only when
+        consumer 0's flag ``grow`` says so), + P V of those columns, P from shared memory; a
+        partial last block's rows past the sequence zeroed first."""
         W: gl.constexpr = acc.shape[1]
         if tok0 + 64 > end:
             _zero_tail(kv_st.slice(COL0, W, dim=1), end - tok0)
-        tok = warpgroup_mma(p_smem, kv_st.slice(COL0, W, dim=1), acc * alpha[:, None], is_async=True)
+        if LAZY:
+            if grow != 0:
+                acc = acc * alpha[:, None]
+        else:
+            acc = acc * alpha[:, None]
+        tok = warpgroup_mma(p_smem, kv_st.slice(COL0, W, dim=1), acc, is_async=True)
         return warpgroup_mma_wait(num_outstanding=0, deps=(tok,))
 
     @gluon.jit
     def _right(kv_bufs, p_bufs, alpha_smem, l_smem, kv_ready, kv_empty, p_ready, p_free, l_ready, SEQ, O, LSE, OP,
                LP, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb,
                stride_lsh, chunk, out_scale, SINGLE: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr,
-               LEFT: gl.constexpr):
+               LEFT: gl.constexpr, LAZY: gl.constexpr, flag_smem):
         """Consumer 1: output columns [LEFT, 512), P from shared memory: [256, 512) in one
         accumulator, with LEFT = 128 columns [128, 256) in a second (a slice of the key block
         starts at a multiple of its width)."""
@@ -313,11 +328,12 @@ if HAVE_GLUON:
             mbarrier.wait(kv_ready.index(st), (j // STAGES) & 1)
             mbarrier.wait(p_ready.index(pb), (j // NP) & 1)
             tok0 = start + j * 64
+            grow = _read_flag(flag_smem, pb) if LAZY else 1
             acc_a = _pv_part(acc_a, p_bufs.index(pb), kv_bufs.index(st), alpha_smem.index(pb).load(gl.SliceLayout(1, la)),
-                             tok0, end, 256)
+                             tok0, end, 256, LAZY, grow)
             if LEFT < 256:
                 acc_b = _pv_part(acc_b, p_bufs.index(pb), kv_bufs.index(st),
-                                 alpha_smem.index(pb).load(gl.SliceLayout(1, lb)), tok0, end, LEFT)
+                                 alpha_smem.index(pb).load(gl.SliceLayout(1, lb)), tok0, end, LEFT, LAZY, grow)
             _cta_barrier()
             mbarrier.arrive(p_free.index(pb))
             mbarrier.arrive(kv_empty.index(st))
@@ -334,8 +350,8 @@ if HAVE_GLUON:
                          stride_qb, stride_qh, stride_bt, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps,
                          stride_lb, stride_lh, stride_lsb, stride_lsh, chunk, PAGE, score_scale, out_scale,
                          SINGLE: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr, LEFT: gl.constexpr,
-                         PREFETCH: gl.constexpr, QREG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                         num_warps: gl.constexpr):
+                         PREFETCH: gl.constexpr, QREG: gl.constexpr, LAZY: gl.constexpr,
+                         CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
         """Grid (heads / 64, B, splits). The default partition (4 warps) is consumer 0, a 4-warp
         worker consumer 1, a 1-warp worker the TMA producer."""
         gl.static_assert(num_warps == 4, "the default partition is one warpgroup")
@@ -363,14 +379,15 @@ if HAVE_GLUON:
             mbarrier.init(p_ready.index(i), count=1)
             mbarrier.init(p_free.index(i), count=1)
         mbarrier.init(l_ready, count=1)
+        flag_smem = gl.allocate_shared_memory(gl.int32, [1, 1], plain)  # the lazy rescale's flag (read with LAZY)
         gl.warp_specialize([
             (_scorer, (q_smem, q_pe, kv_bufs, pe_bufs, p_bufs, alpha_smem, l_smem, kv_ready, kv_empty, p_ready,
                        p_free, l_ready, Q, SEQ, O, LSE, OP, LP, stride_qb, stride_qh, stride_ob, stride_oh,
                        stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, chunk,
-                       score_scale, out_scale, SINGLE, STORE_LSE, STAGES, LEFT, PREFETCH, QREG)),
+                       score_scale, out_scale, SINGLE, STORE_LSE, STAGES, LEFT, PREFETCH, QREG, LAZY, flag_smem)),
             (_right, (kv_bufs, p_bufs, alpha_smem, l_smem, kv_ready, kv_empty, p_ready, p_free, l_ready, SEQ, O,
                       LSE, OP, LP, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
-                      stride_lsb, stride_lsh, chunk, out_scale, SINGLE, STORE_LSE, STAGES, LEFT)),
+                      stride_lsb, stride_lsh, chunk, out_scale, SINGLE, STORE_LSE, STAGES, LEFT, LAZY, flag_smem)),
             (_producer, (kv_desc, pe_desc, kv_bufs, pe_bufs, kv_ready, kv_empty, SEQ, BT, stride_bt, chunk, PAGE,
                          STAGES)),
         ], [4, 1], [CONSUMER_REGS, _PRODUCER_REGS])
@@ -620,4 +637,4 @@ def mla_sm90_split(q, kv_cache, block_table, seq_lens, out, lse, op, lp, chunk, 
         _mla_sm90_fp8_kernel[(nh // BLOCK_H, bsz, num_splits)](*args, HSTAGES=cfg["HSTAGES"], **common)
     else:
         _mla_sm90_kernel[(nh // BLOCK_H, bsz, num_splits)](*args, PREFETCH=bool(cfg["PREFETCH"]), QREG=cfg["QREG"],
-                                                           **common)
+                                                           LAZY=bool(cfg["LAZY"]), **common)

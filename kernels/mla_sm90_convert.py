@@ -149,7 +149,7 @@ if HAVE_GLUON:
         sc = gl.zeros([64, 64], gl.float32, s_layout)
         for j in range(n_blocks):
             sc = _cv_scores(q_smem, q_pe, h_lat, h_pe, pe_ready, h_ready, j, sc)
-            p, alpha, m_i, l_i = _softmax_step(sc, m_i, l_i, start + j * 64, end, score_scale)
+            p, alpha, m_i, l_i, _ = _softmax_step(sc, m_i, l_i, start + j * 64, end, score_scale)
             # P_j overwrites block j's rope (its scores are in); block j - 2's P there was freed
             # by consumer 1 before the converter wrote this rope
             p16 = _publish(p, alpha, j, h_pe, alpha_smem, p_ready, pe_free)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from kernels.sm90_common import HAVE_GLUON
 
 PRODUCER_REGS = 40  # registers a thread of the TMA producer warp keeps (setmaxnreg)
+LAZY_THRESHOLD = 8.0  # the lazy rescale's slack, log2 units: P at most 2^8 (bf16/fp16 hold it exactly enough)
 
 if HAVE_GLUON:
     from kernels.sm90_common import fence_async_shared, gl, gluon, mbarrier, release, warpgroup_mma
@@ -15,6 +16,8 @@ if HAVE_GLUON:
     from kernels.sm90_common import tma_load as _tma_load
 
     _PRODUCER_REGS = gl.constexpr(PRODUCER_REGS)
+    _LAZY_THRESHOLD = gl.constexpr(LAZY_THRESHOLD)
+    _FLAG_LAYOUT = gl.constexpr(gl.BlockedLayout([1], [32], [4], [0]))  # one value every thread holds
 
     @gluon.jit
     def _span(SEQ, chunk, BN: gl.constexpr):
@@ -123,42 +126,72 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _softmax_publish(sc, m_i, l_i, acc, j, tok0, end, score_scale, p_bufs, alpha_smem, p_ready, p_free,
-                         p_layout: gl.constexpr):
+                         p_layout: gl.constexpr, LAZY: gl.constexpr = False, flag_smem=None):
         """Consumer 0's turn on key block j once its scores ``sc`` are in: keys past ``end`` masked,
         the online softmax, P_j (in P's buffer dtype) and the rescale factor published for
         consumer 1 in buffer j % NP once consumer 1 freed it, its own output columns rescaled.
-        Returns (acc, P_j as the A operand of its P V, m_i, l_i)."""
-        p, alpha, m_new, l_i = _softmax_step(sc, m_i, l_i, tok0, end, score_scale)
-        p16 = _publish(p, alpha, j, p_bufs, alpha_smem, p_ready, p_free)
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None]
+        Returns (acc, P_j as the A operand of its P V, m_i, l_i). ``LAZY``: ``_softmax_step``'s
+        lazy rescale, whether it rescaled published in ``flag_smem`` and the accumulator rescaled
+        only then."""
+        p, alpha, m_new, l_i, grow = _softmax_step(sc, m_i, l_i, tok0, end, score_scale, LAZY)
+        if LAZY:
+            p16 = _publish(p, alpha, j, p_bufs, alpha_smem, p_ready, p_free, flag_smem, grow)
+            if grow != 0:
+                acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None]
+        else:
+            p16 = _publish(p, alpha, j, p_bufs, alpha_smem, p_ready, p_free)
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None]
         return acc, gl.convert_layout(p16, p_layout), m_new, l_i
 
     @gluon.jit
-    def _softmax_step(sc, m_i, l_i, tok0, end, score_scale):
+    def _softmax_step(sc, m_i, l_i, tok0, end, score_scale, LAZY: gl.constexpr = False):
         """The online softmax on key block scores ``sc`` starting at token ``tok0`` (keys past
-        ``end`` masked): (P, the rescale factor of the previous blocks' sums, m, l)."""
+        ``end`` masked): (P, the rescale factor of the previous blocks' sums, m, l, whether it
+        rescaled). ``LAZY`` (FlashAttention 4's conditional rescale): the running maximum moves
+        only when some row's block maximum passes it by more than ``LAZY_THRESHOLD`` (log2 units),
+        so P stays below 2^LAZY_THRESHOLD and most blocks after the first few need no rescale of
+        the accumulators at all (the rescale factor is then 1 and the flag 0, one flag for the
+        warpgroup's 64 rows so the branch on it is uniform); the output and the log-sum-exp use the
+        same maximum as the sums, so they are unchanged."""
         BN: gl.constexpr = sc.shape[1]
         if tok0 + BN > end:  # the partial last block
             cols = tok0 + gl.arange(0, BN, layout=gl.SliceLayout(0, sc.type.layout))
             sc = gl.where((cols < end)[None, :], sc, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(sc, axis=1) * score_scale)
+        if LAZY:
+            m_blk = gl.max(sc, axis=1) * score_scale
+            grow = gl.max((m_blk > m_i + _LAZY_THRESHOLD).to(gl.int32), axis=0)
+            if grow != 0:
+                m_new = gl.maximum(m_i, m_blk)
+            else:
+                m_new = m_i
+        else:
+            grow = 1
+            m_new = gl.maximum(m_i, gl.max(sc, axis=1) * score_scale)
         p = gl.exp2(sc * score_scale - m_new[:, None])
         alpha = gl.exp2(m_i - m_new)
-        return p, alpha, m_new, l_i * alpha + gl.sum(p, axis=1)
+        return p, alpha, m_new, l_i * alpha + gl.sum(p, axis=1), grow
 
     @gluon.jit
-    def _publish(p, alpha, j, p_bufs, alpha_smem, p_ready, p_free):
+    def _publish(p, alpha, j, p_bufs, alpha_smem, p_ready, p_free, flag_smem=None, grow=1):
         """P_j (in P's buffer dtype, returned) and its rescale factor into buffer j % NP once its
-        previous reader freed it (``p_free``'s phase), fenced for the products, then ``p_ready``."""
+        previous reader freed it (``p_free``'s phase), with ``flag_smem`` whether it rescaled,
+        fenced for the products, then ``p_ready``."""
         NP: gl.constexpr = p_bufs.shape[0]
         pb = j % NP
         mbarrier.wait(p_free.index(pb), ((j // NP) & 1) ^ 1)
         p16 = p.to(p_bufs.dtype)
         p_bufs.index(pb).store(p16)
         alpha_smem.index(pb).store(alpha)
+        if flag_smem is not None:
+            flag_smem.index(pb).store(gl.full([1], grow, gl.int32, _FLAG_LAYOUT))
         fence_async_shared()
         release(p_ready.index(pb))
         return p16
+
+    @gluon.jit
+    def _read_flag(flag_smem, pb):
+        """``_publish``'s flag of buffer pb, as a scalar the whole warpgroup holds."""
+        return gl.max(flag_smem.index(pb).load(_FLAG_LAYOUT), axis=0)
 
     @gluon.jit
     def _write_out_scorer(acc, l_i, m_i, l_smem, l_ready, O, LSE, OP, LP, b, s, n_blocks, stride_ob, stride_oh,

@@ -215,7 +215,8 @@ def mla_sm90_build(config: dict | None = None, single: bool = False, dtype: str 
         consts = {"SINGLE": single, "STORE_LSE": single, "CONSUMER_REGS": regs, "num_warps": 4}
         return gluon_sm90_build(_mla_sm90_seesaw_kernel, sig, consts, 4, maxnreg)
     consts = {"SINGLE": single, "STORE_LSE": single, "STAGES": cfg["STAGES"], "LEFT": cfg["LEFT"],
-              "PREFETCH": bool(cfg["PREFETCH"]), "QREG": cfg["QREG"], "CONSUMER_REGS": regs, "num_warps": 4}
+              "PREFETCH": bool(cfg["PREFETCH"]), "QREG": cfg["QREG"], "LAZY": bool(cfg["LAZY"]),
+              "CONSUMER_REGS": regs, "num_warps": 4}
     return gluon_sm90_build(_mla_sm90_kernel, sig, consts, 4, maxnreg)
 
 

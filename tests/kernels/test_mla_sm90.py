@@ -25,15 +25,17 @@ SCALE = 192**-0.5
 
 
 @needs_gluon
-@pytest.mark.parametrize("single,left,prefetch,qreg", [(False, 128, False, 0), (True, 128, False, 0),
-                                                       (False, 256, False, 0), (False, 128, True, 0),
-                                                       (False, 128, False, 256), (True, 128, False, 256)],
-                         ids=["splits", "one_split", "left_256", "prefetch", "qreg", "qreg_one_split"])
-def test_the_build(single, left, prefetch, qreg):
-    info = build("mla_sm90_build", dict(LEFT=left, PREFETCH=prefetch, QREG=qreg), single=single)
+@pytest.mark.parametrize("single,left,prefetch,qreg,lazy", [
+    (False, 128, False, 0, False), (True, 128, False, 0, False), (False, 256, False, 0, False),
+    (False, 128, True, 0, False), (False, 128, False, 256, False), (True, 128, False, 256, False),
+    (False, 128, False, 0, True), (False, 128, False, 256, True)],
+    ids=["splits", "one_split", "left_256", "prefetch", "qreg", "qreg_one_split", "lazy", "lazy_qreg"])
+def test_the_build(single, left, prefetch, qreg, lazy):
+    info = build("mla_sm90_build", dict(LEFT=left, PREFETCH=prefetch, QREG=qreg, LAZY=lazy), single=single)
     assert not info["serialized"], info["ptxas_info"]
     # the default (consumer 0 keeps 128 output columns): none under Triton 3.6, a few scalars
-    # (16-32 bytes) under 3.9; 256 columns spill more (80 / 272 bytes), never a tile
+    # (16-32 bytes) under 3.9, 44 with the lazy rescale's branches (none beside QREG); 256
+    # columns spill more (80 / 272 bytes), never a tile
     assert info["spill_bytes"] <= (64 if left == 128 else 512), info["ptxas_info"]
     # consumer 0: Q K^T in the loop (512 / 16 + 64 / 16 k-steps) and, prefetching, once more
     # before it, P V on its columns with P in registers (64 / 16); consumer 1: P V on [256, 512)
@@ -114,9 +116,14 @@ def test_the_seesaw_build(single):
 
 
 def test_a_config_is_checked_before_launch():
-    assert sm90.launch_config(None) == dict(STAGES=2, LEFT=128, PREFETCH=False, QREG=0, SCHEDULE="split")
-    assert sm90.launch_config(dict(SCHEDULE="seesaw")) == dict(STAGES=2, LEFT=256, PREFETCH=False, QREG=0,
+    assert sm90.launch_config(None) == dict(STAGES=2, LEFT=128, PREFETCH=False, QREG=0, LAZY=False, SCHEDULE="split")
+    assert sm90.launch_config(dict(SCHEDULE="seesaw")) == dict(STAGES=2, LEFT=256, PREFETCH=False, QREG=0, LAZY=False,
                                                                SCHEDULE="seesaw")
+    assert sm90.launch_config(dict(LAZY=True, QREG=256))["LAZY"] is True
+    with pytest.raises(ValueError, match="LAZY .* must be true or false, got 'yes'"):
+        sm90.launch_config(dict(LAZY="yes"))
+    with pytest.raises(ValueError, match="SCHEDULE 'seesaw' fixes \\['LAZY'\\]"):
+        sm90.launch_config(dict(SCHEDULE="seesaw", LAZY=True))
     assert sm90.launch_config(dict(QREG=256))["QREG"] == 256
     with pytest.raises(ValueError, match="QREG .* must be 0 or 256, got 128"):
         sm90.launch_config(dict(QREG=128))
@@ -188,12 +195,13 @@ def test_asking_for_it_where_it_cannot_run_is_a_clear_error():
 KV_SCALE = 0.125  # an fp8 cache's per-tensor scale
 
 
-def _case(lens, heads, dtype, page, seed, fp8=False):
+def _case(lens, heads, dtype, page, seed, fp8=False, growth=0.0):
+    """A ragged batch; with ``growth`` page p of each sequence scaled by 1 + growth p, so the
+    scores' running maximum keeps rising along the sequence (past the lazy rescale's slack)."""
     gen = torch.Generator().manual_seed(seed)
     pages = [max(1, -(-n // page)) for n in lens]
     nblk = sum(pages) + 3
     cache = torch.randn(nblk, page, 576, generator=gen)
-    cache = cache if fp8 else cache.to(dtype)
     perm = torch.randperm(nblk, generator=gen)  # pages scattered through the pool
     bt = torch.zeros(len(lens), max(pages) + 2, dtype=torch.int32)
     i = 0
@@ -201,15 +209,19 @@ def _case(lens, heads, dtype, page, seed, fp8=False):
         bt[b, :p] = perm[i:i + p]
         i += p
         last = int(bt[b, p - 1])
+        for k in range(p):
+            cache[int(bt[b, k])] *= 1 + growth * k
         cache[last, n - (p - 1) * page if n else 0:] = float("nan")  # the slots past the sequence
+    cache = cache if fp8 else cache.to(dtype)
     if fp8:  # e4m3 keeps NaN (0x7f)
         cache = (cache / KV_SCALE).to(torch.float8_e4m3fn)
     q = torch.randn(len(lens), heads, 576, generator=gen).to(dtype)
     return q.cuda(), cache.cuda(), bt.cuda(), torch.tensor(lens, dtype=torch.int32).cuda()
 
 
-def _check(lens, heads=128, dtype=torch.bfloat16, page=64, num_splits=None, config=None, seed=0, fp8=False):
-    q, cache, bt, sl = _case(lens, heads, dtype, page, seed, fp8)
+def _check(lens, heads=128, dtype=torch.bfloat16, page=64, num_splits=None, config=None, seed=0, fp8=False,
+           growth=0.0):
+    q, cache, bt, sl = _case(lens, heads, dtype, page, seed, fp8, growth)
     assert sm90.supported(q, cache)
     out = torch.full((len(lens), heads, 512), float("nan"), dtype=dtype, device="cuda")  # poison
     o, lse = mla_decode(q, cache, bt, sl, SCALE, kv_scale=KV_SCALE if fp8 else None, max_seq_len=max(lens),
@@ -221,12 +233,24 @@ def _check(lens, heads=128, dtype=torch.bfloat16, page=64, num_splits=None, conf
 @needs_hopper
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("num_splits", [1, 3, None], ids=["one_split", "three_splits", "auto"])
-@pytest.mark.parametrize("config", [None, dict(LEFT=256), dict(PREFETCH=True), dict(QREG=256), dict(SCHEDULE="seesaw")],
-                         ids=["default", "left_256", "prefetch", "qreg", "seesaw"])
+@pytest.mark.parametrize("config", [None, dict(LEFT=256), dict(PREFETCH=True), dict(QREG=256), dict(LAZY=True),
+                                    dict(LAZY=True, QREG=256), dict(SCHEDULE="seesaw")],
+                         ids=["default", "left_256", "prefetch", "qreg", "lazy", "lazy_qreg", "seesaw"])
 def test_ragged_batch_matches_the_reference(num_splits, config):
     # empty, one token, one block exactly, partial blocks either side of one, several blocks
     # (for the seesaw's pairs: one block alone, a partial second block, odd and even counts)
     _check([0, 1, 64, 63, 65, 300, 1000], num_splits=num_splits, config=config, seed=num_splits or 7)
+
+
+@needs_hopper
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("config", [None, dict(LAZY=True), dict(LAZY=True, QREG=256), dict(SCHEDULE="seesaw")],
+                         ids=["default", "lazy", "lazy_qreg", "seesaw"])
+def test_a_rising_maximum_matches_the_reference(config):
+    """Keys growing along each sequence (page k scaled by 1 + k / 2): the running maximum rises
+    by more than the lazy rescale's 2^8 slack again and again, so both of its paths run, P
+    near 256 included."""
+    _check([100, 1000, 2100], num_splits=1, config=config, seed=17, growth=0.5)
 
 
 @needs_hopper
