@@ -29,7 +29,7 @@ from kernels.w4a16_gemm import awq_dequantize_triton, gemv_config, mma_config, p
 
 SHAPES = [(5120, 27648), (27648, 5120), (8192, 28672), (7168, 18432)]
 # (K, N): every layer the catalog's AWQ checkpoints run on Hopper (kernels/bench/awq_shapes.py
-# lists them by model and layer; tests/test_awq_shapes.py holds this list to it), then
+# lists them by model and layer; tests/kernels/test_awq_shapes.py holds this list to it), then
 # R1-Distill-Llama-8B's (4096, qkv 6144, MLP 14336; no AWQ checkpoint of it in the catalog), V3's
 # 7168 x 18432, Llama-70B's gate_up at TP 2 (8192 x 28672) and the two small shapes where tinygemm
 # led (4096 x 4096, 2048 x 7168)

@@ -8,12 +8,15 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-import torch
+from engine_extra import require
 
-from capacity.catalog import GPUS
-from kernels.bench import awq_shapes
-from kernels.bench.w4a16 import RACE_SHAPES
-from kernels.bench.w4a16_race5 import SHAPES as RACE5_SHAPES
+require("torch", "transformers")
+import torch  # noqa: E402
+
+from capacity.catalog import GPUS  # noqa: E402
+from kernels.bench import awq_shapes  # noqa: E402
+from kernels.bench.w4a16 import RACE_SHAPES  # noqa: E402
+from kernels.bench.w4a16_race5 import SHAPES as RACE5_SHAPES  # noqa: E402
 
 
 def _hf_layer(m):
