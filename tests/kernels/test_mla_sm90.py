@@ -255,6 +255,13 @@ def test_a_rising_maximum_matches_the_reference(config):
 
 @needs_hopper
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("config", [None, dict(CONVERT="warpgroup")], ids=["default", "converter"])
+def test_fp8_with_a_rising_maximum_matches_the_reference(config):
+    _check([100, 1000, 2100], num_splits=1, config=config, seed=19, growth=0.5, fp8=True)
+
+
+@needs_hopper
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("case", [
     dict(lens=[129, 700], dtype=torch.float16),
     dict(lens=[200, 64, 1], heads=64),  # one head block
