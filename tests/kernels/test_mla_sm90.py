@@ -257,7 +257,9 @@ def test_a_rising_maximum_matches_the_reference(config):
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("config", [None, dict(CONVERT="warpgroup")], ids=["default", "converter"])
 def test_fp8_with_a_rising_maximum_matches_the_reference(config):
-    _check([100, 1000, 2100], num_splits=1, config=config, seed=19, growth=0.5, fp8=True)
+    # up to 9 pages (a factor of 5): the scaled cache stays inside e4m3's range (448) after the
+    # per-tensor scale
+    _check([100, 500, 560], num_splits=1, config=config, seed=19, growth=0.5, fp8=True)
 
 
 @needs_hopper
