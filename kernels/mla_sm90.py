@@ -81,7 +81,7 @@ if HAVE_GLUON:
     from kernels.sm90_common import (TensorDescriptor, fence_async_shared, gl, gluon, mbarrier, release,
                                      warpgroup_mma, warpgroup_mma_wait)
     from kernels.sm90_common import cta_barrier as _cta_barrier
-    from kernels.sm90_common import wgmma_layout
+    from kernels.sm90_common import row_chunk_layout, wgmma_layout
 
 KV_LORA = 512
 ROPE = 64
@@ -399,8 +399,7 @@ if HAVE_GLUON:
         may hold anything, NaN included) -> 0."""
         W: gl.constexpr = src.shape[1]
         CW: gl.constexpr = 128 if W >= 128 else W
-        TPR: gl.constexpr = CW // 16
-        blk: gl.constexpr = gl.BlockedLayout([1, 16], [32 // TPR, TPR], [4, 1], [1, 0])
+        blk: gl.constexpr = row_chunk_layout(CW)
         rows = gl.arange(0, src.shape[0], layout=gl.SliceLayout(1, blk))
         for i in gl.static_range(W // CW):
             x = src.slice(i * CW, CW, dim=1).load(blk).to(gl.float16)

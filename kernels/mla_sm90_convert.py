@@ -42,7 +42,7 @@ if HAVE_GLUON:
     from kernels.mla_sm90_parts import (_load_block, _publish, _softmax_step, _span, _stage_q, _write_out,
                                         _write_out_l, _write_out_scorer)
     from kernels.sm90_common import fence_async_shared, gl, gluon, mbarrier, release, warpgroup_mma, warpgroup_mma_wait
-    from kernels.sm90_common import wgmma_layout
+    from kernels.sm90_common import row_chunk_layout, wgmma_layout
 
     _PIECE = gl.constexpr(PIECE)
 
@@ -51,21 +51,19 @@ if HAVE_GLUON:
         """An fp8 [64, W] piece -> fp16 (exact), 16 values a thread and row, in ``HALVES`` row
         slices (Triton puts a barrier between a partition's shared-memory loads and its stores,
         so each slice is one load, then one store)."""
-        W: gl.constexpr = src.shape[1]
-        TPR: gl.constexpr = W // 16
         R: gl.constexpr = src.shape[0] // HALVES
-        blk: gl.constexpr = gl.BlockedLayout([1, 16], [32 // TPR, TPR], [4, 1], [1, 0])
+        blk: gl.constexpr = row_chunk_layout(src.shape[1])
         for i in gl.static_range(HALVES):
             dst.slice(i * R, R, dim=0).store(src.slice(i * R, R, dim=0).load(blk).to(gl.float16))
 
     @gluon.jit
     def _zero_rows(buf, valid):
         """Rows >= ``valid`` of an fp8 [64, W] slot (its rows past the sequence: anything, NaN
-        too) -> 0, 128 columns (one swizzle tile) at a time, then fenced for the reads after it."""
+        too) -> 0, 128 columns (one swizzle tile) at a time, each thread on the bytes its
+        conversion reads next."""
         W: gl.constexpr = buf.shape[1]
         CW: gl.constexpr = 128 if W >= 128 else W
-        TPR: gl.constexpr = CW // 16
-        blk: gl.constexpr = gl.BlockedLayout([1, 16], [32 // TPR, TPR], [4, 1], [1, 0])
+        blk: gl.constexpr = row_chunk_layout(CW)
         rows = gl.arange(0, buf.shape[0], layout=gl.SliceLayout(1, blk))
         for i in gl.static_range(W // CW):
             part = buf.slice(i * CW, CW, dim=1)

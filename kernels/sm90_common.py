@@ -62,5 +62,12 @@ try:  # Gluon ships with Triton >= 3.4; the Hopper modules exist only in the CUD
         K ``k``: 16 for 16-bit operands, 32 for fp8), callable from Gluon code."""
         return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, n, k])
 
+    @triton.constexpr_function
+    def row_chunk_layout(w):
+        """The layout of a warpgroup's [rows, ``w``] load of a byte-wide (fp8) tile in shared
+        memory: 16 contiguous values a thread, one 16-byte unit of the swizzle, ``w // 16`` threads
+        a row (``w`` 16 to 512), callable from Gluon code."""
+        return gl.BlockedLayout([1, 16], [32 // (w // 16), w // 16], [4, 1], [1, 0])
+
 except ImportError:  # pragma: no cover - depends on the Triton build
     HAVE_GLUON = False
