@@ -22,7 +22,7 @@ Here the conversion leaves the consumers and runs in pieces as the products free
 
 So the next block's scores over the first pieces run while the last pieces are still being
 multiplied or converted, instead of after all of both. Shared memory: Q [64, 576] fp16, two fp8
-blocks [64, 576], one fp16 latent block [64, 512], two fp16 rope slots [64, 64] (227 KB in all);
+blocks [64, 576], one fp16 latent block [64, 512], two fp16 rope slots [64, 64] (225 of the 227 KB);
 no separate P buffer. Same contract and numerics as ``kernels.mla_sm90``'s fp8 kernel (exact
 e4m3 -> fp16 conversion, fp16 products, the per-tensor scale folded into the score and output
 scales; rows past the sequence converted as zeros).
