@@ -167,7 +167,7 @@ def launch_config(config: dict | None, fp8: bool = False) -> dict:
     block j + 2's load has only the softmax to land); without it, block j's scores start block
     j's turn (races 10c-11: 0.90-0.94x the default's speed). ``SCHEDULE``: "split" (this kernel) or
     "seesaw" (``kernels.mla_sm90_seesaw``, whose layout is fixed: 2 stages, 256 columns a
-    warpgroup, no prefetch). ``QREG`` 256: consumer 0 keeps the first 256 latent columns of Q in
+    warpgroup, no prefetch, no QREG; it takes ``LAZY``). ``QREG`` 256: consumer 0 keeps the first 256 latent columns of Q in
     registers for the scores (a third less shared-memory traffic in the score product, whose
     [64, 64] tiles with both operands in shared memory ask for all 128 bytes a clock an SM's
     shared memory gives); with LEFT 128 and no prefetch only (beside 256 output columns or a
@@ -187,16 +187,19 @@ def launch_config(config: dict | None, fp8: bool = False) -> dict:
     if schedule not in SCHEDULES:
         raise ValueError(f"mla_sm90 config: SCHEDULE must be one of {list(SCHEDULES)}, got {schedule!r}")
     if schedule == "seesaw":  # its layout is fixed: two slots, 256 output columns a warpgroup, no prefetch
-        fixed = dict(STAGES=2, LEFT=256, PREFETCH=False, QREG=0, LAZY=False)
+        fixed = dict(STAGES=2, LEFT=256, PREFETCH=False, QREG=0)
         bad = sorted(k for k in fixed if k in config and config[k] != fixed[k])
         if bad:
-            raise ValueError(f"mla_sm90 config: SCHEDULE 'seesaw' fixes {bad} (STAGES 2, LEFT 256, PREFETCH, QREG and "
-                             f"LAZY off), "
+            raise ValueError(f"mla_sm90 config: SCHEDULE 'seesaw' fixes {bad} (STAGES 2, LEFT 256, PREFETCH and QREG "
+                             f"off), "
                              f"got {({k: config[k] for k in bad})}")
         unknown = sorted(set(config) - set(CONFIG_KEYS))
         if unknown:
             raise ValueError(f"mla_sm90 config: unknown keys {unknown}, expected some of {list(CONFIG_KEYS)}")
-        return dict(fixed, SCHEDULE="seesaw")
+        lazy = config.get("LAZY", False)
+        if lazy not in (True, False):
+            raise ValueError(f"mla_sm90 config: LAZY (the lazy rescale) must be true or false, got {lazy!r}")
+        return dict(fixed, LAZY=lazy, SCHEDULE="seesaw")
     cfg = dict(STAGES=2, LEFT=128, PREFETCH=False, QREG=0, LAZY=False, SCHEDULE="split")
     if config:
         unknown = sorted(set(config) - set(CONFIG_KEYS))
@@ -623,8 +626,8 @@ def mla_sm90_split(q, kv_cache, block_table, seq_lens, out, lse, op, lp, chunk, 
             chunk, kv_cache.shape[1], score_scale, out_scale)
     if seesaw:  # one [64, 64] descriptor: the seesaw loads a key block as nine tiles
         _mla_sm90_seesaw_kernel[(nh // BLOCK_H, bsz, num_splits)](
-            *args[1:], SINGLE=single, STORE_LSE=lse is not None and single, CONSUMER_REGS=regs, num_warps=4,
-            maxnreg=maxnreg)
+            *args[1:], SINGLE=single, STORE_LSE=lse is not None and single, LAZY=bool(cfg["LAZY"]),
+            CONSUMER_REGS=regs, num_warps=4, maxnreg=maxnreg)
         return
     common = dict(SINGLE=single, STORE_LSE=lse is not None and single, STAGES=cfg["STAGES"], LEFT=cfg["LEFT"],
                   CONSUMER_REGS=regs, num_warps=4, maxnreg=maxnreg)

@@ -52,7 +52,8 @@ from __future__ import annotations
 from kernels.mla_sm90_parts import HAVE_GLUON
 
 if HAVE_GLUON:
-    from kernels.mla_sm90_parts import _span, _stage_q, _write_out, _zero_tail
+    from kernels.mla_sm90_parts import _LAZY_THRESHOLD, _read_flag, _span, _stage_q, _write_out, _zero_tail
+    from kernels.mla_sm90_parts import _FLAG_LAYOUT
     from kernels.sm90_common import fence_async_shared, gl, gluon, mbarrier, release, warpgroup_mma, warpgroup_mma_wait
     from kernels.sm90_common import tma_load as _tma_load
     from kernels.sm90_common import wgmma_layout
@@ -166,9 +167,12 @@ if HAVE_GLUON:
     def _ss_left(tile_desc, q_smem, q_pe, k_lo, k_hi, k_pe, p_smem, m_smem, f_smem, l_smem, ready, q_ready,
                  ma_ready, f_ready, pb_ready, pa_ready, l_ready, BT, stride_bt, PAGE, Q, SEQ, O, LSE, OP, LP, stride_qb,
                  stride_qh, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb,
-                 stride_lsh, chunk, score_scale, out_scale, SINGLE: gl.constexpr, STORE_LSE: gl.constexpr):
+                 stride_lsh, chunk, score_scale, out_scale, SINGLE: gl.constexpr, STORE_LSE: gl.constexpr,
+                 LAZY: gl.constexpr, flag_smem):
         """Warpgroup 0: stages Q; per pair block a's softmax and output columns [0, 256), then the
-        next pair's block a's scores."""
+        next pair's block a's scores. ``LAZY``: m_a moves only past the lazy rescale's slack
+        (``_softmax_step``), its flag published with m_a, and each rescale runs only when its
+        maximum moved."""
         b, s, start, end, n_blocks = _span(SEQ, chunk, 64)
         bt = BT + b.to(gl.int64) * stride_bt
         if n_blocks > 0:  # the first pair's blocks; later ones are loaded by their halves' last readers
@@ -187,13 +191,27 @@ if HAVE_GLUON:
         for i in range(gl.cdiv(n_blocks, 2)):
             ph, sa, sb, tok_a, tok_b, row_a2, row_b2 = _ss_pair(i, start, end, bt, PAGE)
             sc = _ss_mask(sc, tok_a, end)
-            m_a = gl.maximum(m_i, gl.max(sc, axis=1) * score_scale)
+            if LAZY:
+                m_blk = gl.max(sc, axis=1) * score_scale
+                grow_a = gl.max((m_blk > m_i + _LAZY_THRESHOLD).to(gl.int32), axis=0)
+                if grow_a != 0:
+                    m_a = gl.maximum(m_i, m_blk)
+                else:
+                    m_a = m_i
+            else:
+                m_a = gl.maximum(m_i, gl.max(sc, axis=1) * score_scale)
             p = gl.exp2(sc * score_scale - m_a[:, None])
             alpha_a = gl.exp2(m_i - m_a)
             rs_a = gl.sum(p, axis=1)
             m_smem.index(0).store(m_a)
+            if LAZY:
+                flag_smem.index(0).store(gl.full([1], grow_a, gl.int32, _FLAG_LAYOUT))
             release(ma_ready)
-            acc = acc * gl.convert_layout(alpha_a, _ROW_O)[:, None]
+            if LAZY:
+                if grow_a != 0:
+                    acc = acc * gl.convert_layout(alpha_a, _ROW_O)[:, None]
+            else:
+                acc = acc * gl.convert_layout(alpha_a, _ROW_O)[:, None]
             if tok_b > end:
                 _zero_tail(k_lo.index(sa), end - tok_a)
             p16 = p.to(k_lo.dtype)  # kept in 16 bits (the fp32 P would hold 32 more registers through P V)
@@ -203,7 +221,11 @@ if HAVE_GLUON:
                 _ss_load(tile_desc, row_a2, k_lo, k_pe, ready, sa, 0)
             mbarrier.wait(f_ready, ph)  # warpgroup 1's rescale factor and m_b
             alpha_bs = f_smem.load(_ROW_S)
-            k_pe.index(sa).store((p16.to(gl.float32) * alpha_bs[:, None]).to(k_pe.dtype))  # P_a in m_b's units
+            grow_b = _read_flag(flag_smem, 1) if LAZY else 1
+            if grow_b != 0:
+                k_pe.index(sa).store((p16.to(gl.float32) * alpha_bs[:, None]).to(k_pe.dtype))  # P_a in m_b's units
+            else:
+                k_pe.index(sa).store(p16)
             m_i = m_smem.index(1).load(_ROW_S)
             fence_async_shared()
             release(pa_ready)
@@ -211,7 +233,9 @@ if HAVE_GLUON:
             if tok_b + 64 > end:  # block b partial or absent: its rows past the end zeroed
                 _zero_tail(k_lo.index(sb), end - tok_b)
             mbarrier.wait(pb_ready, ph)  # warpgroup 1's P_b
-            o_tok = warpgroup_mma(p_smem, k_lo.index(sb), acc * f_smem.load(_ROW_O)[:, None], is_async=True)
+            if grow_b != 0:
+                acc = acc * f_smem.load(_ROW_O)[:, None]
+            o_tok = warpgroup_mma(p_smem, k_lo.index(sb), acc, is_async=True)
             sc = gl.zeros([64, 64], gl.float32, _S_LAYOUT)
             if tok_a + 128 < end:  # the next a's scores, as its tiles land, beside this P V
                 s_tok = _ss_qk(q_smem, q_pe, k_lo, k_pe, ready, sa, ph ^ 1, sc, 0, True)
@@ -230,9 +254,11 @@ if HAVE_GLUON:
     def _ss_right(tile_desc, q_smem, q_pe, k_lo, k_hi, k_pe, p_smem, m_smem, f_smem, l_smem, ready, q_ready,
                   ma_ready, f_ready, pb_ready, pa_ready, l_ready, BT, stride_bt, PAGE, SEQ, O, LSE, OP, LP, stride_ob,
                   stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, chunk,
-                  score_scale, out_scale, SINGLE: gl.constexpr, STORE_LSE: gl.constexpr):
+                  score_scale, out_scale, SINGLE: gl.constexpr, STORE_LSE: gl.constexpr, LAZY: gl.constexpr,
+                  flag_smem):
         """Warpgroup 1: per pair block b's softmax and output columns [256, 512), then the next
-        pair's block b's scores."""
+        pair's block b's scores (``LAZY``: m_b moves only past the slack, its flag published with
+        the rescale factor; its accumulators rescaled only when m_a or m_b moved)."""
         b, s, start, end, n_blocks = _span(SEQ, chunk, 64)
         acc, m_i, l_i, sc = _ss_state()
         bt = BT + b.to(gl.int64) * stride_bt
@@ -244,12 +270,24 @@ if HAVE_GLUON:
             sc = _ss_mask(sc, tok_b, end)  # an absent block b: all masked, P_b = 0
             mbarrier.wait(ma_ready, ph)
             m_a = m_smem.index(0).load(_ROW_S)
-            m_b = gl.maximum(m_a, gl.max(sc, axis=1) * score_scale)
+            if LAZY:
+                m_blk = gl.max(sc, axis=1) * score_scale
+                grow_b = gl.max((m_blk > m_a + _LAZY_THRESHOLD).to(gl.int32), axis=0)
+                if grow_b != 0:
+                    m_b = gl.maximum(m_a, m_blk)
+                else:
+                    m_b = m_a
+                grow = grow_b + _read_flag(flag_smem, 0)
+            else:
+                m_b = gl.maximum(m_a, gl.max(sc, axis=1) * score_scale)
+                grow = 1
             p = gl.exp2(sc * score_scale - m_b[:, None])
             alpha_b = gl.exp2(m_a - m_b)
             alpha = gl.exp2(m_i - m_a) * alpha_b
             f_smem.store(alpha_b)
             m_smem.index(1).store(m_b)
+            if LAZY:
+                flag_smem.index(1).store(gl.full([1], grow_b, gl.int32, _FLAG_LAYOUT))
             release(f_ready)  # warpgroup 0 rescales P_a with it while P_b is stored
             p16 = p.to(k_pe.dtype)
             p_smem.store(p16)
@@ -260,8 +298,9 @@ if HAVE_GLUON:
             if tok_b + 64 > end:
                 _zero_tail(k_hi.index(sb), end - tok_b)
             p_op = gl.convert_layout(p16, _P_LAYOUT)
-            o_tok = warpgroup_mma(p_op, k_hi.index(sb), acc * gl.convert_layout(alpha, _ROW_O)[:, None],
-                                  is_async=True)
+            if grow != 0:
+                acc = acc * gl.convert_layout(alpha, _ROW_O)[:, None]
+            o_tok = warpgroup_mma(p_op, k_hi.index(sb), acc, is_async=True)
             mbarrier.wait(pa_ready, ph)  # warpgroup 0's rescaled P_a
             if tok_b > end:
                 _zero_tail(k_hi.index(sa), end - tok_a)
@@ -283,7 +322,7 @@ if HAVE_GLUON:
     def _mla_sm90_seesaw_kernel(tile_desc, Q, BT, SEQ, O, LSE, OP, LP,
                                 stride_qb, stride_qh, stride_bt, stride_ob, stride_oh, stride_pb, stride_ph,
                                 stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, chunk, PAGE, score_scale,
-                                out_scale, SINGLE: gl.constexpr, STORE_LSE: gl.constexpr,
+                                out_scale, SINGLE: gl.constexpr, STORE_LSE: gl.constexpr, LAZY: gl.constexpr,
                                 CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
         """Grid (heads / 64, B, splits). ``tile_desc``: the cache as a [rows, 576] matrix in [64, 64]
         boxes (a key block is 9 of them); the default partition is warpgroup 0, a 4-warp worker
@@ -319,14 +358,16 @@ if HAVE_GLUON:
         mbarrier.init(f_ready, count=1)
         mbarrier.init(pb_ready, count=1)
         mbarrier.init(pa_ready, count=1)
+        flag_smem = gl.allocate_shared_memory(gl.int32, [2, 1], plain)  # the lazy rescale's flags (read with LAZY)
         gl.warp_specialize([
             (_ss_left, (tile_desc, q_smem, q_pe, k_lo, k_hi, k_pe, p_smem, m_smem, f_smem, l_smem, ready,
                         q_ready, ma_ready, f_ready, pb_ready, pa_ready, l_ready, BT, stride_bt, PAGE, Q, SEQ, O, LSE,
                         OP, LP, stride_qb, stride_qh, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps,
                         stride_lb, stride_lh, stride_lsb, stride_lsh, chunk, score_scale, out_scale, SINGLE,
-                        STORE_LSE)),
+                        STORE_LSE, LAZY, flag_smem)),
             (_ss_right, (tile_desc, q_smem, q_pe, k_lo, k_hi, k_pe, p_smem, m_smem, f_smem, l_smem, ready,
                          q_ready, ma_ready, f_ready, pb_ready, pa_ready, l_ready, BT, stride_bt, PAGE, SEQ, O, LSE,
                          OP, LP, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
-                         stride_lsb, stride_lsh, chunk, score_scale, out_scale, SINGLE, STORE_LSE)),
+                         stride_lsb, stride_lsh, chunk, score_scale, out_scale, SINGLE, STORE_LSE, LAZY,
+                         flag_smem)),
         ], [4], [CONSUMER_REGS])

@@ -212,7 +212,8 @@ def mla_sm90_build(config: dict | None = None, single: bool = False, dtype: str 
         from kernels.mla_sm90_seesaw import _mla_sm90_seesaw_kernel
 
         sig = {("tile_desc" if k == "pe_desc" else k): v for k, v in sig.items() if k != "kv_desc"}
-        consts = {"SINGLE": single, "STORE_LSE": single, "CONSUMER_REGS": regs, "num_warps": 4}
+        consts = {"SINGLE": single, "STORE_LSE": single, "LAZY": bool(cfg["LAZY"]), "CONSUMER_REGS": regs,
+                  "num_warps": 4}
         return gluon_sm90_build(_mla_sm90_seesaw_kernel, sig, consts, 4, maxnreg)
     consts = {"SINGLE": single, "STORE_LSE": single, "STAGES": cfg["STAGES"], "LEFT": cfg["LEFT"],
               "PREFETCH": bool(cfg["PREFETCH"]), "QREG": cfg["QREG"], "LAZY": bool(cfg["LAZY"]),

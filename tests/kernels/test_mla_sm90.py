@@ -94,8 +94,9 @@ def test_the_fp8_build_with_a_converter_warpgroup(single):
 
 
 @needs_gluon
-@pytest.mark.parametrize("single", [False, True], ids=["splits", "one_split"])
-def test_the_seesaw_build(single):
+@pytest.mark.parametrize("single,lazy", [(False, False), (True, False), (False, True)],
+                         ids=["splits", "one_split", "lazy"])
+def test_the_seesaw_build(single, lazy):
     """The seesaw schedule: per pair of key blocks each warpgroup scores one (256 / 16 + 256 / 16
     + 64 / 16 k-steps, one product per 64-column tile as it lands) and runs P V on its 256 output
     columns for both (64 / 16 each), one with P in registers (its own block's) and one from shared
@@ -103,12 +104,14 @@ def test_the_seesaw_build(single):
     before the loop, the next pair's at the end of each pair). No producer warp, so 255 registers a
     thread: a few scalars spill (Triton 3.6, the H200's: 180 bytes, 160 with one split; 3.9: 280
     and 488), never a tile or the 72 operand descriptors that race 11's build reloaded before
-    every product (the slots come from a loop-variant value so the descriptors are not hoisted)."""
+    every product (the slots come from a loop-variant value so the descriptors are not hoisted).
+    The lazy rescale's flags and branches spill more scalars (444 bytes under 3.6)."""
     import triton
 
-    info = build("mla_sm90_build", dict(SCHEDULE="seesaw"), single=single)
+    info = build("mla_sm90_build", dict(SCHEDULE="seesaw", LAZY=lazy), single=single)
     assert not info["serialized"], info["ptxas_info"]
-    assert info["spill_bytes"] <= (240 if triton.__version__.startswith("3.6") else 512), info["ptxas_info"]
+    bound = 240 if triton.__version__.startswith("3.6") else 512
+    assert info["spill_bytes"] <= (2 * bound if lazy else bound), info["ptxas_info"]
     assert info["regs"] > 232, info  # two warpgroups and no producer: more than the split kernel's 232
     assert info["hgmma"] == 2 * (2 * 36 + 2 * 4) and info["hgmma_reg_a"] == 2 * 4, info
     assert info["hmma"] == 0 and info["qgmma"] == 0, info
@@ -122,8 +125,7 @@ def test_a_config_is_checked_before_launch():
     assert sm90.launch_config(dict(LAZY=True, QREG=256))["LAZY"] is True
     with pytest.raises(ValueError, match="LAZY .* must be true or false, got 'yes'"):
         sm90.launch_config(dict(LAZY="yes"))
-    with pytest.raises(ValueError, match="SCHEDULE 'seesaw' fixes \\['LAZY'\\]"):
-        sm90.launch_config(dict(SCHEDULE="seesaw", LAZY=True))
+    assert sm90.launch_config(dict(SCHEDULE="seesaw", LAZY=True))["LAZY"] is True
     assert sm90.launch_config(dict(QREG=256))["QREG"] == 256
     with pytest.raises(ValueError, match="QREG .* must be 0 or 256, got 128"):
         sm90.launch_config(dict(QREG=128))
@@ -234,8 +236,9 @@ def _check(lens, heads=128, dtype=torch.bfloat16, page=64, num_splits=None, conf
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("num_splits", [1, 3, None], ids=["one_split", "three_splits", "auto"])
 @pytest.mark.parametrize("config", [None, dict(LEFT=256), dict(PREFETCH=True), dict(QREG=256), dict(LAZY=True),
-                                    dict(LAZY=True, QREG=256), dict(SCHEDULE="seesaw")],
-                         ids=["default", "left_256", "prefetch", "qreg", "lazy", "lazy_qreg", "seesaw"])
+                                    dict(LAZY=True, QREG=256), dict(SCHEDULE="seesaw"),
+                                    dict(SCHEDULE="seesaw", LAZY=True)],
+                         ids=["default", "left_256", "prefetch", "qreg", "lazy", "lazy_qreg", "seesaw", "seesaw_lazy"])
 def test_ragged_batch_matches_the_reference(num_splits, config):
     # empty, one token, one block exactly, partial blocks either side of one, several blocks
     # (for the seesaw's pairs: one block alone, a partial second block, odd and even counts)
@@ -244,8 +247,9 @@ def test_ragged_batch_matches_the_reference(num_splits, config):
 
 @needs_hopper
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("config", [None, dict(LAZY=True), dict(LAZY=True, QREG=256), dict(SCHEDULE="seesaw")],
-                         ids=["default", "lazy", "lazy_qreg", "seesaw"])
+@pytest.mark.parametrize("config", [None, dict(LAZY=True), dict(LAZY=True, QREG=256), dict(SCHEDULE="seesaw"),
+                                    dict(SCHEDULE="seesaw", LAZY=True)],
+                         ids=["default", "lazy", "lazy_qreg", "seesaw", "seesaw_lazy"])
 def test_a_rising_maximum_matches_the_reference(config):
     """Keys growing along each sequence (page k scaled by 1 + k / 2): the running maximum rises
     by more than the lazy rescale's 2^8 slack again and again, so both of its paths run, P
