@@ -151,6 +151,7 @@ def default_config(num_heads: int, device_type: str) -> dict:
 
 
 SPLIT_COST = 0.05  # relative cost of each extra split (partial outputs written and merged)
+SPLIT_KEYS = ("rule", "waves", "min_chunk", "resident")  # pick_splits' policy, for either kernel
 
 
 def _splits_from_tokens(batch, head_blocks, max_seq_len, sms, block_n, min_chunk, resident, total_tokens):
@@ -245,9 +246,9 @@ def mla_decode(
     seq_lens) switches the split rule to "tokens" (see `pick_splits`).
 
     ``config={"KERNEL": "sm90", ...}`` runs the splits on the Gluon Hopper kernel
-    (``kernels.mla_sm90``; its keys ``STAGES``, ``LEFT``, ``PREFETCH``; for an fp8 cache
-    ``BLOCK_N``, ``STAGES``, ``HSTAGES``), ``"triton"`` on the Triton one; without KERNEL (and
-    without Triton tile keys) the Gluon kernel runs wherever ``mla_sm90.supported`` (H200 races 9
+    (``kernels.mla_sm90``; its keys ``mla_sm90.CONFIG_KEYS``, and the split policy's
+    ``SPLIT_KEYS``), ``"triton"`` on the Triton one; without KERNEL (and without Triton tile or
+    split policy keys) the Gluon kernel runs wherever ``mla_sm90.supported`` (H200 races 9
     and 10b, kernels/bench/results/2026-12-03_h200_race9_mla* and _race10b_mla*: 2.0-2.3x the
     Triton kernel's speed at 128 heads on bf16 caches, 2.2-2.4x on fp8 ones), the Triton kernel
     elsewhere.
@@ -302,8 +303,9 @@ def mla_decode(
         if not mla_sm90.supported(q, kv_cache):
             raise ValueError("config KERNEL 'sm90' needs a Hopper GPU, Gluon, a multiple of 64 heads, a cache in q's "
                              "dtype or fp8 e4m3 with pages of a multiple of 64 tokens stored one after another")
-        sm90_cfg = mla_sm90.launch_config(config, fp8)  # its keys only; the split follows the Triton tile's
-        config = {}
+        split = {k: config.pop(k) for k in SPLIT_KEYS if k in config}  # the split policy applies to both kernels
+        sm90_cfg = mla_sm90.launch_config(config, fp8)  # its keys; the split follows the Triton tile's rule
+        config = split
     if config.get("SWAP"):
         raise ValueError("config SWAP: the transposed (swap-AB) kernel was removed after it lost the H200 "
                          "race it ran in (kernels/README.md, MLA decode); leave SWAP out")

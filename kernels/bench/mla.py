@@ -68,12 +68,16 @@ MLA_SPLIT_SWEEP = {
 # sm90_qreg: Q's first 256 latent columns in registers for the scores; sm90_lazy: the lazy
 # rescale (the accumulators rescaled only when the running maximum moves by more than 2^8),
 # sm90_lazy_qreg both; sm90_seesaw: its second schedule (kernels/mla_sm90_seesaw.py),
-# sm90_seesaw_lazy with the lazy rescale. PREFETCH lost in races 10c-11 (0.90-0.94x) and is no
+# sm90_seesaw_lazy with the lazy rescale; sm90_r2: the default kernel with the "tokens" split
+# planned for 2 programs an SM (more, shorter splits at 32k: B 32 4 x 8192 tokens instead of
+# 2 x 16384), so the two head blocks of a span, which share its key blocks through L2 only while
+# they stay in step, drift apart over fewer blocks. PREFETCH lost in races 10c-11 (0.90-0.94x) and is no
 # longer raced.
 MLA_SM90 = {"sm90": dict(KERNEL="sm90"), "sm90_qreg": dict(KERNEL="sm90", QREG=256),
             "sm90_lazy": dict(KERNEL="sm90", LAZY=True), "sm90_lazy_qreg": dict(KERNEL="sm90", LAZY=True, QREG=256),
             "sm90_left256": dict(KERNEL="sm90", LEFT=256), "sm90_seesaw": dict(KERNEL="sm90", SCHEDULE="seesaw"),
-            "sm90_seesaw_lazy": dict(KERNEL="sm90", SCHEDULE="seesaw", LAZY=True)}
+            "sm90_seesaw_lazy": dict(KERNEL="sm90", SCHEDULE="seesaw", LAZY=True),
+            "sm90_r2": dict(KERNEL="sm90", resident=2)}
 # its fp8-cache path (fp8 blocks converted to fp16 in shared memory): the default (64-token
 # blocks, 2 fp8 and 1 fp16, the consumers converting) and sm90_convert, a converter warpgroup
 # (kernels/mla_sm90_convert.py). The 32-token rings (BLOCK_N 32 with 4 fp8 and 2 fp16 or 2 fp8
