@@ -20,6 +20,7 @@ import fnmatch
 import socket
 import subprocess
 import sys
+import re
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -360,7 +361,10 @@ def test_a_torn_down_group_does_not_wait():
 
 def test_an_idle_leader_is_given_its_own_prestop_then_released(leader):
     why, took = drain(leader.port, min_s="1.5")
-    assert "no request in flight" in why and 1.5 <= took < 4
+    # released by its own clock at the minimum (1.5 s, polled every 0.2 s), not held to the 8 s
+    # bound; the wall time adds the interpreter's start, seconds on a loaded 2-core machine
+    waited = re.search(r"no request in flight after (\d+) s", why)
+    assert waited and int(waited.group(1)) <= 2 and 1.5 <= took < 8, (why, took)
 
 
 def test_requests_in_flight_are_drained_to_the_end(leader):
