@@ -81,3 +81,20 @@ def test_smoke_runs_w4a16_race5():
     # M = 1, 2, 5 on the one smoke shape, every candidate checked before its time
     assert len(_rows(out, "| 256 x 128 |")) == 3
     assert "MISMATCH" not in out and "race5 ERROR" not in out
+
+
+def test_mla_picks_are_checked_before_anything_runs():
+    """--mla-variants and --mla-kv name what a race runs (one too long for a command splits over
+    several); a name the benchmark does not know stops it at once, naming the known ones."""
+    from kernels.bench import bench_kernels, mla
+
+    try:
+        mla.set_picks("sm90_qreg,sm90_convert", "fp8")
+        assert mla.PICK == {"variants": {"sm90_qreg", "sm90_convert"}, "kv": ("fp8",)}
+        with pytest.raises(SystemExit, match=r"--mla-variants: unknown \['sm90_pingpong'\]; expected some of .*sm90_r2"):
+            bench_kernels.main(["--only", "mla", "--mla-variants", "sm90_qreg,sm90_pingpong"])
+        with pytest.raises(SystemExit, match="--mla-kv: expected bf16, fp8 or bf16,fp8, got 'int8'"):
+            bench_kernels.main(["--only", "mla", "--mla-kv", "int8"])
+    finally:
+        mla.set_picks(None, "bf16,fp8")
+    assert mla.PICK == {"variants": None, "kv": ("bf16", "fp8")}

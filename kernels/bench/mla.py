@@ -29,6 +29,9 @@ from kernels.bench import harness as H
 from kernels.bench.harness import DEADLINE, TIMER
 
 SWEEP_SET = {"mla": "tiles"}  # --mla-sweep
+# --mla-variants / --mla-kv: which of the Gluon kernel's candidates and caches run (None: all), so a
+# race too long for one command splits over several
+PICK = {"variants": None, "kv": ("bf16", "fp8")}
 MLA_CASES = [
     dict(name="h16_b64_4k", h=16, lens=[4096] * 64),
     dict(name="h16_b128_varlen", h=16, lens="rand128"),
@@ -191,7 +194,7 @@ def run_mla(copy_gbs, mm_tflops, log, rows, on_case, cases, sweep, smoke=False):
     for case in cases:
         lens, h = _mla_lens(case["lens"]), case["h"]
         fm_bf16 = None
-        for kvt in ("bf16", "fp8"):
+        for kvt in PICK["kv"]:
             q, cache, bt, sl, kvs = make_mla_case(lens, h, kvt, seed=len(lens) + h)
             mx = max(lens)
             nbytes = mla_decode_bytes(lens, h, 1 if kvt == "fp8" else 2)
@@ -214,7 +217,8 @@ def run_mla(copy_gbs, mm_tflops, log, rows, on_case, cases, sweep, smoke=False):
             cfgs = {"default": None}
             if (not smoke and h % 64 == 0 and H.DEV == "cuda"
                     and torch.cuda.get_device_capability() == (9, 0)):  # the Gluon kernel (kernels/mla_sm90.py)
-                cfgs.update(MLA_SM90 if kvt == "bf16" else MLA_SM90_FP8)
+                cfgs.update((k, v) for k, v in (MLA_SM90 if kvt == "bf16" else MLA_SM90_FP8).items()
+                            if PICK["variants"] is None or k in PICK["variants"])
             if sweep and not smoke:
                 cfgs.update((MLA_SPLIT_SWEEP if SWEEP_SET["mla"] == "splits" else MLA_SWEEP)[16 if h <= 16 else 128])
             for name, cfg in cfgs.items():
@@ -337,6 +341,27 @@ def mla_table(meta, mla):
 def add_args(ap):
     ap.add_argument("--mla-sweep", choices=["tiles", "splits"], default="tiles",
                     help="mla --sweep: tile/kernel variants, or split rules on the default tile")
+    ap.add_argument("--mla-variants", default=None, metavar="NAME,...",
+                    help=f"the Gluon kernel's candidates to race beside the default (all when left out): bf16 "
+                         f"{', '.join(MLA_SM90)}; fp8 {', '.join(MLA_SM90_FP8)}")
+    ap.add_argument("--mla-kv", default="bf16,fp8", help="the caches to race: bf16, fp8 or both (bf16,fp8)")
+
+
+def set_picks(variants: str | None, kv: str) -> None:
+    """``--mla-variants`` and ``--mla-kv``, checked: a name the benchmark does not know is an error
+    naming it and the known ones."""
+    kvs = tuple(k for k in kv.split(",") if k)
+    bad = sorted(set(kvs) - {"bf16", "fp8"})
+    if bad or not kvs:
+        raise SystemExit(f"--mla-kv: expected bf16, fp8 or bf16,fp8, got {kv!r}")
+    names = None
+    if variants is not None:
+        names = {n for n in variants.split(",") if n}
+        unknown = sorted(names - set(MLA_SM90) - set(MLA_SM90_FP8))
+        if unknown:
+            raise SystemExit(f"--mla-variants: unknown {unknown}; expected some of "
+                             f"{sorted(set(MLA_SM90) | set(MLA_SM90_FP8))}")
+    PICK.update(variants=names, kv=kvs)
 
 
 def profile(case_name="h128_b64_4k", kv="bf16", reps=3, config=None):
