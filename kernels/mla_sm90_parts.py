@@ -158,18 +158,25 @@ if HAVE_GLUON:
             cols = tok0 + gl.arange(0, BN, layout=gl.SliceLayout(0, sc.type.layout))
             sc = gl.where((cols < end)[None, :], sc, float("-inf"))
         if LAZY:
-            m_blk = gl.max(sc, axis=1) * score_scale
-            grow = gl.max((m_blk > m_i + _LAZY_THRESHOLD).to(gl.int32), axis=0)
-            if grow != 0:
-                m_new = gl.maximum(m_i, m_blk)
-            else:
-                m_new = m_i
+            m_new, grow = _lazy_max(m_i, gl.max(sc, axis=1) * score_scale)
         else:
             grow = 1
             m_new = gl.maximum(m_i, gl.max(sc, axis=1) * score_scale)
         p = gl.exp2(sc * score_scale - m_new[:, None])
         alpha = gl.exp2(m_i - m_new)
         return p, alpha, m_new, l_i * alpha + gl.sum(p, axis=1), grow
+
+    @gluon.jit
+    def _lazy_max(m_ref, m_blk):
+        """The lazy rescale's running maximum against ``m_ref`` for block maxima ``m_blk``: moved
+        (to their row-wise maximum) only when some row's passes it by more than the slack, and
+        whether it moved, one scalar for the warpgroup's rows."""
+        grow = gl.max((m_blk > m_ref + _LAZY_THRESHOLD).to(gl.int32), axis=0)
+        if grow != 0:
+            m_new = gl.maximum(m_ref, m_blk)
+        else:
+            m_new = m_ref
+        return m_new, grow
 
     @gluon.jit
     def _publish(p, alpha, j, p_bufs, alpha_smem, p_ready, p_free, flag_smem=None, grow=1):

@@ -52,8 +52,7 @@ from __future__ import annotations
 from kernels.mla_sm90_parts import HAVE_GLUON
 
 if HAVE_GLUON:
-    from kernels.mla_sm90_parts import _LAZY_THRESHOLD, _read_flag, _span, _stage_q, _write_out, _zero_tail
-    from kernels.mla_sm90_parts import _FLAG_LAYOUT
+    from kernels.mla_sm90_parts import _FLAG_LAYOUT, _lazy_max, _read_flag, _span, _stage_q, _write_out, _zero_tail
     from kernels.sm90_common import fence_async_shared, gl, gluon, mbarrier, release, warpgroup_mma, warpgroup_mma_wait
     from kernels.sm90_common import tma_load as _tma_load
     from kernels.sm90_common import wgmma_layout
@@ -192,12 +191,7 @@ if HAVE_GLUON:
             ph, sa, sb, tok_a, tok_b, row_a2, row_b2 = _ss_pair(i, start, end, bt, PAGE)
             sc = _ss_mask(sc, tok_a, end)
             if LAZY:
-                m_blk = gl.max(sc, axis=1) * score_scale
-                grow_a = gl.max((m_blk > m_i + _LAZY_THRESHOLD).to(gl.int32), axis=0)
-                if grow_a != 0:
-                    m_a = gl.maximum(m_i, m_blk)
-                else:
-                    m_a = m_i
+                m_a, grow_a = _lazy_max(m_i, gl.max(sc, axis=1) * score_scale)
             else:
                 m_a = gl.maximum(m_i, gl.max(sc, axis=1) * score_scale)
             p = gl.exp2(sc * score_scale - m_a[:, None])
@@ -271,12 +265,7 @@ if HAVE_GLUON:
             mbarrier.wait(ma_ready, ph)
             m_a = m_smem.index(0).load(_ROW_S)
             if LAZY:
-                m_blk = gl.max(sc, axis=1) * score_scale
-                grow_b = gl.max((m_blk > m_a + _LAZY_THRESHOLD).to(gl.int32), axis=0)
-                if grow_b != 0:
-                    m_b = gl.maximum(m_a, m_blk)
-                else:
-                    m_b = m_a
+                m_b, grow_b = _lazy_max(m_a, gl.max(sc, axis=1) * score_scale)
                 grow = grow_b + _read_flag(flag_smem, 0)
             else:
                 m_b = gl.maximum(m_a, gl.max(sc, axis=1) * score_scale)
