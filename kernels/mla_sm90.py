@@ -168,7 +168,7 @@ def launch_config(config: dict | None, fp8: bool = False) -> dict:
     j's turn (races 10c-11: 0.90-0.94x the default's speed). ``SCHEDULE``: "split" (this kernel) or
     "seesaw" (``kernels.mla_sm90_seesaw``, whose layout is fixed: 2 stages, 256 columns a
     warpgroup, no prefetch, no QREG; it takes ``LAZY``). ``QREG`` 256: consumer 0 keeps the first 256 latent columns of Q in
-    registers for the scores (a third less shared-memory traffic in the score product, whose
+    registers for the scores (a fifth less shared-memory traffic in the score product, whose
     [64, 64] tiles with both operands in shared memory ask for all 128 bytes a clock an SM's
     shared memory gives); with LEFT 128 and no prefetch only (beside 256 output columns or a
     prefetched score tile the registers spill). ``LAZY``: the lazy rescale (``_softmax_step``:
