@@ -259,8 +259,8 @@ if HAVE_GLUON:
         b, s, start, end, n_blocks = _span(SEQ, chunk, 64)
         heads = gl.program_id(0) * 64
         _stage_q(q_smem, q_pe, Q + b.to(gl.int64) * stride_qb + heads * stride_qh, stride_qh)
-        q_reg = q_smem.slice(0, max(QREG, 16), dim=1).load(gl.DotOperandLayout(operand_index=0, parent=s_layout,
-                                                                                k_width=2)) if QREG else 0
+        q_reg = q_smem.slice(0, QREG, dim=1).load(gl.DotOperandLayout(operand_index=0, parent=s_layout,
+                                                                       k_width=2)) if QREG else 0
         acc = gl.zeros([64, LEFT], gl.float32, o_layout)
         m_i = gl.full([64], -1.0e30, gl.float32, row_s)
         l_i = gl.zeros([64], gl.float32, row_s)
@@ -295,17 +295,14 @@ if HAVE_GLUON:
                           o_layout, SINGLE, STORE_LSE)
 
     @gluon.jit
-    def _pv_part(acc, p_smem, kv_st, alpha, tok0, end, COL0: gl.constexpr, LAZY: gl.constexpr = False, grow=1):
+    def _pv_part(acc, p_smem, kv_st, alpha, tok0, end, COL0: gl.constexpr, grow=1):
         """acc (output columns [COL0, COL0 + its width)) rescaled (with ``LAZY`` only when
         consumer 0's flag ``grow`` says so), + P V of those columns, P from shared memory; a
         partial last block's rows past the sequence zeroed first."""
         W: gl.constexpr = acc.shape[1]
         if tok0 + 64 > end:
             _zero_tail(kv_st.slice(COL0, W, dim=1), end - tok0)
-        if LAZY:
-            if grow != 0:
-                acc = acc * alpha[:, None]
-        else:
+        if grow != 0:  # (without LAZY the constant 1)
             acc = acc * alpha[:, None]
         tok = warpgroup_mma(p_smem, kv_st.slice(COL0, W, dim=1), acc, is_async=True)
         return warpgroup_mma_wait(num_outstanding=0, deps=(tok,))
@@ -333,10 +330,10 @@ if HAVE_GLUON:
             tok0 = start + j * 64
             grow = _read_flag(flag_smem, pb) if LAZY else 1
             acc_a = _pv_part(acc_a, p_bufs.index(pb), kv_bufs.index(st), alpha_smem.index(pb).load(gl.SliceLayout(1, la)),
-                             tok0, end, 256, LAZY, grow)
+                             tok0, end, 256, grow)
             if LEFT < 256:
                 acc_b = _pv_part(acc_b, p_bufs.index(pb), kv_bufs.index(st),
-                                 alpha_smem.index(pb).load(gl.SliceLayout(1, lb)), tok0, end, LEFT, LAZY, grow)
+                                 alpha_smem.index(pb).load(gl.SliceLayout(1, lb)), tok0, end, LEFT, grow)
             _cta_barrier()
             mbarrier.arrive(p_free.index(pb))
             mbarrier.arrive(kv_empty.index(st))

@@ -134,12 +134,8 @@ if HAVE_GLUON:
         lazy rescale, whether it rescaled published in ``flag_smem`` and the accumulator rescaled
         only then."""
         p, alpha, m_new, l_i, grow = _softmax_step(sc, m_i, l_i, tok0, end, score_scale, LAZY)
-        if LAZY:
-            p16 = _publish(p, alpha, j, p_bufs, alpha_smem, p_ready, p_free, flag_smem, grow)
-            if grow != 0:
-                acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None]
-        else:
-            p16 = _publish(p, alpha, j, p_bufs, alpha_smem, p_ready, p_free)
+        p16 = _publish(p, alpha, j, p_bufs, alpha_smem, p_ready, p_free, flag_smem if LAZY else None, grow)
+        if grow != 0:  # (without LAZY the constant 1)
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None]
         return acc, gl.convert_layout(p16, p_layout), m_new, l_i
 
