@@ -78,7 +78,7 @@ if HAVE_GLUON:
     from kernels.mla_sm90_convert import _mla_sm90_convert_kernel
     from kernels.mla_sm90_seesaw import _mla_sm90_seesaw_kernel
     from kernels.sm90_common import GL_DTYPE as _GL
-    from kernels.sm90_common import (TensorDescriptor, fence_async_shared, gl, gluon, mbarrier, release,
+    from kernels.sm90_common import (TensorDescriptor, fence_async_shared, gdc_wait, gl, gluon, mbarrier, release,
                                      warpgroup_mma, warpgroup_mma_wait)
     from kernels.sm90_common import cta_barrier as _cta_barrier
     from kernels.sm90_common import row_chunk_layout, wgmma_layout
@@ -87,7 +87,7 @@ KV_LORA = 512
 ROPE = 64
 BLOCK_H = 64  # heads per program: the rows of one warpgroup MMA
 BLOCK_N = 64  # tokens per key block
-CONFIG_KEYS = ("STAGES", "LEFT", "PREFETCH", "QREG", "LAZY", "HSTAGES", "BLOCK_N", "SCHEDULE", "CONVERT")
+CONFIG_KEYS = ("STAGES", "LEFT", "PREFETCH", "QREG", "LAZY", "PDL", "HSTAGES", "BLOCK_N", "SCHEDULE", "CONVERT")
 SCHEDULES = ("split", "seesaw")  # kernels.mla_sm90_seesaw: the second
 CONVERTS = ("consumers", "warpgroup")  # the fp8 cache's conversion; kernels.mla_sm90_convert: the second
 # whether mla_decode takes this kernel for an fp8 cache unasked: race 10b timed its 64-token path
@@ -131,7 +131,7 @@ def launch_config_fp8(config: dict | None) -> dict:
     blocks, 2 fp8 + 1 fp16). A ``ValueError`` names the field."""
     cfg = dict(BLOCK_N=64, STAGES=2, HSTAGES=1, LEFT=256, CONVERT="consumers")
     if config:
-        bad = sorted(k for k, v in config.items() if k not in cfg and not (k in ("PREFETCH", "QREG", "LAZY") and not v))
+        bad = sorted(k for k, v in config.items() if k not in cfg and not (k in ("PREFETCH", "QREG", "LAZY", "PDL") and not v))
         if bad:
             raise ValueError(f"mla_sm90 config (fp8 cache): {bad} do not apply, expected some of {sorted(cfg)}")
         cfg.update({k: v for k, v in config.items() if k in cfg})
@@ -172,8 +172,10 @@ def launch_config(config: dict | None, fp8: bool = False) -> dict:
     [64, 64] tiles with both operands in shared memory ask for all 128 bytes a clock an SM's
     shared memory gives); with LEFT 128 and no prefetch only (beside 256 output columns or a
     prefetched score tile the registers spill). ``LAZY``: the lazy rescale (``_softmax_step``:
-    the accumulators rescaled only when some row's maximum rises by more than 2^8). A
-    ``ValueError`` names the field. ``fp8``: ``launch_config_fp8``."""
+    the accumulators rescaled only when some row's maximum rises by more than 2^8). ``PDL``:
+    launched as a programmatic dependent launch (CUDA's PDL, as FlashMLA launches its decode), so
+    its programs are placed while the kernel before it drains, and wait (``griddepcontrol.wait``)
+    before their first global access. A ``ValueError`` names the field. ``fp8``: ``launch_config_fp8``."""
     if fp8:
         if (config or {}).get("SCHEDULE", "split") != "split":
             raise ValueError("mla_sm90 config: SCHEDULE 'seesaw' takes a bf16/fp16 cache only")
@@ -196,11 +198,14 @@ def launch_config(config: dict | None, fp8: bool = False) -> dict:
         unknown = sorted(set(config) - set(CONFIG_KEYS))
         if unknown:
             raise ValueError(f"mla_sm90 config: unknown keys {unknown}, expected some of {list(CONFIG_KEYS)}")
+        if config.get("PDL", False):
+            raise ValueError(f"mla_sm90 config: PDL (programmatic dependent launch) applies to the split schedule only, "
+                             f"got PDL {config['PDL']!r} with SCHEDULE 'seesaw'")
         lazy = config.get("LAZY", False)
         if lazy not in (True, False):
             raise ValueError(f"mla_sm90 config: LAZY (the lazy rescale) must be true or false, got {lazy!r}")
         return dict(fixed, LAZY=lazy, SCHEDULE="seesaw")
-    cfg = dict(STAGES=2, LEFT=128, PREFETCH=False, QREG=0, LAZY=False, SCHEDULE="split")
+    cfg = dict(STAGES=2, LEFT=128, PREFETCH=False, QREG=0, LAZY=False, PDL=False, SCHEDULE="split")
     if config:
         unknown = sorted(set(config) - set(CONFIG_KEYS))
         if unknown:
@@ -213,6 +218,8 @@ def launch_config(config: dict | None, fp8: bool = False) -> dict:
         raise ValueError(f"mla_sm90 config: LEFT (consumer 0's output columns) must be 128 or 256, got {cfg['LEFT']!r}")
     if cfg["LAZY"] not in (True, False):
         raise ValueError(f"mla_sm90 config: LAZY (the lazy rescale) must be true or false, got {cfg['LAZY']!r}")
+    if not isinstance(cfg["PDL"], bool):
+        raise ValueError(f"mla_sm90 config: PDL (programmatic dependent launch) must be true or false, got {cfg['PDL']!r}")
     if cfg["QREG"] not in (0, 256):
         raise ValueError(f"mla_sm90 config: QREG (Q's latent columns in registers) must be 0 or 256, got {cfg['QREG']!r}")
     if cfg["QREG"] and (cfg["LEFT"] != 128 or cfg["PREFETCH"]):
@@ -351,7 +358,7 @@ if HAVE_GLUON:
                          stride_lb, stride_lh, stride_lsb, stride_lsh, chunk, PAGE, score_scale, out_scale,
                          SINGLE: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr, LEFT: gl.constexpr,
                          PREFETCH: gl.constexpr, QREG: gl.constexpr, LAZY: gl.constexpr,
-                         CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
+                         CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr, PDL: gl.constexpr = False):
         """Grid (heads / 64, B, splits). The default partition (4 warps) is consumer 0, a 4-warp
         worker consumer 1, a 1-warp worker the TMA producer."""
         gl.static_assert(num_warps == 4, "the default partition is one warpgroup")
@@ -380,6 +387,8 @@ if HAVE_GLUON:
             mbarrier.init(p_free.index(i), count=1)
         mbarrier.init(l_ready, count=1)
         flag_smem = gl.allocate_shared_memory(gl.int32, [1, 1], plain)  # the lazy rescale's flag (read with LAZY)
+        if PDL:  # launched behind the previous kernel (launch_pdl): its writes are visible past this
+            gdc_wait()
         gl.warp_specialize([
             (_scorer, (q_smem, q_pe, kv_bufs, pe_bufs, p_bufs, alpha_smem, l_smem, kv_ready, kv_empty, p_ready,
                        p_free, l_ready, Q, SEQ, O, LSE, OP, LP, stride_qb, stride_qh, stride_ob, stride_oh,
@@ -635,5 +644,6 @@ def mla_sm90_split(q, kv_cache, block_table, seq_lens, out, lse, op, lp, chunk, 
     elif fp8:
         _mla_sm90_fp8_kernel[(nh // BLOCK_H, bsz, num_splits)](*args, HSTAGES=cfg["HSTAGES"], **common)
     else:
+        pdl = bool(cfg["PDL"])
         _mla_sm90_kernel[(nh // BLOCK_H, bsz, num_splits)](*args, PREFETCH=bool(cfg["PREFETCH"]), QREG=cfg["QREG"],
-                                                           LAZY=bool(cfg["LAZY"]), **common)
+                                                           LAZY=bool(cfg["LAZY"]), PDL=pdl, launch_pdl=pdl, **common)

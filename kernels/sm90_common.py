@@ -56,6 +56,14 @@ try:  # Gluon ships with Triton >= 3.4; the Hopper modules exist only in the CUD
         cta_barrier()
         mbarrier.arrive(bar)
 
+    @gluon.jit
+    def gdc_wait():
+        """``griddepcontrol.wait``: hold this thread until the kernels this one was launched behind
+        (with ``launch_pdl``, CUDA's programmatic dependent launch) have finished and their writes
+        are visible to this grid. A kernel launched with ``launch_pdl`` may start while the kernel
+        before it in the stream still runs, so it waits here before its first global read or write."""
+        gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
     @triton.constexpr_function
     def wgmma_layout(n, k=16):
         """The register layout of a one-warpgroup ``wgmma`` accumulator of [64, ``n``] (instruction

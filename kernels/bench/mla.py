@@ -75,12 +75,14 @@ MLA_SPLIT_SWEEP = {
 # planned for 2 programs an SM (more, shorter splits at 32k: B 32 4 x 8192 tokens instead of
 # 2 x 16384), so the two head blocks of a span, which share its key blocks through L2 only while
 # they stay in step, drift apart over fewer blocks. PREFETCH lost in races 10c-11 (0.90-0.94x) and is no
-# longer raced.
+# longer raced. sm90_pdl / sm90_qreg_pdl: launched as a programmatic dependent launch (FlashMLA
+# launches its decode so), the programs placed while the kernel before drains.
 MLA_SM90 = {"sm90": dict(KERNEL="sm90"), "sm90_qreg": dict(KERNEL="sm90", QREG=256),
             "sm90_lazy": dict(KERNEL="sm90", LAZY=True), "sm90_lazy_qreg": dict(KERNEL="sm90", LAZY=True, QREG=256),
             "sm90_left256": dict(KERNEL="sm90", LEFT=256), "sm90_seesaw": dict(KERNEL="sm90", SCHEDULE="seesaw"),
             "sm90_seesaw_lazy": dict(KERNEL="sm90", SCHEDULE="seesaw", LAZY=True),
-            "sm90_r2": dict(KERNEL="sm90", resident=2)}
+            "sm90_r2": dict(KERNEL="sm90", resident=2), "sm90_pdl": dict(KERNEL="sm90", PDL=True),
+            "sm90_qreg_pdl": dict(KERNEL="sm90", QREG=256, PDL=True)}
 # its fp8-cache path (fp8 blocks converted to fp16 in shared memory): the default (64-token
 # blocks, 2 fp8 and 1 fp16, the consumers converting) and sm90_convert, a converter warpgroup
 # (kernels/mla_sm90_convert.py). The 32-token rings (BLOCK_N 32 with 4 fp8 and 2 fp16 or 2 fp8

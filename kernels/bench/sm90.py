@@ -122,6 +122,7 @@ def gluon_sm90_build(fn, sig: dict, consts: dict, num_warps: int, maxnreg: int |
                 qgmma=sass.count("QGMMA.64x"), hgmma=sass.count("HGMMA.64x"), hmma=sass.count("HMMA"),
                 f8_unpack=sass.count("F2FP.F16.E4M3.UNPACK_B"),
                 hgmma_reg_a=len(re.findall(r"HGMMA\.64x\S+ R\d+, R\d+", sass)),
+                gdc_waits=k.asm["ptx"].count("griddepcontrol.wait"),
                 shared=k.metadata.shared, ptxas_info=info.stderr.strip(), ptx=k.asm["ptx"])
 
 
@@ -217,7 +218,7 @@ def mla_sm90_build(config: dict | None = None, single: bool = False, dtype: str 
         return gluon_sm90_build(_mla_sm90_seesaw_kernel, sig, consts, 4, maxnreg)
     consts = {"SINGLE": single, "STORE_LSE": single, "STAGES": cfg["STAGES"], "LEFT": cfg["LEFT"],
               "PREFETCH": bool(cfg["PREFETCH"]), "QREG": cfg["QREG"], "LAZY": bool(cfg["LAZY"]),
-              "CONSUMER_REGS": regs, "num_warps": 4}
+              "CONSUMER_REGS": regs, "num_warps": 4, "PDL": bool(cfg["PDL"])}
     return gluon_sm90_build(_mla_sm90_kernel, sig, consts, 4, maxnreg)
 
 

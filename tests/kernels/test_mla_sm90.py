@@ -45,6 +45,19 @@ def test_the_build(single, left, prefetch, qreg, lazy):
     assert info["hgmma_reg_a"] == 4 + qreg // 16, info
     assert info["hmma"] == 0 and info["qgmma"] == 0, info
     assert sm90.smem_bytes(2) - 1024 <= info["shared"] <= sm90.SMEM_BYTES, info
+    assert info["gdc_waits"] == 0, info
+
+
+@needs_gluon
+@pytest.mark.parametrize("qreg", [0, 256], ids=["split", "qreg"])
+def test_the_pdl_build_waits_once_and_is_otherwise_the_same(qreg):
+    """PDL adds one ``griddepcontrol.wait`` before the partitions start (the launch attribute is
+    the host's); registers, spills, products and shared memory stay as without it."""
+    plain = build("mla_sm90_build", dict(QREG=qreg))
+    pdl = build("mla_sm90_build", dict(QREG=qreg, PDL=True))
+    assert pdl["gdc_waits"] == 1 and plain["gdc_waits"] == 0, (pdl, plain)
+    for key in ("regs", "spill_bytes", "serialized", "hgmma", "hgmma_reg_a", "shared"):
+        assert pdl[key] == plain[key], (key, pdl[key], plain[key])
 
 
 @needs_gluon
@@ -119,7 +132,16 @@ def test_the_seesaw_build(single, lazy):
 
 
 def test_a_config_is_checked_before_launch():
-    assert sm90.launch_config(None) == dict(STAGES=2, LEFT=128, PREFETCH=False, QREG=0, LAZY=False, SCHEDULE="split")
+    assert sm90.launch_config(None) == dict(STAGES=2, LEFT=128, PREFETCH=False, QREG=0, LAZY=False, PDL=False,
+                                            SCHEDULE="split")
+    assert sm90.launch_config(dict(PDL=True, QREG=256))["PDL"] is True
+    with pytest.raises(ValueError, match="PDL .* must be true or false, got 1"):
+        sm90.launch_config(dict(PDL=1))
+    with pytest.raises(ValueError, match="PDL .* applies to the split schedule only"):
+        sm90.launch_config(dict(SCHEDULE="seesaw", PDL=True))
+    with pytest.raises(ValueError, match=r"fp8 cache\): \['PDL'\] do not apply"):
+        sm90.launch_config(dict(PDL=True), fp8=True)
+    assert "PDL" not in sm90.launch_config(dict(PDL=False), fp8=True)
     assert sm90.launch_config(dict(SCHEDULE="seesaw")) == dict(STAGES=2, LEFT=256, PREFETCH=False, QREG=0, LAZY=False,
                                                                SCHEDULE="seesaw")
     assert sm90.launch_config(dict(LAZY=True, QREG=256))["LAZY"] is True
@@ -237,13 +259,36 @@ def _check(lens, heads=128, dtype=torch.bfloat16, page=64, num_splits=None, conf
 @pytest.mark.parametrize("num_splits", [1, 3, None], ids=["one_split", "three_splits", "auto"])
 @pytest.mark.parametrize("config", [None, dict(LEFT=256), dict(PREFETCH=True), dict(QREG=256), dict(LAZY=True),
                                     dict(LAZY=True, QREG=256), dict(SCHEDULE="seesaw"),
-                                    dict(SCHEDULE="seesaw", LAZY=True), dict(rule="fill", resident=2)],
+                                    dict(SCHEDULE="seesaw", LAZY=True), dict(rule="fill", resident=2), dict(PDL=True),
+                                    dict(PDL=True, QREG=256)],
                          ids=["default", "left_256", "prefetch", "qreg", "lazy", "lazy_qreg", "seesaw", "seesaw_lazy",
-                              "split_policy"])
+                              "split_policy", "pdl", "pdl_qreg"])
 def test_ragged_batch_matches_the_reference(num_splits, config):
     # empty, one token, one block exactly, partial blocks either side of one, several blocks
     # (for the seesaw's pairs: one block alone, a partial second block, odd and even counts)
     _check([0, 1, 64, 63, 65, 300, 1000], num_splits=num_splits, config=config, seed=num_splits or 7)
+
+
+@needs_hopper
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("num_splits", [1, 4], ids=["one_split", "four_splits"])
+def test_pdl_reads_what_the_kernel_before_it_wrote(num_splits):
+    """Launched with PDL, the kernel may start while the one before it runs: its wait must hold
+    every read until that kernel's writes land. Q and the cache are zeroed and rewritten in place
+    by the kernels right before each launch, in the same stream, so a read that slipped past the
+    wait would see zeros."""
+    lens = [4096] * 8 + [1, 700]
+    q, cache, bt, sl = _case(lens, 128, torch.bfloat16, 64, 23)
+    q_src, cache_src = q.clone(), cache.clone()
+    for _ in range(3):
+        q.zero_()
+        cache.zero_()
+        cache.copy_(cache_src)  # a long copy (the whole cache) right before the launch
+        q.copy_(q_src)
+        out = torch.full((len(lens), 128, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+        o, lse = mla_decode(q, cache, bt, sl, SCALE, max_seq_len=max(lens), num_splits=num_splits, out=out,
+                            return_lse=True, config=dict(KERNEL="sm90", PDL=True))
+        assert_matches_reference(o, lse, q_src, cache_src, bt, sl, lens, SCALE, 1.0, TOL[torch.bfloat16])
 
 
 @needs_hopper
