@@ -1,5 +1,6 @@
 """The fp8 latent cache on Hopper with a warpgroup of its own converting it (``kernels.mla_sm90``'s
-fp8 kernel with ``config={"CONVERT": "warpgroup"}``; opt-in until a race says otherwise).
+fp8 kernel with ``config={"CONVERT": "warpgroup"}``; opt-in: race 16 on an H100 timed it at 0.94-0.98x
+the default fp8 path's speed).
 
 Why: in ``kernels.mla_sm90``'s fp8 kernel the two consumer warpgroups convert the next key block
 (fp8 -> fp16, the products' operand dtype) themselves, after their P V of this block retired: Q,
