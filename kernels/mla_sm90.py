@@ -165,6 +165,17 @@ def launch_config_fp8(config: dict | None) -> dict:
     return cfg
 
 
+_FLAGS = {"LAZY": "the lazy rescale", "PDL": "programmatic dependent launch"}
+
+
+def _flag(config: dict, key: str) -> bool:
+    """``config[key]`` (False when absent), which must be a bool; a ``ValueError`` names it."""
+    v = config.get(key, False)
+    if not isinstance(v, bool):
+        raise ValueError(f"mla_sm90 config: {key} ({_FLAGS[key]}) must be true or false, got {v!r}")
+    return v
+
+
 def launch_config(config: dict | None, fp8: bool = False) -> dict:
     """The launch, checked: 2 stages (Q and two key blocks, 72 KB each, and P fill the 227 KB of an
     SM's shared memory); consumer 0 keeps output columns [0, ``LEFT``) beside the scores (128:
@@ -207,10 +218,7 @@ def launch_config(config: dict | None, fp8: bool = False) -> dict:
         if config.get("PDL", False):
             raise ValueError(f"mla_sm90 config: PDL (programmatic dependent launch) applies to the split schedule only, "
                              f"got PDL {config['PDL']!r} with SCHEDULE 'seesaw'")
-        lazy = config.get("LAZY", False)
-        if lazy not in (True, False):
-            raise ValueError(f"mla_sm90 config: LAZY (the lazy rescale) must be true or false, got {lazy!r}")
-        return dict(fixed, LAZY=lazy, SCHEDULE="seesaw")
+        return dict(fixed, LAZY=_flag(config, "LAZY"), SCHEDULE="seesaw")
     cfg = dict(STAGES=2, LEFT=128, PREFETCH=False, QREG=0, LAZY=False, PDL=False, SCHEDULE="split")
     if config:
         unknown = sorted(set(config) - set(CONFIG_KEYS))
@@ -222,10 +230,8 @@ def launch_config(config: dict | None, fp8: bool = False) -> dict:
                          f"this block's slot is freed), got {cfg['STAGES']!r}")
     if cfg["LEFT"] not in (128, 256):
         raise ValueError(f"mla_sm90 config: LEFT (consumer 0's output columns) must be 128 or 256, got {cfg['LEFT']!r}")
-    if cfg["LAZY"] not in (True, False):
-        raise ValueError(f"mla_sm90 config: LAZY (the lazy rescale) must be true or false, got {cfg['LAZY']!r}")
-    if not isinstance(cfg["PDL"], bool):
-        raise ValueError(f"mla_sm90 config: PDL (programmatic dependent launch) must be true or false, got {cfg['PDL']!r}")
+    _flag(cfg, "LAZY")
+    _flag(cfg, "PDL")
     if cfg["QREG"] not in (0, 256):
         raise ValueError(f"mla_sm90 config: QREG (Q's latent columns in registers) must be 0 or 256, got {cfg['QREG']!r}")
     if cfg["QREG"] and (cfg["LEFT"] != 128 or cfg["PREFETCH"]):

@@ -137,6 +137,9 @@ def test_a_config_is_checked_before_launch():
     assert sm90.launch_config(dict(PDL=True, QREG=256))["PDL"] is True
     with pytest.raises(ValueError, match="PDL .* must be true or false, got 1"):
         sm90.launch_config(dict(PDL=1))
+    for schedule in ("split", "seesaw"):  # 1 == True in Python: a flag must be a bool on either schedule
+        with pytest.raises(ValueError, match="LAZY .* must be true or false, got 1"):
+            sm90.launch_config(dict(SCHEDULE=schedule, LAZY=1))
     with pytest.raises(ValueError, match="PDL .* applies to the split schedule only"):
         sm90.launch_config(dict(SCHEDULE="seesaw", PDL=True))
     with pytest.raises(ValueError, match=r"fp8 cache\): \['PDL'\] do not apply"):
