@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kernels.prefill_attention import LOG2E, _mma, interpreting
 
@@ -113,8 +114,11 @@ def _mla_split_kernel(
 def _mla_merge_kernel(
     OP, LP, O, LSE,
     stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh, stride_lsb, stride_lsh,
-    NSPLIT, DL: tl.constexpr, BLOCK_S: tl.constexpr, STORE_LSE: tl.constexpr,
+    NSPLIT, DL: tl.constexpr, BLOCK_S: tl.constexpr, STORE_LSE: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    if PDL:  # launched behind the split kernel (launch_pdl): placed early, reads its partials after this
+        gdc_wait()
+        gdc_launch_dependents()
     b = tl.program_id(0)
     h = tl.program_id(1)
     offs_s = tl.arange(0, BLOCK_S)
@@ -354,11 +358,12 @@ def mla_decode(
             SINGLE=single, STORE_LSE=bool(return_lse) and single, FP8=fp8, F32=f32,
             num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         )
-    if not single:
+    if not single:  # the sm90 kernel's PDL launches its merge the same way (its programs wait for the partials)
+        pdl = dict(PDL=True, launch_pdl=True) if kernel == "sm90" and sm90_cfg.get("PDL") else {}
         _mla_merge_kernel[(bsz, nh)](
             op, lp, out, lse_t, *sp, out.stride(0), out.stride(1), *lse_st,
             num_splits, DL=KV_LORA, BLOCK_S=max(2, triton.next_power_of_2(num_splits)),
-            STORE_LSE=bool(return_lse), num_warps=4,
+            STORE_LSE=bool(return_lse), num_warps=4, **pdl,
         )
     return (out, lse) if return_lse else out
 

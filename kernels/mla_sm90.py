@@ -84,8 +84,8 @@ if HAVE_GLUON:
     from kernels.mla_sm90_convert import _mla_sm90_convert_kernel
     from kernels.mla_sm90_seesaw import _mla_sm90_seesaw_kernel
     from kernels.sm90_common import GL_DTYPE as _GL
-    from kernels.sm90_common import (TensorDescriptor, fence_async_shared, gdc_wait, gl, gluon, mbarrier, release,
-                                     warpgroup_mma, warpgroup_mma_wait)
+    from kernels.sm90_common import (TensorDescriptor, fence_async_shared, gdc_launch, gdc_wait, gl, gluon, mbarrier,
+                                     release, warpgroup_mma, warpgroup_mma_wait)
     from kernels.sm90_common import cta_barrier as _cta_barrier
     from kernels.sm90_common import row_chunk_layout, wgmma_layout
 
@@ -401,6 +401,7 @@ if HAVE_GLUON:
         flag_smem = gl.allocate_shared_memory(gl.int32, [1, 1], plain)  # the lazy rescale's flag (read with LAZY)
         if PDL:  # launched behind the previous kernel (launch_pdl): its writes are visible past this
             gdc_wait()
+            gdc_launch()  # the merge (or the next call) may be placed as this grid's programs retire
         gl.warp_specialize([
             (_scorer, (q_smem, q_pe, kv_bufs, pe_bufs, p_bufs, alpha_smem, l_smem, kv_ready, kv_empty, p_ready,
                        p_free, l_ready, Q, SEQ, O, LSE, OP, LP, stride_qb, stride_qh, stride_ob, stride_oh,

@@ -64,6 +64,14 @@ try:  # Gluon ships with Triton >= 3.4; the Hopper modules exist only in the CUD
         before it in the stream still runs, so it waits here before its first global read or write."""
         gl.inline_asm_elementwise("griddepcontrol.wait; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
 
+    @gluon.jit
+    def gdc_launch():
+        """``griddepcontrol.launch_dependents``: the kernel launched behind this one (with
+        ``launch_pdl``) may be placed once every program of this grid has passed here or exited.
+        It orders nothing: the dependent still waits (``gdc_wait``) for this grid's writes."""
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32,
+                                  is_pure=False, pack=1)
+
     @triton.constexpr_function
     def wgmma_layout(n, k=16):
         """The register layout of a one-warpgroup ``wgmma`` accumulator of [64, ``n``] (instruction

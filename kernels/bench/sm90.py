@@ -123,6 +123,7 @@ def gluon_sm90_build(fn, sig: dict, consts: dict, num_warps: int, maxnreg: int |
                 f8_unpack=sass.count("F2FP.F16.E4M3.UNPACK_B"),
                 hgmma_reg_a=len(re.findall(r"HGMMA\.64x\S+ R\d+, R\d+", sass)),
                 gdc_waits=k.asm["ptx"].count("griddepcontrol.wait"),
+                gdc_launches=k.asm["ptx"].count("griddepcontrol.launch_dependents"),
                 shared=k.metadata.shared, ptxas_info=info.stderr.strip(), ptx=k.asm["ptx"])
 
 
@@ -220,6 +221,28 @@ def mla_sm90_build(config: dict | None = None, single: bool = False, dtype: str 
               "PREFETCH": bool(cfg["PREFETCH"]), "QREG": cfg["QREG"], "LAZY": bool(cfg["LAZY"]),
               "CONSUMER_REGS": regs, "num_warps": 4, "PDL": bool(cfg["PDL"])}
     return gluon_sm90_build(_mla_sm90_kernel, sig, consts, 4, maxnreg)
+
+
+def mla_merge_build(pdl: bool = False, num_splits: int = 4) -> dict:
+    """Compile ``mla_decode``'s split merge (a plain Triton kernel) for sm_90a on this machine and
+    count its grid-dependency instructions: with ``pdl`` (the sm90 split kernel's ``PDL``) it is
+    launched behind the split kernel and must wait (``griddepcontrol.wait``) before it reads the
+    partials, and lets the kernel after it be placed (``launch_dependents``)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from kernels.mla_decode import KV_LORA, _mla_merge_kernel
+
+    fn = _mla_merge_kernel
+    consts = {"DL": KV_LORA, "BLOCK_S": max(2, triton.next_power_of_2(num_splits)), "STORE_LSE": True, "PDL": pdl}
+    types = {"OP": "*fp32", "LP": "*fp32", "O": "*bf16", "LSE": "*fp32"}
+    sig = {n: "constexpr" if n in consts else types.get(n, "i32") for n in fn.arg_names}
+    k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
+                       options=dict(num_warps=4))
+    ptx = k.asm["ptx"]
+    wait, launch = ptx.find("griddepcontrol.wait"), ptx.find("griddepcontrol.launch_dependents")
+    return dict(gdc_waits=ptx.count("griddepcontrol.wait"), gdc_launches=ptx.count("griddepcontrol.launch_dependents"),
+                first_load=ptx.find("ld.global"), wait_at=wait, launch_at=launch, ptx=ptx)
 
 
 def w4a16_sm90_build(config: dict | None = None, dtype: str = "bf16", reduce: int = 2, block_m: int = 16) -> dict:

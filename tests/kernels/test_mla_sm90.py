@@ -51,13 +51,27 @@ def test_the_build(single, left, prefetch, qreg, lazy):
 @needs_gluon
 @pytest.mark.parametrize("qreg", [0, 256], ids=["split", "qreg"])
 def test_the_pdl_build_waits_once_and_is_otherwise_the_same(qreg):
-    """PDL adds one ``griddepcontrol.wait`` before the partitions start (the launch attribute is
-    the host's); registers, spills, products and shared memory stay as without it."""
+    """PDL adds one ``griddepcontrol.wait`` before the partitions start and one
+    ``launch_dependents`` after it, so the merge behind it is placed as this grid's programs retire
+    (the launch attribute is the host's); registers, spills, products and shared memory stay as
+    without it."""
     plain = build("mla_sm90_build", dict(QREG=qreg))
     pdl = build("mla_sm90_build", dict(QREG=qreg, PDL=True))
     assert pdl["gdc_waits"] == 1 and plain["gdc_waits"] == 0, (pdl, plain)
+    assert pdl["gdc_launches"] == 1 and plain["gdc_launches"] == 0, (pdl, plain)
     for key in ("regs", "spill_bytes", "serialized", "hgmma", "hgmma_reg_a", "shared"):
         assert pdl[key] == plain[key], (key, pdl[key], plain[key])
+
+
+def test_the_merge_behind_a_pdl_split_waits_before_it_reads_the_partials():
+    """With the split kernel's PDL the merge is launched behind it the same way: it may start
+    while the split kernel still writes, so its wait comes before its first global load; without
+    PDL it has neither instruction."""
+    plain = build("mla_merge_build", False)
+    pdl = build("mla_merge_build", True)
+    assert plain["gdc_waits"] == 0 and plain["gdc_launches"] == 0, plain
+    assert pdl["gdc_waits"] == 1 and pdl["gdc_launches"] == 1, pdl
+    assert 0 <= pdl["wait_at"] < pdl["first_load"], pdl
 
 
 @needs_gluon
