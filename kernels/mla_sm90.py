@@ -57,8 +57,9 @@ still multiplied (race 16, H100: 0.94-0.98x the default's speed; opt-in).
 
 ``config={"PDL": True}`` launches the split kernel as a programmatic dependent launch, as FlashMLA
 launches its decode: its programs are placed while the kernel before it drains and wait
-(``griddepcontrol.wait``) before their first global access (built and checked for sm_90a, not
-yet run on a GPU, so opt-in).
+(``griddepcontrol.wait``) before their first global access, then let the kernel behind them be
+placed (``griddepcontrol.launch_dependents``); ``mla_decode`` launches the merge the same way,
+its wait before it reads the partials (built and checked for sm_90a, not yet raced, so opt-in).
 
 ``config={"SCHEDULE": "seesaw"}`` runs the bf16 cache on ``kernels.mla_sm90_seesaw`` instead,
 FlashMLA's schedule (two warpgroups scoring alternate blocks); races 11 and 13 timed it at
@@ -192,7 +193,8 @@ def launch_config(config: dict | None, fp8: bool = False) -> dict:
     the accumulators rescaled only when some row's maximum rises by more than 2^8). ``PDL``:
     launched as a programmatic dependent launch (CUDA's PDL, as FlashMLA launches its decode), so
     its programs are placed while the kernel before it drains, and wait (``griddepcontrol.wait``)
-    before their first global access. A ``ValueError`` names the field. ``fp8``: ``launch_config_fp8``."""
+    before their first global access; the merge behind it is launched so too (``mla_decode``).
+    A ``ValueError`` names the field. ``fp8``: ``launch_config_fp8``."""
     if fp8:
         if (config or {}).get("SCHEDULE", "split") != "split":
             raise ValueError("mla_sm90 config: SCHEDULE 'seesaw' takes a bf16/fp16 cache only")
