@@ -76,8 +76,8 @@ MLA_SPLIT_SWEEP = {
 # 2 x 16384), so the two head blocks of a span, which share its key blocks through L2 only while
 # they stay in step, drift apart over fewer blocks. PREFETCH lost in races 10c-11 (0.90-0.94x) and is no
 # longer raced. sm90_pdl / sm90_qreg_pdl: launched as a programmatic dependent launch (FlashMLA
-# launches its decode so), the programs placed while the kernel before drains (race 17, H100:
-# 0.97-1.03x sm90's speed).
+# launches its decode so), the programs placed while the kernel before drains (race 17: 0.97-1.03x
+# sm90's speed on an H100, 0.93-1.03x on an H200).
 MLA_SM90 = {"sm90": dict(KERNEL="sm90"), "sm90_qreg": dict(KERNEL="sm90", QREG=256),
             "sm90_lazy": dict(KERNEL="sm90", LAZY=True), "sm90_lazy_qreg": dict(KERNEL="sm90", LAZY=True, QREG=256),
             "sm90_left256": dict(KERNEL="sm90", LEFT=256), "sm90_seesaw": dict(KERNEL="sm90", SCHEDULE="seesaw"),
