@@ -59,7 +59,8 @@ still multiplied (race 16, H100: 0.94-0.98x the default's speed; opt-in).
 launches its decode: its programs are placed while the kernel before it drains and wait
 (``griddepcontrol.wait``) before their first global access, then let the kernel behind them be
 placed (``griddepcontrol.launch_dependents``); ``mla_decode`` launches the merge the same way,
-its wait before it reads the partials (race 17: 0.97-1.03x the speed without it on an H100, 0.93-1.03x on an H200, so opt-in).
+its wait before it reads the partials (race 17: 0.97-1.03x the speed without it on an H100,
+0.93-1.03x on an H200, so opt-in).
 
 ``config={"SCHEDULE": "seesaw"}`` runs the bf16 cache on ``kernels.mla_sm90_seesaw`` instead,
 FlashMLA's schedule (two warpgroups scoring alternate blocks); races 11 and 13 timed it at
