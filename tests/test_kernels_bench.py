@@ -73,6 +73,17 @@ def test_smoke_runs_prefill_attention_and_mla_decode():
     assert "MISMATCH" not in out
 
 
+@pytest.mark.slow  # Triton interpreter: a minute or two
+@pytest.mark.timeout(1200)
+def test_smoke_runs_mla_decode_over_layers():
+    """--mla-timer layers: every timed call rotates over two layers' inputs in the smoke run
+    (each layer's call runs), and the table says how it was timed."""
+    out = _smoke("--only", "mla", "--mla-timer", "layers")
+    assert "as consecutive layers (--mla-timer layers)" in out
+    assert len(_rows(out, "| smoke_h3 |")) == 2 and len(_rows(out, "| smoke_h20 |")) == 2
+    assert "MISMATCH" not in out and "MLA ERROR" not in out
+
+
 @pytest.mark.slow  # Triton interpreter: about a minute
 @pytest.mark.timeout(900)
 def test_smoke_runs_w4a16_race5():
@@ -89,12 +100,34 @@ def test_mla_picks_are_checked_before_anything_runs():
     from kernels.bench import bench_kernels, mla
 
     try:
-        mla.set_picks("sm90_qreg,sm90_convert", "fp8")
-        assert mla.PICK == {"variants": {"sm90_qreg", "sm90_convert"}, "kv": ("fp8",)}
+        mla.set_picks("sm90_qreg,sm90_convert", "fp8", "layers")
+        assert mla.PICK == {"variants": {"sm90_qreg", "sm90_convert"}, "kv": ("fp8",), "timer": "layers"}
+        with pytest.raises(SystemExit, match=r"--mla-timer: expected one of \['scrub', 'layers'\], got 'warm'"):
+            bench_kernels.main(["--only", "mla", "--mla-timer", "warm"])
         with pytest.raises(SystemExit, match=r"--mla-variants: unknown \['sm90_pingpong'\]; expected some of .*sm90_r2"):
             bench_kernels.main(["--only", "mla", "--mla-variants", "sm90_qreg,sm90_pingpong"])
         with pytest.raises(SystemExit, match="--mla-kv: expected bf16, fp8 or bf16,fp8, got 'int8'"):
             bench_kernels.main(["--only", "mla", "--mla-kv", "int8"])
     finally:
         mla.set_picks(None, "bf16,fp8")
-    assert mla.PICK == {"variants": None, "kv": ("bf16", "fp8")}
+    assert mla.PICK == {"variants": None, "kv": ("bf16", "fp8"), "timer": "scrub"}
+
+
+def test_mla_layers_are_copies_that_together_pass_the_l2():
+    """--mla-timer layers rotates over the case's Q and cache and copies of them: at least two,
+    each its own memory with the same values, enough of them that the L2 holds none."""
+    import torch
+
+    from kernels.bench import harness, mla
+
+    q, cache = torch.randn(2, 4, 576), torch.randn(3, 64, 576)
+    small = mla.mla_layers(q, cache)
+    nbytes = (q.numel() + cache.numel()) * 4
+    assert len(small) == max(2, harness.copies_for(nbytes)) > 2  # a small case needs many to fill 3x the L2
+    assert small[0][0] is q and small[0][1] is cache
+    ptrs = {lc.data_ptr() for _, lc in small} | {lq.data_ptr() for lq, _ in small}
+    assert len(ptrs) == 2 * len(small)
+    assert all(torch.equal(lq, q) and torch.equal(lc, cache) for lq, lc in small)
+    big = torch.empty(int(4 * harness.L2_BYTES), dtype=torch.uint8)  # past the L2 alone: still two, never one
+    assert len(mla.mla_layers(q, big)) == 2
+    assert len(mla.mla_layers(q, cache, 3)) == 3

@@ -241,7 +241,7 @@ def smoke(args):
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
-    mla.set_picks(args.mla_variants, args.mla_kv)  # checked before anything runs
+    mla.set_picks(args.mla_variants, args.mla_kv, args.mla_timer)  # checked before anything runs
     if args.sm90_report:
         return sm90.sm90_report()
     if args.smoke:

@@ -9,7 +9,9 @@ splits`, the split rules (MLA_SPLIT_SWEEP); `--budget-s` stops them, never the d
 FlashMLA's sm90 dense decode (kernels/bench/flashmla.py, bf16 caches) races where its
 sources are carried; on Hopper the Gluon kernel (kernels/mla_sm90.py, MLA_SM90) runs beside the
 default on bf16 caches with a multiple of 64 heads. Every timing is a CUDA-graph replay with the L2 scrubbed before each
-call (harness.graph_cold_us); each peer's check is logged before its time.
+call (harness.graph_cold_us) or, with `--mla-timer layers`, a graph of calls rotating over copies of the
+case's Q and cache, as consecutive layers read their own caches (harness.graph_us, no scrub between calls:
+at least two copies and together three times the L2); each peer's check is logged before its time.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ from kernels.bench.harness import DEADLINE, TIMER
 SWEEP_SET = {"mla": "tiles"}  # --mla-sweep
 # --mla-variants / --mla-kv: which of the Gluon kernel's candidates and caches run (None: all), so a
 # race too long for one command splits over several
-PICK = {"variants": None, "kv": ("bf16", "fp8")}
+PICK = {"variants": None, "kv": ("bf16", "fp8"), "timer": "scrub"}
+TIMERS = ("scrub", "layers")  # --mla-timer
 MLA_CASES = [
     dict(name="h16_b64_4k", h=16, lens=[4096] * 64),
     dict(name="h16_b128_varlen", h=16, lens="rand128"),
@@ -183,6 +186,15 @@ def load_vllm_triton_mla(log):
 MLA_TOL = {"bf16": 1e-2, "fp8": 1e-2}
 
 
+def mla_layers(q, cache, n: int | None = None):
+    """The case's Q and cache and ``n`` - 1 copies of them, as consecutive layers of a model read
+    their own caches. By default at least two (a call never follows itself on the same inputs) and
+    together about three times the L2 (harness.copies_for), so no call finds its inputs there."""
+    if n is None:
+        n = max(2, H.copies_for(cache.numel() * cache.element_size() + q.numel() * q.element_size()))
+    return [(q, cache)] + [(q.clone(), cache.clone()) for _ in range(n - 1)]
+
+
 def run_mla(copy_gbs, mm_tflops, log, rows, on_case, cases, sweep, smoke=False):
     from kernels.mla_decode import default_config, mla_decode, mla_decode_bytes, mla_decode_flops
     from kernels.reference import mla_decode_reference
@@ -200,13 +212,26 @@ def run_mla(copy_gbs, mm_tflops, log, rows, on_case, cases, sweep, smoke=False):
         for kvt in PICK["kv"]:
             q, cache, bt, sl, kvs = make_mla_case(lens, h, kvt, seed=len(lens) + h)
             mx = max(lens)
+            layers = mla_layers(q, cache, 2 if smoke else None) if PICK["timer"] == "layers" else None
+
+            def timed(make, q=q, cache=cache, layers=layers):
+                """``make(q, cache)`` -> a call on those inputs, timed as --mla-timer says (smoke: every
+                layer's call runs once first, the smoke timer then times the first)."""
+                if layers is None:
+                    return TIMER["bench"]([make(q, cache)])
+                calls = [make(lq, lc) for lq, lc in layers]
+                if smoke:
+                    for c in calls:
+                        c()
+                return TIMER["graph"](calls)
             nbytes = mla_decode_bytes(lens, h, 1 if kvt == "fp8" else 2)
             flops = mla_decode_flops(lens, h)
             # reference on a few sequences (first, last, longest): fp32 on the GPU
             pick = sorted({0, len(lens) - 1, int(torch.tensor(lens).argmax())})
             ref = {b: mla_decode_reference(q[b:b + 1], cache, bt[b:b + 1], sl[b:b + 1], scale, kvs) for b in pick}
             r = dict(case=case["name"], kv=kvt, h=h, batch=len(lens), max_len=mx, tokens=sum(lens), bytes=nbytes,
-                     flops=flops, default=default_config(h, "cuda"), variants={}, peers={})
+                     flops=flops, default=default_config(h, "cuda"), variants={}, peers={}, timer=PICK["timer"],
+                     layers=len(layers) if layers else None)
 
             def check(o, lse=None):
                 num = den = lerr = 0.0
@@ -244,7 +269,7 @@ def run_mla(copy_gbs, mm_tflops, log, rows, on_case, cases, sweep, smoke=False):
                         all_ok = False
                         log(f"MLA MISMATCH {case['name']} {kvt} {name}: {res}")
                     else:
-                        us = TIMER["bench"]([lambda kw=kw: mla_decode(q, cache, bt, sl, scale, **kw)])
+                        us = timed(lambda lq, lc, kw=kw: lambda: mla_decode(lq, lc, bt, sl, scale, **kw))
                         res.update(us=us, gbs=nbytes / us / 1e3, frac_copy=nbytes / us / 1e3 / copy_gbs,
                                    tflops=flops / us / 1e6, frac_mm=flops / us / 1e6 / mm_tflops)
                     r["variants"][name] = res
@@ -259,7 +284,7 @@ def run_mla(copy_gbs, mm_tflops, log, rows, on_case, cases, sweep, smoke=False):
                         y = torch_mla_decode(q, cache, bt, sl, scale, kvs, mx)
                         rel, _, _ = check(y)
                         log(f"  peer torch_gather_bmm {case['name']} {kvt}: checked, rel err {rel:.1e}")
-                        us = TIMER["bench"]([lambda: torch_mla_decode(q, cache, bt, sl, scale, kvs, mx)])
+                        us = timed(lambda lq, lc: lambda: torch_mla_decode(lq, lc, bt, sl, scale, kvs, mx))
                         r["peers"]["torch_gather_bmm"] = dict(us=us, gbs=nbytes / us / 1e3, frac_copy=nbytes / us / 1e3 / copy_gbs,
                                                               rel_err=rel)
                 except Exception as ex:  # noqa: BLE001
@@ -271,7 +296,7 @@ def run_mla(copy_gbs, mm_tflops, log, rows, on_case, cases, sweep, smoke=False):
                         y = call(q, cache, bt, sl, scale, kvs, mx, bufs)
                         rel, lerr, _ = check(y)
                         log(f"  peer vllm_triton_mla {case['name']} {kvt}: checked, rel err {rel:.1e}")
-                        us = TIMER["bench"]([lambda: call(q, cache, bt, sl, scale, kvs, mx, bufs)])
+                        us = timed(lambda lq, lc: lambda: call(lq, lc, bt, sl, scale, kvs, mx, bufs))
                         r["peers"]["vllm_triton_mla"] = dict(us=us, gbs=nbytes / us / 1e3, frac_copy=nbytes / us / 1e3 / copy_gbs,
                                                              rel_err=rel, splits=bufs[2].shape[2])
                     except Exception as ex:  # noqa: BLE001
@@ -286,7 +311,11 @@ def run_mla(copy_gbs, mm_tflops, log, rows, on_case, cases, sweep, smoke=False):
                         log(f"  peer flashmla {case['name']} {kvt}: checked, rel err {rel:.1e} ({'ok' if ok else 'MISMATCH'})")
                         res = dict(rel_err=rel, ok=ok)
                         if ok:
-                            us = TIMER["bench"]([lambda: fcall(state, sl, bt, scale)])
+                            def fm_call(lq, lc):  # FlashMLA's state (metadata, buffers) per layer's inputs
+                                st = state if lc is cache else fprep(lq, lc, bt, sl, scale)
+                                return lambda: fcall(st, sl, bt, scale)
+
+                            us = timed(fm_call)
                             res.update(us=us, gbs=nbytes / us / 1e3, frac_copy=nbytes / us / 1e3 / copy_gbs)
                         r["peers"]["flashmla"] = res
                     except Exception as ex:  # noqa: BLE001
@@ -302,7 +331,7 @@ def run_mla(copy_gbs, mm_tflops, log, rows, on_case, cases, sweep, smoke=False):
                 + json.dumps({kk: (round(vv["gbs"]) if "gbs" in vv else vv.get("error", "?")[:40]) for kk, vv in r["variants"].items()})
                 + "; peers " + json.dumps({kk: (f"{vv['gbs']:.0f} GB/s err {vv.get('rel_err', float('nan')):.1e}" if "gbs" in vv
                                                 else vv.get("error", "?")[:60]) for kk, vv in r["peers"].items()}))
-            del q, cache, bt, sl, ref
+            del q, cache, bt, sl, ref, layers, timed
             if not smoke:
                 torch.cuda.empty_cache()
             on_case()
@@ -311,9 +340,13 @@ def run_mla(copy_gbs, mm_tflops, log, rows, on_case, cases, sweep, smoke=False):
 
 
 def mla_table(meta, mla):
+    timers = {r.get("timer", "scrub") for r in mla}
+    how = ("L2 scrubbed" if timers == {"scrub"} else
+           "calls back to back over copies of Q and the cache, as consecutive layers (--mla-timer layers)"
+           if timers == {"layers"} else "timers " + ", ".join(sorted(timers)))
     lines = [
         "",
-        "MLA decode (kv_lora 512 + rope 64, page 64, bf16 queries; CUDA-graph replays, L2 scrubbed, medians). GB/s counts the bytes that",
+        f"MLA decode (kv_lora 512 + rope 64, page 64, bf16 queries; CUDA-graph replays, {how}, medians). GB/s counts the bytes that",
         "must move: every cached row once + queries + outputs. (of copy) = fraction of the measured copy rate.",
         "",
         "sm90 = the Gluon Hopper kernel (kernels/mla_sm90.py) at its default, where it runs. FlashMLA has no fp8 dense",
@@ -348,11 +381,16 @@ def add_args(ap):
                     help=f"the Gluon kernel's candidates to race beside the default (all when left out): bf16 "
                          f"{', '.join(MLA_SM90)}; fp8 {', '.join(MLA_SM90_FP8)}")
     ap.add_argument("--mla-kv", default="bf16,fp8", help="the caches to race: bf16, fp8 or both (bf16,fp8)")
+    ap.add_argument("--mla-timer", default="scrub", metavar="|".join(TIMERS),
+                    help="scrub: each call alone with the L2 scrubbed before it (the graph of scrubs subtracted); "
+                         "layers: calls back to back over copies of Q and the cache, as consecutive layers")
 
 
-def set_picks(variants: str | None, kv: str) -> None:
-    """``--mla-variants`` and ``--mla-kv``, checked: a name the benchmark does not know is an error
-    naming it and the known ones."""
+def set_picks(variants: str | None, kv: str, timer: str = "scrub") -> None:
+    """``--mla-variants``, ``--mla-kv`` and ``--mla-timer``, checked: a name the benchmark does not
+    know is an error naming it and the known ones."""
+    if timer not in TIMERS:
+        raise SystemExit(f"--mla-timer: expected one of {list(TIMERS)}, got {timer!r}")
     kvs = tuple(k for k in kv.split(",") if k)
     bad = sorted(set(kvs) - {"bf16", "fp8"})
     if bad or not kvs:
@@ -364,7 +402,7 @@ def set_picks(variants: str | None, kv: str) -> None:
         if unknown:
             raise SystemExit(f"--mla-variants: unknown {unknown}; expected some of "
                              f"{sorted(set(MLA_SM90) | set(MLA_SM90_FP8))}")
-    PICK.update(variants=names, kv=kvs)
+    PICK.update(variants=names, kv=kvs, timer=timer)
 
 
 def profile(case_name="h128_b64_4k", kv="bf16", reps=3, config=None):
