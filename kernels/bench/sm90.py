@@ -13,6 +13,22 @@ import tempfile
 
 import triton
 
+
+def triton_sm90_compile(fn, types: dict, consts: dict, div16=(), num_warps: int = 4, num_stages: int | None = None):
+    """Compile a plain Triton kernel for sm_90 on this machine (no GPU needed): ``types`` maps
+    its non-constexpr arguments to their types (the rest i32), ``div16`` names those a launch
+    would see divisible by 16 (the JIT's specialisation). Returns the compiled kernel (its
+    ``asm`` holds the TTGIR, PTX and cubin)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    sig = {n: "constexpr" if n in consts else types.get(n, "i32") for n in fn.arg_names}
+    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in div16}
+    options = dict(num_warps=num_warps) if num_stages is None else dict(num_warps=num_warps, num_stages=num_stages)
+    return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
+                          target=GPUTarget("cuda", 90, 32), options=options)
+
+
 def sm90_report():
     """Compile the MLA decode and prefill kernels for sm_90 on this machine (no GPU needed)
     with the integer arguments specialised as the JIT does on the H200 (divisible by 16),
@@ -21,19 +37,13 @@ def sm90_report():
     import re
     import subprocess
 
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     import kernels.mla_decode as md
     import kernels.prefill_attention as pa
 
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 
     def build(fn, types, consts, div16, warps, stages):
-        sig = {n: "constexpr" if n in consts else types.get(n, "i32") for n in fn.arg_names}
-        attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in div16}
-        k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
-                           target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
+        k = triton_sm90_compile(fn, types, consts, div16, warps, stages)
         ir = k.asm["ttgir"]
         with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
             f.write(k.asm["cubin"])
@@ -228,18 +238,11 @@ def mla_merge_build(pdl: bool = False, num_splits: int = 4) -> dict:
     count its grid-dependency instructions: with ``pdl`` (the sm90 split kernel's ``PDL``) it is
     launched behind the split kernel and must wait (``griddepcontrol.wait``) before it reads the
     partials, and lets the kernel after it be placed (``launch_dependents``)."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     from kernels.mla_decode import KV_LORA, _mla_merge_kernel
 
-    fn = _mla_merge_kernel
     consts = {"DL": KV_LORA, "BLOCK_S": max(2, triton.next_power_of_2(num_splits)), "STORE_LSE": True, "PDL": pdl}
     types = {"OP": "*fp32", "LP": "*fp32", "O": "*bf16", "LSE": "*fp32"}
-    sig = {n: "constexpr" if n in consts else types.get(n, "i32") for n in fn.arg_names}
-    k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
-                       options=dict(num_warps=4))
-    ptx = k.asm["ptx"]
+    ptx = triton_sm90_compile(_mla_merge_kernel, types, consts).asm["ptx"]
     wait, launch = ptx.find("griddepcontrol.wait"), ptx.find("griddepcontrol.launch_dependents")
     return dict(gdc_waits=ptx.count("griddepcontrol.wait"), gdc_launches=ptx.count("griddepcontrol.launch_dependents"),
                 first_load=ptx.find("ld.global"), wait_at=wait, launch_at=launch, ptx=ptx)
