@@ -62,6 +62,14 @@ placed (``griddepcontrol.launch_dependents``); ``mla_decode`` launches the merge
 its wait before it reads the partials (race 17: 0.97-1.03x the speed without it on an H100,
 0.93-1.03x on an H200, so opt-in).
 
+``config={"TILED": True}`` lands and frees each key block in four pieces, each with its own
+mbarriers (FlashMLA's kernel keeps one per [64, 64] tile): the rope, latent columns [0, 128),
+[128, 256) and [256, 512). Consumer 0 issues the scores' products piece by piece as they land, and
+frees the rope and its reads of [128, 512) once the scores retired; consumer 1 issues both its
+products at once ([128, 256) first) and frees each piece as its product retires; the producer loads the next block into
+each piece as soon as that piece is free, instead of once the whole slot is (the load of block j + 2
+begins during block j's products instead of after them).
+
 ``config={"SCHEDULE": "seesaw"}`` runs the bf16 cache on ``kernels.mla_sm90_seesaw`` instead,
 FlashMLA's schedule (two warpgroups scoring alternate blocks); races 11 and 13 timed it at
 0.86-0.90x and 0.92-0.96x this schedule's speed, so it stays opt-in.
@@ -81,8 +89,8 @@ from kernels.mla_sm90_parts import PRODUCER_REGS
 from kernels.sm90_common import HAVE_GLUON, SMEM_BYTES, split_registers
 
 if HAVE_GLUON:
-    from kernels.mla_sm90_parts import (_PRODUCER_REGS, _producer, _qk, _read_flag, _softmax_publish, _span, _stage_q,
-                                        _write_out_l, _write_out_scorer, _zero_tail)
+    from kernels.mla_sm90_parts import (_PRODUCER_REGS, _producer, _producer_tiled, _qk, _qk_tiled, _read_flag,
+                                        _softmax_publish, _span, _stage_q, _write_out_l, _write_out_scorer, _zero_tail)
     from kernels.mla_sm90_convert import _mla_sm90_convert_kernel
     from kernels.mla_sm90_seesaw import _mla_sm90_seesaw_kernel
     from kernels.sm90_common import GL_DTYPE as _GL
@@ -95,7 +103,14 @@ KV_LORA = 512
 ROPE = 64
 BLOCK_H = 64  # heads per program: the rows of one warpgroup MMA
 BLOCK_N = 64  # tokens per key block
-CONFIG_KEYS = ("STAGES", "LEFT", "PREFETCH", "QREG", "LAZY", "PDL", "HSTAGES", "BLOCK_N", "SCHEDULE", "CONVERT")
+CONFIG_KEYS = ("STAGES", "LEFT", "PREFETCH", "QREG", "LAZY", "PDL", "TILED", "HSTAGES", "BLOCK_N", "SCHEDULE",
+               "CONVERT")
+# TILED: a key block's four pieces, each with its own mbarriers (rope, latent [0, 128), [128, 256),
+# [256, 512)), and how many partitions free each (the scores free the rope; consumer 0's P V the first
+# latent piece; the scores and one of consumer 1's products each of the other two)
+TILE_GROUPS = 4
+if HAVE_GLUON:
+    _TILE_GROUPS = gl.constexpr(TILE_GROUPS)
 SCHEDULES = ("split", "seesaw")  # kernels.mla_sm90_seesaw: the second
 CONVERTS = ("consumers", "warpgroup")  # the fp8 cache's conversion; kernels.mla_sm90_convert: the second
 # whether mla_decode takes this kernel for an fp8 cache unasked: race 10b timed its 64-token path
@@ -103,11 +118,12 @@ CONVERTS = ("consumers", "warpgroup")  # the fp8 cache's conversion; kernels.mla
 FP8_DEFAULT = True
 
 
-def smem_bytes(stages: int, itemsize: int = 2) -> int:
+def smem_bytes(stages: int, itemsize: int = 2, tiled: bool = False) -> int:
     """Q [64, 576], ``stages`` key blocks [64, 576], the P buffer [64, 64], the rescale factors,
-    the row sums and the mbarriers."""
+    the row sums and the mbarriers (``tiled``: a ready and a free one per piece of a slot)."""
+    groups = TILE_GROUPS if tiled else 1
     return (itemsize * (BLOCK_H * (KV_LORA + ROPE) + stages * BLOCK_N * (KV_LORA + ROPE) + BLOCK_H * BLOCK_N)
-            + 4 * 2 * BLOCK_H + 8 * (2 * stages + 3))
+            + 4 * 2 * BLOCK_H + 8 * (2 * stages * groups + 3))
 
 
 def smem_bytes_seesaw() -> int:
@@ -139,7 +155,8 @@ def launch_config_fp8(config: dict | None) -> dict:
     blocks, 2 fp8 + 1 fp16). A ``ValueError`` names the field."""
     cfg = dict(BLOCK_N=64, STAGES=2, HSTAGES=1, LEFT=256, CONVERT="consumers")
     if config:
-        bad = sorted(k for k, v in config.items() if k not in cfg and not (k in ("PREFETCH", "QREG", "LAZY", "PDL") and not v))
+        split_only = ("PREFETCH", "QREG", "LAZY", "PDL", "TILED")  # the bf16 kernel's: refused unless off
+        bad = sorted(k for k, v in config.items() if k not in cfg and not (k in split_only and not v))
         if bad:
             raise ValueError(f"mla_sm90 config (fp8 cache): {bad} do not apply, expected some of {sorted(cfg)}")
         cfg.update({k: v for k, v in config.items() if k in cfg})
@@ -167,7 +184,7 @@ def launch_config_fp8(config: dict | None) -> dict:
     return cfg
 
 
-_FLAGS = {"LAZY": "the lazy rescale", "PDL": "programmatic dependent launch"}
+_FLAGS = {"LAZY": "the lazy rescale", "PDL": "programmatic dependent launch", "TILED": "per-piece key-block barriers"}
 
 
 def _flag(config: dict, key: str) -> bool:
@@ -195,6 +212,8 @@ def launch_config(config: dict | None, fp8: bool = False) -> dict:
     launched as a programmatic dependent launch (CUDA's PDL, as FlashMLA launches its decode), so
     its programs are placed while the kernel before it drains, and wait (``griddepcontrol.wait``)
     before their first global access; the merge behind it is launched so too (``mla_decode``).
+    ``TILED``: a key block lands and is freed in four pieces with their own mbarriers (with LEFT
+    128, Q in shared memory and no prefetch: the pieces follow who reads which columns).
     A ``ValueError`` names the field. ``fp8``: ``launch_config_fp8``."""
     if fp8:
         if (config or {}).get("SCHEDULE", "split") != "split":
@@ -218,11 +237,12 @@ def launch_config(config: dict | None, fp8: bool = False) -> dict:
         unknown = sorted(set(config) - set(CONFIG_KEYS))
         if unknown:
             raise ValueError(f"mla_sm90 config: unknown keys {unknown}, expected some of {list(CONFIG_KEYS)}")
-        if config.get("PDL", False):
-            raise ValueError(f"mla_sm90 config: PDL (programmatic dependent launch) applies to the split schedule only, "
-                             f"got PDL {config['PDL']!r} with SCHEDULE 'seesaw'")
+        for key in ("PDL", "TILED"):
+            if config.get(key, False):
+                raise ValueError(f"mla_sm90 config: {key} ({_FLAGS[key]}) applies to the split schedule only, "
+                                 f"got {key} {config[key]!r} with SCHEDULE 'seesaw'")
         return dict(fixed, LAZY=_flag(config, "LAZY"), SCHEDULE="seesaw")
-    cfg = dict(STAGES=2, LEFT=128, PREFETCH=False, QREG=0, LAZY=False, PDL=False, SCHEDULE="split")
+    cfg = dict(STAGES=2, LEFT=128, PREFETCH=False, QREG=0, LAZY=False, PDL=False, TILED=False, SCHEDULE="split")
     if config:
         unknown = sorted(set(config) - set(CONFIG_KEYS))
         if unknown:
@@ -235,12 +255,16 @@ def launch_config(config: dict | None, fp8: bool = False) -> dict:
         raise ValueError(f"mla_sm90 config: LEFT (consumer 0's output columns) must be 128 or 256, got {cfg['LEFT']!r}")
     _flag(cfg, "LAZY")
     _flag(cfg, "PDL")
+    if _flag(cfg, "TILED") and (cfg["LEFT"] != 128 or cfg["QREG"] or cfg["PREFETCH"]):
+        raise ValueError(f"mla_sm90 config: TILED (per-piece key-block barriers) needs LEFT 128, QREG 0 and PREFETCH "
+                         f"off (its pieces follow consumer 0's 128 output columns and Q in shared memory), got LEFT "
+                         f"{cfg['LEFT']!r}, QREG {cfg['QREG']!r}, PREFETCH {cfg['PREFETCH']!r}")
     if cfg["QREG"] not in (0, 256):
         raise ValueError(f"mla_sm90 config: QREG (Q's latent columns in registers) must be 0 or 256, got {cfg['QREG']!r}")
     if cfg["QREG"] and (cfg["LEFT"] != 128 or cfg["PREFETCH"]):
         raise ValueError(f"mla_sm90 config: QREG 256 needs LEFT 128 and PREFETCH off (else consumer 0's registers "
                          f"spill), got LEFT {cfg['LEFT']!r}, PREFETCH {cfg['PREFETCH']!r}")
-    need = smem_bytes(cfg["STAGES"])
+    need = smem_bytes(cfg["STAGES"], tiled=cfg["TILED"])
     if need > SMEM_BYTES:
         raise ValueError(f"mla_sm90 config: STAGES {cfg['STAGES']} need {need} bytes of shared memory, more than the "
                          f"{SMEM_BYTES} an SM has")
@@ -270,10 +294,12 @@ if HAVE_GLUON:
                 Q, SEQ, O, LSE, OP, LP, stride_qb, stride_qh, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps,
                 stride_lb, stride_lh, stride_lsb, stride_lsh, chunk, score_scale, out_scale,
                 SINGLE: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr, LEFT: gl.constexpr,
-                PREFETCH: gl.constexpr, QREG: gl.constexpr, LAZY: gl.constexpr, flag_smem):
+                PREFETCH: gl.constexpr, QREG: gl.constexpr, LAZY: gl.constexpr, flag_smem, TILED: gl.constexpr):
         """Consumer 0: the scores, the softmax and output columns [0, LEFT); with ``QREG`` the
         scores' first QREG latent columns of Q from registers; with ``LAZY`` the lazy rescale
-        (``_softmax_step``), its flag published for consumer 1."""
+        (``_softmax_step``), its flag published for consumer 1; with ``TILED`` the scores issued
+        piece by piece as the block lands, and the pieces only they read (the rope; consumer 1's
+        columns, for its part) freed as soon as they retired."""
         s_layout: gl.constexpr = wgmma_layout(64)
         o_layout: gl.constexpr = wgmma_layout(LEFT)
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
@@ -294,7 +320,14 @@ if HAVE_GLUON:
                 sc = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
             for j in range(n_blocks):
                 st = j % STAGES
-                if not PREFETCH:  # this block's scores now: its slot had a whole block to load
+                if TILED:  # this block's scores as its pieces land; then the rope and [128, 512) are ours no more
+                    s_tok = _qk_tiled(q_smem, q_pe, kv_bufs, pe_bufs, kv_ready, st, (j // STAGES) & 1, sc)
+                    sc = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
+                    _cta_barrier()
+                    mbarrier.arrive(kv_empty.index(4 * st))
+                    mbarrier.arrive(kv_empty.index(4 * st + 2))
+                    mbarrier.arrive(kv_empty.index(4 * st + 3))
+                elif not PREFETCH:  # this block's scores now: its slot had a whole block to load
                     mbarrier.wait(kv_ready.index(st), (j // STAGES) & 1)
                     s_tok = _qk(q_smem, q_pe, kv_bufs, pe_bufs, st, sc, q_reg, QREG)
                     sc = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
@@ -311,10 +344,23 @@ if HAVE_GLUON:
                     acc, p_op, sc = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op, s_nxt))
                 else:
                     acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
-                release(kv_empty.index(st))
+                if TILED:  # latent [0, 128): its P V retired
+                    release(kv_empty.index(4 * st + 1))
+                else:
+                    release(kv_empty.index(st))
         _write_out_scorer(acc, l_i, m_i, l_smem, l_ready, O, LSE, OP, LP, b, s, n_blocks, stride_ob, stride_oh,
                           stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, out_scale,
                           o_layout, SINGLE, STORE_LSE)
+
+    @gluon.jit
+    def _split_producer(kv_desc, pe_desc, kv_bufs, pe_bufs, kv_ready, kv_empty, SEQ, BT, stride_bt, chunk, PAGE,
+                        STAGES: gl.constexpr, TILED: gl.constexpr):
+        """The split kernel's producer warp: whole key blocks (``_producer``) or, ``TILED``, their
+        pieces through the [64, 64] descriptor (``_producer_tiled``)."""
+        if TILED:
+            _producer_tiled(pe_desc, kv_bufs, pe_bufs, kv_ready, kv_empty, SEQ, BT, stride_bt, chunk, PAGE, STAGES)
+        else:
+            _producer(kv_desc, pe_desc, kv_bufs, pe_bufs, kv_ready, kv_empty, SEQ, BT, stride_bt, chunk, PAGE, STAGES)
 
     @gluon.jit
     def _pv_part(acc, p_smem, kv_st, alpha, tok0, end, COL0: gl.constexpr, grow=1):
@@ -333,10 +379,11 @@ if HAVE_GLUON:
     def _right(kv_bufs, p_bufs, alpha_smem, l_smem, kv_ready, kv_empty, p_ready, p_free, l_ready, SEQ, O, LSE, OP,
                LP, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb,
                stride_lsh, chunk, out_scale, SINGLE: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr,
-               LEFT: gl.constexpr, LAZY: gl.constexpr, flag_smem):
+               LEFT: gl.constexpr, LAZY: gl.constexpr, flag_smem, TILED: gl.constexpr):
         """Consumer 1: output columns [LEFT, 512), P from shared memory: [256, 512) in one
         accumulator, with LEFT = 128 columns [128, 256) in a second (a slice of the key block
-        starts at a multiple of its width)."""
+        starts at a multiple of its width). ``TILED``: both products issued at once, [128, 256)
+        first, each piece freed as its product retires."""
         la: gl.constexpr = wgmma_layout(256)
         lb: gl.constexpr = wgmma_layout(256 - LEFT if LEFT < 256 else 256)
         NP: gl.constexpr = p_bufs.shape[0]
@@ -347,18 +394,39 @@ if HAVE_GLUON:
         for j in range(n_blocks):
             st = j % STAGES
             pb = j % NP
-            mbarrier.wait(kv_ready.index(st), (j // STAGES) & 1)
+            if TILED:  # (P_j follows all of block j; these waits make its pieces' bytes ours to read)
+                mbarrier.wait(kv_ready.index(4 * st + 2), (j // STAGES) & 1)
+                mbarrier.wait(kv_ready.index(4 * st + 3), (j // STAGES) & 1)
+            else:
+                mbarrier.wait(kv_ready.index(st), (j // STAGES) & 1)
             mbarrier.wait(p_ready.index(pb), (j // NP) & 1)
             tok0 = start + j * 64
             grow = _read_flag(flag_smem, pb) if LAZY else 1
-            acc_a = _pv_part(acc_a, p_bufs.index(pb), kv_bufs.index(st), alpha_smem.index(pb).load(gl.SliceLayout(1, la)),
-                             tok0, end, 256, grow)
-            if LEFT < 256:
-                acc_b = _pv_part(acc_b, p_bufs.index(pb), kv_bufs.index(st),
-                                 alpha_smem.index(pb).load(gl.SliceLayout(1, lb)), tok0, end, LEFT, grow)
-            _cta_barrier()
-            mbarrier.arrive(p_free.index(pb))
-            mbarrier.arrive(kv_empty.index(st))
+            if TILED:  # both products in flight, [128, 256) first; each piece freed as its product retires
+                kv = kv_bufs.index(st)
+                if tok0 + 64 > end:
+                    _zero_tail(kv.slice(LEFT, 256 - LEFT, dim=1), end - tok0)
+                    _zero_tail(kv.slice(256, 256, dim=1), end - tok0)
+                if grow != 0:  # (without LAZY the constant 1)
+                    acc_b = acc_b * alpha_smem.index(pb).load(gl.SliceLayout(1, lb))[:, None]
+                    acc_a = acc_a * alpha_smem.index(pb).load(gl.SliceLayout(1, la))[:, None]
+                t_b = warpgroup_mma(p_bufs.index(pb), kv.slice(LEFT, 256 - LEFT, dim=1), acc_b, is_async=True)
+                t_a = warpgroup_mma(p_bufs.index(pb), kv.slice(256, 256, dim=1), acc_a, is_async=True)
+                acc_b = warpgroup_mma_wait(num_outstanding=1, deps=(t_b,))
+                release(kv_empty.index(4 * st + 2))
+                acc_a = warpgroup_mma_wait(num_outstanding=0, deps=(t_a,))
+                _cta_barrier()
+                mbarrier.arrive(p_free.index(pb))
+                mbarrier.arrive(kv_empty.index(4 * st + 3))
+            else:
+                acc_a = _pv_part(acc_a, p_bufs.index(pb), kv_bufs.index(st),
+                                 alpha_smem.index(pb).load(gl.SliceLayout(1, la)), tok0, end, 256, grow)
+                if LEFT < 256:
+                    acc_b = _pv_part(acc_b, p_bufs.index(pb), kv_bufs.index(st),
+                                     alpha_smem.index(pb).load(gl.SliceLayout(1, lb)), tok0, end, LEFT, grow)
+                _cta_barrier()
+                mbarrier.arrive(p_free.index(pb))
+                mbarrier.arrive(kv_empty.index(st))
         mbarrier.wait(l_ready, 0)
         _write_out_l(acc_a, l_smem, O, LSE, OP, LP, b, s, n_blocks, stride_ob, stride_oh, stride_pb, stride_ph,
                      stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, out_scale, 256, la, SINGLE, STORE_LSE)
@@ -373,9 +441,11 @@ if HAVE_GLUON:
                          stride_lb, stride_lh, stride_lsb, stride_lsh, chunk, PAGE, score_scale, out_scale,
                          SINGLE: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr, LEFT: gl.constexpr,
                          PREFETCH: gl.constexpr, QREG: gl.constexpr, LAZY: gl.constexpr,
-                         CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr, PDL: gl.constexpr = False):
+                         CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr, PDL: gl.constexpr = False,
+                         TILED: gl.constexpr = False):
         """Grid (heads / 64, B, splits). The default partition (4 warps) is consumer 0, a 4-warp
-        worker consumer 1, a 1-warp worker the TMA producer."""
+        worker consumer 1, a 1-warp worker the TMA producer. ``TILED``: a ready and a free mbarrier
+        per piece of a slot (``TILE_GROUPS``; ``_producer_tiled``)."""
         gl.static_assert(num_warps == 4, "the default partition is one warpgroup")
         dtype: gl.constexpr = kv_desc.dtype
         DL: gl.constexpr = kv_desc.block_type.shape[1]
@@ -388,15 +458,21 @@ if HAVE_GLUON:
         plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
         alpha_smem = gl.allocate_shared_memory(gl.float32, [1, 64], plain)  # indexed to [64]: a rank-1 layout
         l_smem = gl.allocate_shared_memory(gl.float32, [64], plain)
-        kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        NG: gl.constexpr = _TILE_GROUPS if TILED else 1
+        kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES * NG, 1], mbarrier.MBarrierLayout())
+        kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES * NG, 1], mbarrier.MBarrierLayout())
         p_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
         p_free = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
         l_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         # a slot is freed by every consumer warpgroup; P by those reading it from shared memory
         for i in gl.static_range(STAGES):
-            mbarrier.init(kv_ready.index(i), count=1)
-            mbarrier.init(kv_empty.index(i), count=2)
+            if TILED:  # the rope and latent [0, 128) freed by consumer 0 alone, the other two by both
+                for g in gl.static_range(_TILE_GROUPS):
+                    mbarrier.init(kv_ready.index(NG * i + g), count=1)
+                    mbarrier.init(kv_empty.index(NG * i + g), count=1 if g < 2 else 2)
+            else:
+                mbarrier.init(kv_ready.index(i), count=1)
+                mbarrier.init(kv_empty.index(i), count=2)
         for i in gl.static_range(1):
             mbarrier.init(p_ready.index(i), count=1)
             mbarrier.init(p_free.index(i), count=1)
@@ -409,12 +485,14 @@ if HAVE_GLUON:
             (_scorer, (q_smem, q_pe, kv_bufs, pe_bufs, p_bufs, alpha_smem, l_smem, kv_ready, kv_empty, p_ready,
                        p_free, l_ready, Q, SEQ, O, LSE, OP, LP, stride_qb, stride_qh, stride_ob, stride_oh,
                        stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, chunk,
-                       score_scale, out_scale, SINGLE, STORE_LSE, STAGES, LEFT, PREFETCH, QREG, LAZY, flag_smem)),
+                       score_scale, out_scale, SINGLE, STORE_LSE, STAGES, LEFT, PREFETCH, QREG, LAZY, flag_smem,
+                       TILED)),
             (_right, (kv_bufs, p_bufs, alpha_smem, l_smem, kv_ready, kv_empty, p_ready, p_free, l_ready, SEQ, O,
                       LSE, OP, LP, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
-                      stride_lsb, stride_lsh, chunk, out_scale, SINGLE, STORE_LSE, STAGES, LEFT, LAZY, flag_smem)),
-            (_producer, (kv_desc, pe_desc, kv_bufs, pe_bufs, kv_ready, kv_empty, SEQ, BT, stride_bt, chunk, PAGE,
-                         STAGES)),
+                      stride_lsb, stride_lsh, chunk, out_scale, SINGLE, STORE_LSE, STAGES, LEFT, LAZY, flag_smem,
+                      TILED)),
+            (_split_producer, (kv_desc, pe_desc, kv_bufs, pe_bufs, kv_ready, kv_empty, SEQ, BT, stride_bt, chunk,
+                               PAGE, STAGES, TILED)),
         ], [4, 1], [CONSUMER_REGS, _PRODUCER_REGS])
 
     @gluon.jit
@@ -662,4 +740,5 @@ def mla_sm90_split(q, kv_cache, block_table, seq_lens, out, lse, op, lp, chunk, 
     else:
         pdl = bool(cfg["PDL"])
         _mla_sm90_kernel[(nh // BLOCK_H, bsz, num_splits)](*args, PREFETCH=bool(cfg["PREFETCH"]), QREG=cfg["QREG"],
-                                                           LAZY=bool(cfg["LAZY"]), PDL=pdl, launch_pdl=pdl, **common)
+                                                           LAZY=bool(cfg["LAZY"]), PDL=pdl, TILED=bool(cfg["TILED"]),
+                                                           launch_pdl=pdl, **common)

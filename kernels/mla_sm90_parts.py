@@ -53,6 +53,54 @@ if HAVE_GLUON:
         _tma_load(pe_desc, [row, kv_desc.block_type.shape[1]], ready, pe_buf)
 
     @gluon.jit
+    def _load_piece(tile_desc, row, ready, dst, C0: gl.constexpr, NT: gl.constexpr):
+        """``NT`` [64, 64] tiles of a key block's row (from column ``C0``) into ``dst``, landing on
+        one mbarrier."""
+        mbarrier.expect(ready, NT * tile_desc.block_type.nbytes)
+        for t in gl.static_range(NT):
+            _tma_load(tile_desc, [row, C0 + 64 * t], ready, dst.slice(64 * t, 64, dim=1))
+
+    @gluon.jit
+    def _producer_tiled(tile_desc, kv_bufs, pe_bufs, kv_ready, kv_empty, SEQ, BT, stride_bt, chunk, PAGE,
+                        STAGES: gl.constexpr):
+        """The producer warp of the split schedule's ``TILED`` build: each key block in four pieces
+        with a ready and a free mbarrier each (slot st's are 4 st + piece): the rope, latent
+        columns [0, 128), [128, 256) and [256, 512), in the order their readers free them, each
+        loaded as soon as its piece of the slot is free rather than once the whole slot is."""
+        b, s, start, end, n_blocks = _span(SEQ, chunk, 64)
+        for j in range(n_blocks):
+            st = j % STAGES
+            ph = ((j // STAGES) & 1) ^ 1  # the first pass is free
+            tok = start + j * 64
+            page = gl.load(BT + b.to(gl.int64) * stride_bt + tok // PAGE)
+            row = (page * PAGE + tok % PAGE).to(gl.int32)
+            kv = kv_bufs.index(st)
+            mbarrier.wait(kv_empty.index(4 * st), ph)
+            _load_piece(tile_desc, row, kv_ready.index(4 * st), pe_bufs.index(st), 512, 1)
+            mbarrier.wait(kv_empty.index(4 * st + 1), ph)
+            _load_piece(tile_desc, row, kv_ready.index(4 * st + 1), kv.slice(0, 128, dim=1), 0, 2)
+            mbarrier.wait(kv_empty.index(4 * st + 2), ph)
+            _load_piece(tile_desc, row, kv_ready.index(4 * st + 2), kv.slice(128, 128, dim=1), 128, 2)
+            mbarrier.wait(kv_empty.index(4 * st + 3), ph)
+            _load_piece(tile_desc, row, kv_ready.index(4 * st + 3), kv.slice(256, 256, dim=1), 256, 4)
+
+    @gluon.jit
+    def _qk_tiled(q_smem, q_pe, kv_bufs, pe_bufs, kv_ready, st, ph, regs):
+        """``_qk`` on the ``TILED`` build's pieces, each product issued as its piece lands (the
+        rope, then latent columns [0, 128), [128, 256), [256, 512))."""
+        kv = kv_bufs.index(st)
+        mbarrier.wait(kv_ready.index(4 * st), ph)
+        tok = warpgroup_mma(q_pe, pe_bufs.index(st).permute((1, 0)), regs, use_acc=False, is_async=True)
+        mbarrier.wait(kv_ready.index(4 * st + 1), ph)
+        tok = warpgroup_mma(q_smem.slice(0, 128, dim=1), kv.slice(0, 128, dim=1).permute((1, 0)), tok, is_async=True)
+        mbarrier.wait(kv_ready.index(4 * st + 2), ph)
+        tok = warpgroup_mma(q_smem.slice(128, 128, dim=1), kv.slice(128, 128, dim=1).permute((1, 0)), tok,
+                            is_async=True)
+        mbarrier.wait(kv_ready.index(4 * st + 3), ph)
+        return warpgroup_mma(q_smem.slice(256, 256, dim=1), kv.slice(256, 256, dim=1).permute((1, 0)), tok,
+                             is_async=True)
+
+    @gluon.jit
     def _zero_tail(v_cols, valid):
         """Rows >= ``valid`` of a column slice of a key block's latent rows -> 0 (the cache slots
         past the sequence may hold anything); the products read it through the async proxy,

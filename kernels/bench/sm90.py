@@ -97,7 +97,8 @@ def gluon_sm90_build(fn, sig: dict, consts: dict, num_warps: int, maxnreg: int |
     """Compile a Gluon kernel for sm_90a on this machine (no GPU needed) and report what ptxas and
     the SASS say: registers, spills, whether ptxas serialised its wgmmas (info C7514), the
     warpgroup MMA (QGMMA fp8, HGMMA 16-bit; ``hgmma_reg_a`` those with the A operand in registers)
-    and mma.sync (HMMA) instruction counts, the e4m3 -> f16x2 unpacks (``f8_unpack``), shared memory.
+    and mma.sync (HMMA) instruction counts, the e4m3 -> f16x2 unpacks (``f8_unpack``), the PTX's
+    TMA copies, mbarrier inits, waits and ``expect_tx`` arrivals, PDL's two instructions, shared memory.
     ``sig`` maps the non-constexpr arguments to their types; ``aligned`` names the pointer and
     integer arguments a launch would see divisible by 16 (Triton's launcher specialises them so,
     which is what lets it vectorise their loads). Run it in a process without TRITON_INTERPRET
@@ -134,6 +135,9 @@ def gluon_sm90_build(fn, sig: dict, consts: dict, num_warps: int, maxnreg: int |
                 hgmma_reg_a=len(re.findall(r"HGMMA\.64x\S+ R\d+, R\d+", sass)),
                 gdc_waits=k.asm["ptx"].count("griddepcontrol.wait"),
                 gdc_launches=k.asm["ptx"].count("griddepcontrol.launch_dependents"),
+                tma_loads=k.asm["ptx"].count("cp.async.bulk.tensor"),
+                mbar_inits=k.asm["ptx"].count("mbarrier.init"), mbar_waits=k.asm["ptx"].count("mbarrier.try_wait"),
+                mbar_expects=k.asm["ptx"].count("mbarrier.arrive.expect_tx"),
                 shared=k.metadata.shared, ptxas_info=info.stderr.strip(), ptx=k.asm["ptx"])
 
 
@@ -229,7 +233,7 @@ def mla_sm90_build(config: dict | None = None, single: bool = False, dtype: str 
         return gluon_sm90_build(_mla_sm90_seesaw_kernel, sig, consts, 4, maxnreg)
     consts = {"SINGLE": single, "STORE_LSE": single, "STAGES": cfg["STAGES"], "LEFT": cfg["LEFT"],
               "PREFETCH": bool(cfg["PREFETCH"]), "QREG": cfg["QREG"], "LAZY": bool(cfg["LAZY"]),
-              "CONSUMER_REGS": regs, "num_warps": 4, "PDL": bool(cfg["PDL"])}
+              "CONSUMER_REGS": regs, "num_warps": 4, "PDL": bool(cfg["PDL"]), "TILED": bool(cfg["TILED"])}
     return gluon_sm90_build(_mla_sm90_kernel, sig, consts, 4, maxnreg)
 
 

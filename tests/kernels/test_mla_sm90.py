@@ -63,6 +63,26 @@ def test_the_pdl_build_waits_once_and_is_otherwise_the_same(qreg):
         assert pdl[key] == plain[key], (key, pdl[key], plain[key])
 
 
+@needs_gluon
+@pytest.mark.parametrize("single", [False, True], ids=["splits", "one_split"])
+def test_the_tiled_build_lands_and_frees_a_key_block_in_four_pieces(single):
+    """``TILED``: each key block lands on four mbarriers (one ``expect_tx`` a piece, where the
+    default has one a block), the scores wait for each piece before its product (the producer,
+    consumer 0 and consumer 1 wait 4 + 4 + 2 times a block where the default waits 1 + 1 + 1),
+    and every slot has a ready and a free mbarrier per piece; the products, registers and spills
+    are the default's, and nine TMA copies still move a block."""
+    plain = build("mla_sm90_build", None, single=single)
+    tiled = build("mla_sm90_build", dict(TILED=True), single=single)
+    assert (plain["mbar_expects"], tiled["mbar_expects"]) == (1, 4), (plain, tiled)
+    assert tiled["mbar_waits"] - plain["mbar_waits"] == (4 + 4 + 2) - (1 + 1 + 1), (plain, tiled)
+    stages = sm90.launch_config(None)["STAGES"]
+    assert tiled["mbar_inits"] - plain["mbar_inits"] == 2 * stages * (sm90.TILE_GROUPS - 1), (plain, tiled)
+    assert tiled["tma_loads"] == plain["tma_loads"] == 9, (plain, tiled)
+    for key in ("regs", "spill_bytes", "serialized", "hgmma", "hgmma_reg_a"):
+        assert tiled[key] == plain[key], (key, tiled[key], plain[key])
+    assert sm90.smem_bytes(stages, tiled=True) - 1024 <= tiled["shared"] <= sm90.SMEM_BYTES, tiled
+
+
 def test_the_merge_behind_a_pdl_split_waits_before_it_reads_the_partials():
     """With the split kernel's PDL the merge is launched behind it the same way: it may start
     while the split kernel still writes, so its wait comes before its first global load; without
@@ -147,7 +167,20 @@ def test_the_seesaw_build(single, lazy):
 
 def test_a_config_is_checked_before_launch():
     assert sm90.launch_config(None) == dict(STAGES=2, LEFT=128, PREFETCH=False, QREG=0, LAZY=False, PDL=False,
-                                            SCHEDULE="split")
+                                            TILED=False, SCHEDULE="split")
+    assert sm90.launch_config(dict(TILED=True, LAZY=True, PDL=True))["TILED"] is True
+    with pytest.raises(ValueError, match="TILED .* must be true or false, got 'on'"):
+        sm90.launch_config(dict(TILED="on"))
+    with pytest.raises(ValueError, match="TILED .* needs LEFT 128, QREG 0 and PREFETCH off .* got LEFT 128, QREG 256"):
+        sm90.launch_config(dict(TILED=True, QREG=256))
+    with pytest.raises(ValueError, match="TILED .* needs .* got LEFT 256, QREG 0, PREFETCH False"):
+        sm90.launch_config(dict(TILED=True, LEFT=256))
+    with pytest.raises(ValueError, match="TILED .* needs .* PREFETCH True"):
+        sm90.launch_config(dict(TILED=True, PREFETCH=True))
+    with pytest.raises(ValueError, match="TILED .* applies to the split schedule only"):
+        sm90.launch_config(dict(SCHEDULE="seesaw", TILED=True))
+    with pytest.raises(ValueError, match=r"fp8 cache\): \['TILED'\] do not apply"):
+        sm90.launch_config(dict(TILED=True), fp8=True)
     assert sm90.launch_config(dict(PDL=True, QREG=256))["PDL"] is True
     with pytest.raises(ValueError, match="PDL .* must be true or false, got 1"):
         sm90.launch_config(dict(PDL=1))
@@ -183,8 +216,8 @@ def test_a_config_is_checked_before_launch():
         sm90.launch_config(dict(SCHEDULE="seesaw"), fp8=True)
     with pytest.raises(ValueError, match=r"unknown keys \['BLOCK_H'\]"):
         sm90.launch_config(dict(BLOCK_H=32))
-    with pytest.raises(ValueError, match=r"unknown keys \['TILED'\]"):  # the seesaw's keys are checked too
-        sm90.launch_config(dict(SCHEDULE="seesaw", TILED=True))
+    with pytest.raises(ValueError, match=r"unknown keys \['BLOCK_H'\]"):  # the seesaw's keys are checked too
+        sm90.launch_config(dict(SCHEDULE="seesaw", BLOCK_H=32))
     with pytest.raises(ValueError, match="STAGES must be an int >= 2"):
         sm90.launch_config(dict(STAGES=1))
     with pytest.raises(ValueError, match="LEFT .* must be 128 or 256, got 192"):
@@ -277,9 +310,9 @@ def _check(lens, heads=128, dtype=torch.bfloat16, page=64, num_splits=None, conf
 @pytest.mark.parametrize("config", [None, dict(LEFT=256), dict(PREFETCH=True), dict(QREG=256), dict(LAZY=True),
                                     dict(LAZY=True, QREG=256), dict(SCHEDULE="seesaw"),
                                     dict(SCHEDULE="seesaw", LAZY=True), dict(rule="fill", resident=2), dict(PDL=True),
-                                    dict(PDL=True, QREG=256)],
+                                    dict(PDL=True, QREG=256), dict(TILED=True), dict(TILED=True, LAZY=True, PDL=True)],
                          ids=["default", "left_256", "prefetch", "qreg", "lazy", "lazy_qreg", "seesaw", "seesaw_lazy",
-                              "split_policy", "pdl", "pdl_qreg"])
+                              "split_policy", "pdl", "pdl_qreg", "tiled", "tiled_lazy_pdl"])
 def test_ragged_batch_matches_the_reference(num_splits, config):
     # empty, one token, one block exactly, partial blocks either side of one, several blocks
     # (for the seesaw's pairs: one block alone, a partial second block, odd and even counts)
@@ -311,8 +344,8 @@ def test_pdl_reads_what_the_kernel_before_it_wrote(num_splits):
 @needs_hopper
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("config", [None, dict(LAZY=True), dict(LAZY=True, QREG=256), dict(SCHEDULE="seesaw"),
-                                    dict(SCHEDULE="seesaw", LAZY=True)],
-                         ids=["default", "lazy", "lazy_qreg", "seesaw", "seesaw_lazy"])
+                                    dict(SCHEDULE="seesaw", LAZY=True), dict(TILED=True, LAZY=True)],
+                         ids=["default", "lazy", "lazy_qreg", "seesaw", "seesaw_lazy", "tiled_lazy"])
 def test_a_rising_maximum_matches_the_reference(config):
     """Keys growing along each sequence (page k scaled by 1 + k / 2): the running maximum rises
     by more than the lazy rescale's 2^8 slack again and again, so both of its paths run, P
@@ -337,7 +370,8 @@ def test_fp8_with_a_rising_maximum_matches_the_reference(config):
     dict(lens=[300, 517], page=128),  # 64-token blocks inside larger pages
     dict(lens=[4096] * 4, num_splits=4),
 ], ids=["fp16", "64_heads", "page_128", "long"])
-@pytest.mark.parametrize("config", [None, dict(QREG=256), dict(SCHEDULE="seesaw")], ids=["split", "qreg", "seesaw"])
+@pytest.mark.parametrize("config", [None, dict(QREG=256), dict(SCHEDULE="seesaw"), dict(TILED=True)],
+                         ids=["split", "qreg", "seesaw", "tiled"])
 def test_cases_match_the_reference(case, config):
     _check(seed=11, config=config, **case)
 
