@@ -213,7 +213,7 @@ def launch_config(config: dict | None, fp8: bool = False) -> dict:
     its programs are placed while the kernel before it drains, and wait (``griddepcontrol.wait``)
     before their first global access; the merge behind it is launched so too (``mla_decode``).
     ``TILED``: a key block lands and is freed in four pieces with their own mbarriers (with LEFT
-    128, Q in shared memory and no prefetch: the pieces follow who reads which columns).
+    128 and no prefetch: the pieces follow who reads which columns; ``QREG`` too).
     A ``ValueError`` names the field. ``fp8``: ``launch_config_fp8``."""
     if fp8:
         if (config or {}).get("SCHEDULE", "split") != "split":
@@ -255,10 +255,10 @@ def launch_config(config: dict | None, fp8: bool = False) -> dict:
         raise ValueError(f"mla_sm90 config: LEFT (consumer 0's output columns) must be 128 or 256, got {cfg['LEFT']!r}")
     _flag(cfg, "LAZY")
     _flag(cfg, "PDL")
-    if _flag(cfg, "TILED") and (cfg["LEFT"] != 128 or cfg["QREG"] or cfg["PREFETCH"]):
-        raise ValueError(f"mla_sm90 config: TILED (per-piece key-block barriers) needs LEFT 128, QREG 0 and PREFETCH "
-                         f"off (its pieces follow consumer 0's 128 output columns and Q in shared memory), got LEFT "
-                         f"{cfg['LEFT']!r}, QREG {cfg['QREG']!r}, PREFETCH {cfg['PREFETCH']!r}")
+    if _flag(cfg, "TILED") and (cfg["LEFT"] != 128 or cfg["PREFETCH"]):
+        raise ValueError(f"mla_sm90 config: TILED (per-piece key-block barriers) needs LEFT 128 and PREFETCH off (its "
+                         f"pieces follow consumer 0's 128 output columns), got LEFT {cfg['LEFT']!r}, PREFETCH "
+                         f"{cfg['PREFETCH']!r}")
     if cfg["QREG"] not in (0, 256):
         raise ValueError(f"mla_sm90 config: QREG (Q's latent columns in registers) must be 0 or 256, got {cfg['QREG']!r}")
     if cfg["QREG"] and (cfg["LEFT"] != 128 or cfg["PREFETCH"]):
@@ -307,8 +307,13 @@ if HAVE_GLUON:
         b, s, start, end, n_blocks = _span(SEQ, chunk, 64)
         heads = gl.program_id(0) * 64
         _stage_q(q_smem, q_pe, Q + b.to(gl.int64) * stride_qb + heads * stride_qh, stride_qh)
-        q_reg = q_smem.slice(0, QREG, dim=1).load(gl.DotOperandLayout(operand_index=0, parent=s_layout,
-                                                                       k_width=2)) if QREG else 0
+        q_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2)
+        if TILED:  # Q's first QREG latent columns in registers, one tensor per 128-column piece
+            q_reg = q_smem.slice(0, 128, dim=1).load(q_op) if QREG else 0
+            q_reg1 = q_smem.slice(128, 128, dim=1).load(q_op) if QREG else 0
+        else:
+            q_reg = q_smem.slice(0, QREG, dim=1).load(q_op) if QREG else 0
+            q_reg1 = 0
         acc = gl.zeros([64, LEFT], gl.float32, o_layout)
         m_i = gl.full([64], -1.0e30, gl.float32, row_s)
         l_i = gl.zeros([64], gl.float32, row_s)
@@ -321,7 +326,8 @@ if HAVE_GLUON:
             for j in range(n_blocks):
                 st = j % STAGES
                 if TILED:  # this block's scores as its pieces land; then the rope and [128, 512) are ours no more
-                    s_tok = _qk_tiled(q_smem, q_pe, kv_bufs, pe_bufs, kv_ready, st, (j // STAGES) & 1, sc)
+                    s_tok = _qk_tiled(q_smem, q_pe, kv_bufs, pe_bufs, kv_ready, st, (j // STAGES) & 1, sc, q_reg,
+                                      q_reg1, QREG)
                     sc = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
                     _cta_barrier()
                     mbarrier.arrive(kv_empty.index(4 * st))

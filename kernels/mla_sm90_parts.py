@@ -85,17 +85,20 @@ if HAVE_GLUON:
             _load_piece(tile_desc, row, kv_ready.index(4 * st + 3), kv.slice(256, 256, dim=1), 256, 4)
 
     @gluon.jit
-    def _qk_tiled(q_smem, q_pe, kv_bufs, pe_bufs, kv_ready, st, ph, regs):
+    def _qk_tiled(q_smem, q_pe, kv_bufs, pe_bufs, kv_ready, st, ph, regs, q_reg0=0, q_reg1=0,
+                  QREG: gl.constexpr = 0):
         """``_qk`` on the ``TILED`` build's pieces, each product issued as its piece lands (the
-        rope, then latent columns [0, 128), [128, 256), [256, 512))."""
+        rope, then latent columns [0, 128), [128, 256), [256, 512)); with ``QREG`` (256) the first
+        two latent pieces' Q from registers (``q_reg0``, ``q_reg1``)."""
         kv = kv_bufs.index(st)
         mbarrier.wait(kv_ready.index(4 * st), ph)
         tok = warpgroup_mma(q_pe, pe_bufs.index(st).permute((1, 0)), regs, use_acc=False, is_async=True)
         mbarrier.wait(kv_ready.index(4 * st + 1), ph)
-        tok = warpgroup_mma(q_smem.slice(0, 128, dim=1), kv.slice(0, 128, dim=1).permute((1, 0)), tok, is_async=True)
+        a0 = q_reg0 if QREG else q_smem.slice(0, 128, dim=1)
+        tok = warpgroup_mma(a0, kv.slice(0, 128, dim=1).permute((1, 0)), tok, is_async=True)
         mbarrier.wait(kv_ready.index(4 * st + 2), ph)
-        tok = warpgroup_mma(q_smem.slice(128, 128, dim=1), kv.slice(128, 128, dim=1).permute((1, 0)), tok,
-                            is_async=True)
+        a1 = q_reg1 if QREG else q_smem.slice(128, 128, dim=1)
+        tok = warpgroup_mma(a1, kv.slice(128, 128, dim=1).permute((1, 0)), tok, is_async=True)
         mbarrier.wait(kv_ready.index(4 * st + 3), ph)
         return warpgroup_mma(q_smem.slice(256, 256, dim=1), kv.slice(256, 256, dim=1).permute((1, 0)), tok,
                              is_async=True)

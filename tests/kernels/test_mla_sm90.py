@@ -64,15 +64,16 @@ def test_the_pdl_build_waits_once_and_is_otherwise_the_same(qreg):
 
 
 @needs_gluon
-@pytest.mark.parametrize("single", [False, True], ids=["splits", "one_split"])
-def test_the_tiled_build_lands_and_frees_a_key_block_in_four_pieces(single):
+@pytest.mark.parametrize("single,qreg", [(False, 0), (True, 0), (False, 256)], ids=["splits", "one_split", "qreg"])
+def test_the_tiled_build_lands_and_frees_a_key_block_in_four_pieces(single, qreg):
     """``TILED``: each key block lands on four mbarriers (one ``expect_tx`` a piece, where the
     default has one a block), the scores wait for each piece before its product (the producer,
     consumer 0 and consumer 1 wait 4 + 4 + 2 times a block where the default waits 1 + 1 + 1),
     and every slot has a ready and a free mbarrier per piece; the products, registers and spills
-    are the default's, and nine TMA copies still move a block."""
-    plain = build("mla_sm90_build", None, single=single)
-    tiled = build("mla_sm90_build", dict(TILED=True), single=single)
+    are the default's (with ``QREG``, the first two latent pieces' Q from registers: 16 products
+    with A in registers, as without pieces), and nine TMA copies still move a block."""
+    plain = build("mla_sm90_build", dict(QREG=qreg), single=single)
+    tiled = build("mla_sm90_build", dict(TILED=True, QREG=qreg), single=single)
     assert (plain["mbar_expects"], tiled["mbar_expects"]) == (1, 4), (plain, tiled)
     assert tiled["mbar_waits"] - plain["mbar_waits"] == (4 + 4 + 2) - (1 + 1 + 1), (plain, tiled)
     stages = sm90.launch_config(None)["STAGES"]
@@ -171,9 +172,8 @@ def test_a_config_is_checked_before_launch():
     assert sm90.launch_config(dict(TILED=True, LAZY=True, PDL=True))["TILED"] is True
     with pytest.raises(ValueError, match="TILED .* must be true or false, got 'on'"):
         sm90.launch_config(dict(TILED="on"))
-    with pytest.raises(ValueError, match="TILED .* needs LEFT 128, QREG 0 and PREFETCH off .* got LEFT 128, QREG 256"):
-        sm90.launch_config(dict(TILED=True, QREG=256))
-    with pytest.raises(ValueError, match="TILED .* needs .* got LEFT 256, QREG 0, PREFETCH False"):
+    assert sm90.launch_config(dict(TILED=True, QREG=256))["QREG"] == 256
+    with pytest.raises(ValueError, match="TILED .* needs LEFT 128 and PREFETCH off .* got LEFT 256, PREFETCH False"):
         sm90.launch_config(dict(TILED=True, LEFT=256))
     with pytest.raises(ValueError, match="TILED .* needs .* PREFETCH True"):
         sm90.launch_config(dict(TILED=True, PREFETCH=True))
@@ -310,9 +310,10 @@ def _check(lens, heads=128, dtype=torch.bfloat16, page=64, num_splits=None, conf
 @pytest.mark.parametrize("config", [None, dict(LEFT=256), dict(PREFETCH=True), dict(QREG=256), dict(LAZY=True),
                                     dict(LAZY=True, QREG=256), dict(SCHEDULE="seesaw"),
                                     dict(SCHEDULE="seesaw", LAZY=True), dict(rule="fill", resident=2), dict(PDL=True),
-                                    dict(PDL=True, QREG=256), dict(TILED=True), dict(TILED=True, LAZY=True, PDL=True)],
+                                    dict(PDL=True, QREG=256), dict(TILED=True), dict(TILED=True, QREG=256),
+                                    dict(TILED=True, LAZY=True, PDL=True)],
                          ids=["default", "left_256", "prefetch", "qreg", "lazy", "lazy_qreg", "seesaw", "seesaw_lazy",
-                              "split_policy", "pdl", "pdl_qreg", "tiled", "tiled_lazy_pdl"])
+                              "split_policy", "pdl", "pdl_qreg", "tiled", "tiled_qreg", "tiled_lazy_pdl"])
 def test_ragged_batch_matches_the_reference(num_splits, config):
     # empty, one token, one block exactly, partial blocks either side of one, several blocks
     # (for the seesaw's pairs: one block alone, a partial second block, odd and even counts)
@@ -370,8 +371,8 @@ def test_fp8_with_a_rising_maximum_matches_the_reference(config):
     dict(lens=[300, 517], page=128),  # 64-token blocks inside larger pages
     dict(lens=[4096] * 4, num_splits=4),
 ], ids=["fp16", "64_heads", "page_128", "long"])
-@pytest.mark.parametrize("config", [None, dict(QREG=256), dict(SCHEDULE="seesaw"), dict(TILED=True)],
-                         ids=["split", "qreg", "seesaw", "tiled"])
+@pytest.mark.parametrize("config", [None, dict(QREG=256), dict(SCHEDULE="seesaw"), dict(TILED=True),
+                                    dict(TILED=True, QREG=256)], ids=["split", "qreg", "seesaw", "tiled", "tiled_qreg"])
 def test_cases_match_the_reference(case, config):
     _check(seed=11, config=config, **case)
 
