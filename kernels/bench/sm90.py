@@ -199,7 +199,8 @@ def mla_sm90_build(config: dict | None = None, single: bool = False, dtype: str 
     kernel (q and output in ``dtype``)."""
     from triton.experimental.gluon import language as gl
 
-    from kernels.mla_sm90 import BLOCK_N, KV_LORA, ROPE, _mla_sm90_fp8_kernel, _mla_sm90_kernel, launch_config, registers
+    from kernels.mla_sm90 import BLOCK_N, KV_LORA, ROPE, _mla_sm90_kernel, launch_config, registers
+    from kernels.mla_sm90_fp8 import _mla_sm90_fp8_kernel
 
     fp8 = kv == "fp8"
     cfg = launch_config(config, fp8)
