@@ -27,12 +27,12 @@ A key block's slot is freed when both consumers' products retired. Keys past the
 masked (p = 0), and on a partial last block the cache rows past it are zeroed in shared memory
 before the products (an unwritten slot may hold anything, NaN included, and 0 x NaN is NaN).
 
-The fp8 e4m3 cache (``kernels.mla_sm90_fp8``'s ``_mla_sm90_fp8_kernel``): Hopper's 8-bit ``wgmma`` takes K-major operands
-only, and V = the latent rows is N-major in P V, so the products stay 16-bit: the producer
-TMA-loads fp8 key blocks into a ring of ``STAGES``, and each consumer converts its 256 output
-columns of the next block (consumer 0 the rope columns too) into fp16 blocks the products read
-(exact: every e4m3 value is an fp16 value; ``cvt.rn.f16x2.e4m3x2``), rows past the sequence
-written as zeros. With 64-token blocks (the default) Q, one fp16 block and two fp8 ones fill
+The fp8 e4m3 cache (``_mla_sm90_fp8_kernel``, in ``kernels.mla_sm90_fp8``): Hopper's 8-bit
+``wgmma`` takes K-major operands only, and V = the latent rows is N-major in P V, so the products
+stay 16-bit: the producer TMA-loads fp8 key blocks into a ring of ``STAGES``, and each consumer
+converts its 256 output columns of the next block (consumer 0 the rope columns too) into fp16
+blocks the products read (exact: every e4m3 value is an fp16 value; ``cvt.rn.f16x2.e4m3x2``), rows
+past the sequence written as zeros. With 64-token blocks (the default) Q, one fp16 block and two fp8 ones fill
 shared memory, so each consumer converts after its P V of the current block retired (its own
 columns are then free; the scores that read the others precede P); with 32-token blocks two fp16
 blocks fit and the conversion runs under the P V, but the [64, 32] score products read Q from
@@ -66,9 +66,9 @@ its wait before it reads the partials (race 17: 0.97-1.03x the speed without it 
 mbarriers (FlashMLA's kernel keeps one per [64, 64] tile): the rope, latent columns [0, 128),
 [128, 256) and [256, 512). Consumer 0 issues the scores' products piece by piece as they land, and
 frees the rope and its reads of [128, 512) once the scores retired; consumer 1 issues both its
-products at once ([128, 256) first) and frees each piece as its product retires; the producer loads the next block into
-each piece as soon as that piece is free, instead of once the whole slot is (the load of block j + 2
-begins during block j's products instead of after them).
+products at once ([128, 256) first) and frees each piece as its product retires; the producer
+loads the next block into each piece as soon as that piece is free, instead of once the whole slot
+is (the load of block j + 2 begins during block j's products instead of after them).
 
 ``config={"SCHEDULE": "seesaw"}`` runs the bf16 cache on ``kernels.mla_sm90_seesaw`` instead,
 FlashMLA's schedule (two warpgroups scoring alternate blocks); races 11 and 13 timed it at
@@ -106,9 +106,9 @@ BLOCK_H = 64  # heads per program: the rows of one warpgroup MMA
 BLOCK_N = 64  # tokens per key block
 CONFIG_KEYS = ("STAGES", "LEFT", "PREFETCH", "QREG", "LAZY", "PDL", "TILED", "HSTAGES", "BLOCK_N", "SCHEDULE",
                "CONVERT")
-# TILED: a key block's four pieces, each with its own mbarriers (rope, latent [0, 128), [128, 256),
-# [256, 512)), and how many partitions free each (the scores free the rope; consumer 0's P V the first
-# latent piece; the scores and one of consumer 1's products each of the other two)
+# TILED: a key block's four pieces, each with a ready and a free mbarrier (rope, latent [0, 128),
+# [128, 256), [256, 512)); consumer 0 alone frees the first two (after its scores, after its P V),
+# both consumers the other two (consumer 0 after its scores, consumer 1 after its product on them)
 TILE_GROUPS = 4
 if HAVE_GLUON:
     _TILE_GROUPS = gl.constexpr(TILE_GROUPS)
