@@ -370,16 +370,21 @@ if HAVE_GLUON:
             _producer(kv_desc, pe_desc, kv_bufs, pe_bufs, kv_ready, kv_empty, SEQ, BT, stride_bt, chunk, PAGE, STAGES)
 
     @gluon.jit
-    def _pv_part(acc, p_smem, kv_st, alpha, tok0, end, COL0: gl.constexpr, grow=1):
-        """acc (output columns [COL0, COL0 + its width)) rescaled (with ``LAZY`` only when
-        consumer 0's flag ``grow`` says so), + P V of those columns, P from shared memory; a
-        partial last block's rows past the sequence zeroed first."""
+    def _pv_issue(acc, p_smem, kv_st, alpha, tok0, end, COL0: gl.constexpr, grow=1):
+        """Issue acc (output columns [COL0, COL0 + its width)) rescaled (with ``LAZY`` only when
+        consumer 0's flag ``grow`` says so) + P V of those columns, P from shared memory, a
+        partial last block's rows past the sequence zeroed first; returns the product's token."""
         W: gl.constexpr = acc.shape[1]
         if tok0 + 64 > end:
             _zero_tail(kv_st.slice(COL0, W, dim=1), end - tok0)
         if grow != 0:  # (without LAZY the constant 1)
             acc = acc * alpha[:, None]
-        tok = warpgroup_mma(p_smem, kv_st.slice(COL0, W, dim=1), acc, is_async=True)
+        return warpgroup_mma(p_smem, kv_st.slice(COL0, W, dim=1), acc, is_async=True)
+
+    @gluon.jit
+    def _pv_part(acc, p_smem, kv_st, alpha, tok0, end, COL0: gl.constexpr, grow=1):
+        """``_pv_issue``, waited."""
+        tok = _pv_issue(acc, p_smem, kv_st, alpha, tok0, end, COL0, grow)
         return warpgroup_mma_wait(num_outstanding=0, deps=(tok,))
 
     @gluon.jit
@@ -410,15 +415,10 @@ if HAVE_GLUON:
             tok0 = start + j * 64
             grow = _read_flag(flag_smem, pb) if LAZY else 1
             if TILED:  # both products in flight, [128, 256) first; each piece freed as its product retires
-                kv = kv_bufs.index(st)
-                if tok0 + 64 > end:
-                    _zero_tail(kv.slice(LEFT, 256 - LEFT, dim=1), end - tok0)
-                    _zero_tail(kv.slice(256, 256, dim=1), end - tok0)
-                if grow != 0:  # (without LAZY the constant 1)
-                    acc_b = acc_b * alpha_smem.index(pb).load(gl.SliceLayout(1, lb))[:, None]
-                    acc_a = acc_a * alpha_smem.index(pb).load(gl.SliceLayout(1, la))[:, None]
-                t_b = warpgroup_mma(p_bufs.index(pb), kv.slice(LEFT, 256 - LEFT, dim=1), acc_b, is_async=True)
-                t_a = warpgroup_mma(p_bufs.index(pb), kv.slice(256, 256, dim=1), acc_a, is_async=True)
+                t_b = _pv_issue(acc_b, p_bufs.index(pb), kv_bufs.index(st),
+                                alpha_smem.index(pb).load(gl.SliceLayout(1, lb)), tok0, end, LEFT, grow)
+                t_a = _pv_issue(acc_a, p_bufs.index(pb), kv_bufs.index(st),
+                                alpha_smem.index(pb).load(gl.SliceLayout(1, la)), tok0, end, 256, grow)
                 acc_b = warpgroup_mma_wait(num_outstanding=1, deps=(t_b,))
                 release(kv_empty.index(4 * st + 2))
                 acc_a = warpgroup_mma_wait(num_outstanding=0, deps=(t_a,))

@@ -43,11 +43,16 @@ if HAVE_GLUON:
                         start + j * BN, BT, stride_bt, PAGE)
 
     @gluon.jit
+    def _block_row(BT, b, stride_bt, tok, PAGE):
+        """The cache row of token ``tok`` of sequence b (a key block's first), through its page."""
+        page = gl.load(BT + b.to(gl.int64) * stride_bt + tok // PAGE)
+        return (page * PAGE + tok % PAGE).to(gl.int32)
+
+    @gluon.jit
     def _load_block(kv_desc, pe_desc, kv_buf, pe_buf, ready, b, tok, BT, stride_bt, PAGE):
         """The key block starting at token ``tok`` of sequence b, latent and rope rows, from its page
         into one slot, landing on ``ready``."""
-        page = gl.load(BT + b.to(gl.int64) * stride_bt + tok // PAGE)
-        row = (page * PAGE + tok % PAGE).to(gl.int32)
+        row = _block_row(BT, b, stride_bt, tok, PAGE)
         mbarrier.expect(ready, kv_desc.block_type.nbytes + pe_desc.block_type.nbytes)
         _tma_load(kv_desc, [row, 0], ready, kv_buf)
         _tma_load(pe_desc, [row, kv_desc.block_type.shape[1]], ready, pe_buf)
@@ -71,9 +76,7 @@ if HAVE_GLUON:
         for j in range(n_blocks):
             st = j % STAGES
             ph = ((j // STAGES) & 1) ^ 1  # the first pass is free
-            tok = start + j * 64
-            page = gl.load(BT + b.to(gl.int64) * stride_bt + tok // PAGE)
-            row = (page * PAGE + tok % PAGE).to(gl.int32)
+            row = _block_row(BT, b, stride_bt, start + j * 64, PAGE)
             kv = kv_bufs.index(st)
             mbarrier.wait(kv_empty.index(4 * st), ph)
             _load_piece(tile_desc, row, kv_ready.index(4 * st), pe_bufs.index(st), 512, 1)

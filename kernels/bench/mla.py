@@ -87,8 +87,7 @@ MLA_SM90 = {"sm90": dict(KERNEL="sm90"), "sm90_qreg": dict(KERNEL="sm90", QREG=2
             "sm90_seesaw_lazy": dict(KERNEL="sm90", SCHEDULE="seesaw", LAZY=True),
             "sm90_r2": dict(KERNEL="sm90", resident=2), "sm90_pdl": dict(KERNEL="sm90", PDL=True),
             "sm90_qreg_pdl": dict(KERNEL="sm90", QREG=256, PDL=True), "sm90_tiled": dict(KERNEL="sm90", TILED=True),
-            "sm90_tiled_qreg": dict(KERNEL="sm90", TILED=True, QREG=256),
-            "sm90_tiled_pdl": dict(KERNEL="sm90", TILED=True, PDL=True)}
+            "sm90_tiled_qreg": dict(KERNEL="sm90", TILED=True, QREG=256)}
 # its fp8-cache path (fp8 blocks converted to fp16 in shared memory): the default (64-token
 # blocks, 2 fp8 and 1 fp16, the consumers converting) and sm90_convert, a converter warpgroup
 # (kernels/mla_sm90_convert.py). The 32-token rings (BLOCK_N 32 with 4 fp8 and 2 fp16 or 2 fp8
