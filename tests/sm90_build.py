@@ -1,6 +1,8 @@
 """What the Gluon Hopper kernels' tests share: whether a Hopper GPU is here, and their sm_90a
-build in a process of their own (kernels/bench/sm90.py's reports), without TRITON_INTERPRET: the
-interpreter, which the CPU test runs set, patches Triton's language for the process it runs in."""
+build (kernels/bench/sm90.py's reports) in a separate process, one per test process and kept
+between builds, started without TRITON_INTERPRET: the interpreter, which the CPU test runs set,
+patches Triton's language for the process it runs in. The build process takes the environment
+of its start, so a test that changes the environment for a build must ``_stop()`` it first."""
 
 import atexit
 import json
