@@ -24,7 +24,8 @@ needs_hopper = pytest.mark.skipif(not HOPPER, reason="the Gluon kernels run only
 
 # One build process per test process, kept between builds: importing torch and Triton costs
 # about as much as one sm_90a build (2.5 s each on 2 cores), and a test file asks for dozens.
-# Replies are the lines that start with _MARK (whatever else the compiler prints is skipped).
+# Replies are the lines that start with _MARK, each with its request's id (whatever else the
+# compiler prints is skipped).
 _MARK = "@@sm90-build@@ "
 _SERVE = (
     "import json, sys, traceback\n"
@@ -90,10 +91,10 @@ def build(report: str, *args, **kwargs) -> dict:
         _worker.stdin.flush()
     except BrokenPipeError:
         _died(report, args)
-    deadline, buf, mark = time.monotonic() + BUILD_TIMEOUT_S, b"", f'{_MARK}{{"id": {_asked},'.encode()
+    deadline, buf, reply = time.monotonic() + BUILD_TIMEOUT_S, b"", None
     with selectors.DefaultSelector() as sel:  # raw reads: a buffered reader hides lines from select
         sel.register(_worker.stdout, selectors.EVENT_READ)
-        while mark not in buf or b"\n" not in buf.split(mark, 1)[1]:
+        while reply is None:
             left = deadline - time.monotonic()
             if left <= 0 or not sel.select(left):
                 _stop()
@@ -101,7 +102,8 @@ def build(report: str, *args, **kwargs) -> dict:
             chunk = os.read(_worker.stdout.fileno(), 1 << 16)
             if not chunk:
                 _died(report, args)
-            buf += chunk
-    reply = json.loads((mark[len(_MARK):] + buf.split(mark, 1)[1].split(b"\n", 1)[0]).decode())
+            *lines, buf = (buf + chunk).split(b"\n")
+            replies = [json.loads(line[len(_MARK):]) for line in lines if line.startswith(_MARK.encode())]
+            reply = next((r for r in replies if r["id"] == _asked), None)  # earlier ids: builds given up
     assert "ok" in reply, reply.get("error")
     return reply["ok"]
