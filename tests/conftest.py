@@ -10,7 +10,8 @@
   lines in its report.
 
 Tiers (markers registered in pyproject.toml): ``integration`` tests start real servers or
-tools (vLLM, promtool); ``slow`` tests are CPU-heavy (the Triton interpreter, the policy
+tools (vLLM, promtool, Prometheus; tests/tool_guard.py refuses one started by a test
+without the marker); ``slow`` tests are CPU-heavy (the Triton interpreter, the policy
 proof matrix); ``engine`` tests need the engine extra, which the quick-start environment
 lacks (tests/engine_extra.py). The fast tier is
 ``-m "not integration and not slow and not engine"``. Tests that start
@@ -41,7 +42,17 @@ from server_scheduling import (  # noqa: E402,F401  - hooks: the server files' s
     pytest_xdist_make_scheduler,
     timeout_paused,
 )
+from tool_guard import (  # noqa: E402,F401  - hooks: which test is running, for the guard
+    pytest_runtest_call,
+    pytest_runtest_setup,
+    pytest_runtest_teardown,
+)
 from vllm_harness import ServerPool, make_tiny_model  # noqa: E402
+import tool_guard  # noqa: E402
+
+# A test that starts a tool the quick start lacks must carry the markers that leave it out of
+# the fast tier (tests/tool_guard.py).
+tool_guard.install()
 
 VLLM_AVAILABLE = importlib.util.find_spec("vllm") is not None
 
@@ -140,6 +151,9 @@ _KERNELS = _TESTS / "kernels"
 # Fixtures that need the engine extra: the tiny models are written with torch, safetensors
 # and tokenizers (vllm_harness.make_tiny_model); the servers are vLLM.
 ENGINE_FIXTURES = frozenset({"tiny_models_dir", "vllm_server"})
+# Fixtures that start a server the quick start lacks (.ci/run installs it); tests/tool_guard.py
+# refuses such a process in a test without the integration marker.
+INTEGRATION_FIXTURES = frozenset({"s3", "prometheus"})
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -155,8 +169,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         # for the kernels, torch, safetensors and tokenizers for the tiny models, vLLM.
         if in_kernels or ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.engine)
-        # Tests of the weights tool against a real S3 server process (tests/test_runtime_weights.py).
-        if "s3" in getattr(item, "fixturenames", ()):
+        # Real server processes behind fixtures: an S3 server (tests/test_runtime_weights.py), a
+        # Prometheus (tests/test_gpu_health.py, tests/test_dashboard_ranks.py).
+        if INTEGRATION_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
 
 

@@ -189,6 +189,8 @@ def _router_accepts(args: list[str], tmp_path) -> str:
         proc.wait()
 
 
+@pytest.mark.integration  # a real vllm-router process
+@pytest.mark.engine  # vllm-router comes with the engine extra
 @pytest.mark.parametrize("stack,changes,mode", [
     ("prod", {}, "dp_aware"),
     ("dev", {"rollout__enabled": False}, "cache_aware"),
