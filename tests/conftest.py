@@ -10,8 +10,8 @@
   lines in its report.
 
 Tiers (markers registered in pyproject.toml): ``integration`` tests start real servers or
-tools (vLLM, promtool, Prometheus; tests/tool_guard.py refuses one started by a test
-without the marker); ``slow`` tests are CPU-heavy (the Triton interpreter, the policy
+tools (vLLM, promtool, Prometheus; tests/quick_start_guard.py refuses one started by a
+test without the marker); ``slow`` tests are CPU-heavy (the Triton interpreter, the policy
 proof matrix); ``engine`` tests need the engine extra, which the quick-start environment
 lacks (tests/engine_extra.py). The fast tier is
 ``-m "not integration and not slow and not engine"``. Tests that start
@@ -42,17 +42,17 @@ from server_scheduling import (  # noqa: E402,F401  - hooks: the server files' s
     pytest_xdist_make_scheduler,
     timeout_paused,
 )
-from tool_guard import (  # noqa: E402,F401  - hooks: which test is running, for the guard
+from quick_start_guard import (  # noqa: E402,F401  - hooks: which test is running, for the guard
     pytest_runtest_call,
     pytest_runtest_setup,
     pytest_runtest_teardown,
 )
 from vllm_harness import ServerPool, make_tiny_model  # noqa: E402
-import tool_guard  # noqa: E402
+import quick_start_guard  # noqa: E402
 
-# A test that starts a tool the quick start lacks must carry the markers that leave it out of
-# the fast tier (tests/tool_guard.py).
-tool_guard.install()
+# A test that starts a tool or imports a module the quick start lacks must carry the markers
+# that leave it out of the fast tier (tests/quick_start_guard.py).
+quick_start_guard.install()
 
 VLLM_AVAILABLE = importlib.util.find_spec("vllm") is not None
 
@@ -151,7 +151,7 @@ _KERNELS = _TESTS / "kernels"
 # Fixtures that need the engine extra: the tiny models are written with torch, safetensors
 # and tokenizers (vllm_harness.make_tiny_model); the servers are vLLM.
 ENGINE_FIXTURES = frozenset({"tiny_models_dir", "vllm_server"})
-# Fixtures that start a server the quick start lacks (.ci/run installs it); tests/tool_guard.py
+# Fixtures that start a server the quick start lacks (.ci/run installs it); tests/quick_start_guard.py
 # refuses such a process in a test without the integration marker.
 INTEGRATION_FIXTURES = frozenset({"s3", "prometheus"})
 

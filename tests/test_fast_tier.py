@@ -19,12 +19,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from packaging.requirements import Requirement
-from packaging.utils import canonicalize_name
+
+from engine_extra import engine_only
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
-PROJECT = "deepseek-volc"
 
 
 def readme_fast_tier_args() -> list[str]:
@@ -33,40 +32,6 @@ def readme_fast_tier_args() -> list[str]:
     lines = [ln for ln in text.splitlines() if ln.startswith("python -m pytest") and " -m " in ln]
     assert len(lines) == 1, f"README: expected one fast-tier command (python -m pytest ... -m ...), got {lines}"
     return shlex.split(lines[0])[3:]
-
-
-def _closure(requirements: list[str], extras: set[str]) -> set[str]:
-    """Installed distributions these requirements bring, transitively (canonical names)."""
-    seen: set[str] = set()
-    todo = [(r, extras) for r in requirements]
-    while todo:
-        spec, active = todo.pop()
-        req = Requirement(spec)
-        if req.marker and not any(req.marker.evaluate({"extra": e}) for e in (active or {""})):
-            continue
-        name = canonicalize_name(req.name)
-        if name in seen:
-            continue
-        try:
-            dist = md.distribution(req.name)
-        except md.PackageNotFoundError:
-            continue
-        seen.add(name)
-        todo += [(r, set(req.extras)) for r in dist.requires or []]
-    return seen
-
-
-def engine_only() -> tuple[set[str], set[str]]:
-    """Top-level modules, and pytest plugins, that only the engine extra installs here."""
-    own = md.requires(PROJECT) or []
-    quick_start = _closure(own, {"dev"})
-    engine = _closure(own, {"engine"}) - quick_start
-    owners = md.packages_distributions()
-    modules = {mod for mod, dists in owners.items()
-               if dists and all(canonicalize_name(d) in engine for d in dists)}
-    plugins = {ep.name for ep in md.entry_points(group="pytest11")
-               if ep.dist is not None and canonicalize_name(ep.dist.name) in engine}
-    return modules, plugins
 
 
 BLOCKER = """

@@ -24,6 +24,7 @@ def test_no_kernels_module_over_700_lines():
     assert not too_long, f"modules over {MAX_LINES} lines: {too_long}"
 
 
+@pytest.mark.engine  # the bench imports torch
 def test_every_only_choice_has_a_mode():
     from kernels.bench import bench_kernels
 
@@ -94,6 +95,7 @@ def test_smoke_runs_w4a16_race5():
     assert "MISMATCH" not in out and "race5 ERROR" not in out
 
 
+@pytest.mark.engine  # the bench imports torch
 def test_mla_picks_are_checked_before_anything_runs():
     """--mla-variants and --mla-kv name what a race runs (one too long for a command splits over
     several); a name the benchmark does not know stops it at once, naming the known ones."""
@@ -113,6 +115,7 @@ def test_mla_picks_are_checked_before_anything_runs():
     assert mla.PICK == {"variants": None, "kv": ("bf16", "fp8"), "timer": "scrub"}
 
 
+@pytest.mark.engine  # the bench imports torch
 def test_mla_layers_are_copies_that_together_pass_the_l2():
     """--mla-timer layers rotates over the case's Q and cache and copies of them: at least two,
     each its own memory with the same values, enough of them that the L2 holds none."""

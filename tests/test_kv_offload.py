@@ -61,6 +61,7 @@ def test_the_pod_holds_the_buffers_in_shm_and_memory():
         assert int(res["limits"]["memory"][:-2]) <= 0.9 * 1960
 
 
+@pytest.mark.engine  # vLLM's own config
 def test_vllm_turns_the_size_into_the_buffer_the_shm_holds():
     """vLLM's own post-init (vllm/config/vllm.py) makes the flag an OffloadingConnector with
     cpu_bytes_to_use = size x 2^30: the region it creates in /dev/shm for one engine."""

@@ -227,6 +227,7 @@ def run_sync(monkeypatch, api, argv) -> int:
     return weights.main(argv)
 
 
+@pytest.mark.engine  # the checkpoint's tokenizer is written with tokenizers
 def test_a_verified_sync_labels_the_node_with_its_revision(monkeypatch, checkpoint, capsys):
     ctx = ctx_for("prod")
     rev = groups.weights_revision(ctx)
@@ -242,6 +243,7 @@ def test_a_verified_sync_labels_the_node_with_its_revision(monkeypatch, checkpoi
         api.close()
 
 
+@pytest.mark.engine  # the checkpoint's tokenizer is written with tokenizers
 def test_a_new_revision_removes_the_old_label_before_its_sync(monkeypatch, checkpoint, capsys):
     ctx = ctx_for("prod")
     api = marking(ctx, labels={WEIGHTS_LABEL: "0123456789abcdef", "other": "kept"})
@@ -265,6 +267,7 @@ def test_a_new_revision_removes_the_old_label_before_its_sync(monkeypatch, check
         api.close()
 
 
+@pytest.mark.engine  # the checkpoint's tokenizer is written with tokenizers
 def test_without_patch_rights_the_prewarm_says_so(monkeypatch, checkpoint, capsys):
     ctx = ctx_for("prod")
     api = marking(ctx, rbac_rules=[{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}])
