@@ -186,6 +186,7 @@ def test_prefill_and_decode_reach_each_others_handshake_ports(ctx, objs):
         assert g["ingress"] == [{"from": [{"podSelector": g["podSelector"]}]}]
 
 
+@pytest.mark.engine  # vLLM's own code, imported in the test
 @pytest.mark.integration
 def test_vllms_parser_takes_both_sides_command_lines(ctx, objs, tmp_path):
     from test_vllm_args import LWS_ENV, final_argv

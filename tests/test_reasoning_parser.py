@@ -45,6 +45,7 @@ def test_every_r1_model_and_only_those_name_the_parser():
     assert MODELS["deepseek-v3"].reasoning_parser is None
 
 
+@pytest.mark.engine  # vLLM's own code, imported in the test
 def test_the_name_is_vllms_r1_parser():
     from vllm.reasoning import ReasoningParserManager
     from vllm.reasoning.deepseek_r1_reasoning_parser import DeepSeekR1ReasoningParser
@@ -52,6 +53,7 @@ def test_the_name_is_vllms_r1_parser():
     assert ReasoningParserManager.get_reasoning_parser(R1_REASONING_PARSER) is DeepSeekR1ReasoningParser
 
 
+@pytest.mark.engine  # its fixture imports vLLM's own code
 @pytest.mark.parametrize("text, reasoning, content", [
     ("<think>the kv cache holds keys</think>hello world", "the kv cache holds keys", "hello world"),
     # the chat template opened the thinking: the output starts inside it
@@ -64,6 +66,7 @@ def test_whole_output_is_split(parser, request_, text, reasoning, content):
     assert p.extract_reasoning(text, request_) == (reasoning, content)
 
 
+@pytest.mark.engine  # its fixture imports vLLM's own code
 @pytest.mark.parametrize("text", [
     "<think>the quick brown fox</think>hello world",
     "the quick brown fox</think>hello world",

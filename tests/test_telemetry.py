@@ -108,6 +108,7 @@ print(json.dumps({"otlp": ns.otlp_traces_endpoint, "detailed": ns.collect_detail
 """
 
 
+@pytest.mark.engine  # vLLM's parser, in a child interpreter
 @pytest.mark.integration  # the real vLLM's parser, in a subprocess that imports the engine
 def test_vllm_parser_reads_the_observability_flags_as_meant():
     """vLLM 0.32's own argument parser, in a fresh interpreter, on the flags the stack

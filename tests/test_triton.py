@@ -232,6 +232,7 @@ def test_the_example_stack_previews_without_a_mandatory_violation():
 # --------------------------------------------------------------------------- real tools
 
 
+@pytest.mark.engine  # vLLM's own code, imported in the test
 @pytest.mark.integration
 def test_model_json_is_accepted_by_the_real_vllm_engine_args():
     """What the backend does with model.json: AsyncEngineArgs(**model_json) (imports vLLM,

@@ -138,6 +138,7 @@ VARIANTS = {
 }
 
 
+@pytest.mark.engine  # its fixture imports vLLM's own code
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_every_rendered_flag_is_accepted_by_vllm(variant, vllm_parser, stub_dir):
     stack, engine, sections = VARIANTS[variant]
@@ -206,6 +207,7 @@ def test_the_layouts_tested_are_the_ones_the_planner_offers():
     assert seen >= {("dp_ep", True), ("tp_ep", True), ("tp_pp", True), ("dp_ep", False), ("tp_pp", False)}
 
 
+@pytest.mark.engine  # its fixture imports vLLM's own code
 def test_a_flag_vllm_does_not_know_is_caught(vllm_parser, stub_dir, capsys):
     ctx = ctx_for("dev")
     (_, container, env) = containers(ctx)[0]
@@ -215,6 +217,7 @@ def test_a_flag_vllm_does_not_know_is_caught(vllm_parser, stub_dir, capsys):
     assert "--enable-expert-parallelism" in capsys.readouterr().err
 
 
+@pytest.mark.engine  # vLLM's own code, imported in the test
 @pytest.mark.parametrize("stack, override", [("dev", None), ("prod", None), ("staging", 2048)])
 def test_vllm_enforces_the_max_tokens_ceiling(stack, override, vllm_parser, stub_dir):
     """Nothing capped max_tokens: a request could ask the whole context and hold a slot
@@ -248,6 +251,7 @@ QUANT_VARIANTS = {
 }
 
 
+@pytest.mark.engine  # vLLM's own code, imported in the test
 @pytest.mark.parametrize("variant", list(QUANT_VARIANTS))
 def test_quantization_reaches_vllm_as_the_checkpoint_needs(variant, vllm_parser, stub_dir):
     from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS
@@ -261,6 +265,7 @@ def test_quantization_reaches_vllm_as_the_checkpoint_needs(variant, vllm_parser,
             assert want in QUANTIZATION_METHODS
 
 
+@pytest.mark.engine  # vLLM's own code, imported in the test
 def test_vllm_resolves_an_awq_checkpoint_the_same_with_or_without_the_flag(monkeypatch):
     """Why nothing is rendered for an AWQ checkpoint: on a GPU platform vLLM 0.32 resolves
     its config.json's `awq` to AutoAWQConfig (Marlin where supported) whether or not

@@ -97,6 +97,7 @@ def test_rendered_commands_of_the_shipped_stacks_are_all_renderer_flags(stack):
 
 # -- the vendored spec against the installed vLLM (imports vLLM: seconds) -------------------
 
+@pytest.mark.engine  # vLLM's own code, imported in the test
 @pytest.mark.integration
 def test_vendored_spec_matches_the_installed_vllm():
     from tests.engine_extra import require
@@ -109,6 +110,7 @@ def test_vendored_spec_matches_the_installed_vllm():
     assert json.loads(SPEC_PATH.read_text())["vllm_version"] == __import__("vllm").__version__
 
 
+@pytest.mark.engine  # vLLM's own code, imported in the test
 @pytest.mark.integration
 def test_the_check_agrees_with_vllms_own_parser():
     """Each case: our verdict (ignoring refusals of renderer-owned flags) equals whether vLLM's
