@@ -46,7 +46,7 @@ TOOLS: dict[str, tuple[str, ...]] = {
     "checkov": ("integration",),  # .ci/run: its own virtualenv
     "vllm": ("integration", "engine"), "vllm-router": ("integration", "engine"),  # the engine extra
 }
-_IMPORTS = re.compile(r"^\s*(?:from|import)\s+([A-Za-z_]\w*)", re.M)
+_IMPORTS = re.compile(r"(?:^|;)\s*(?:from|import)\s+([A-Za-z_]\w*)", re.M)
 
 _current: list[pytest.Item | None] = [None]
 
@@ -116,7 +116,7 @@ def _own(file: str | None) -> bool:
     return not any(part.startswith(".") for part in path.relative_to(ROOT).parts[:-1])
 
 
-_holds: dict[str, str | None] = {}
+_holds: dict[str, str | None] = {}  # module -> the engine module it holds (None: none)
 
 
 def engine_module_held(name: str) -> str | None:
@@ -125,8 +125,8 @@ def engine_module_held(name: str) -> str | None:
     if name in _holds:
         return _holds[name]
     mod = sys.modules.get(name)
-    if mod is None:
-        return None
+    if mod is None or getattr(getattr(mod, "__spec__", None), "_initializing", False):
+        return None  # not loaded, or still running its body: what it holds is not known yet
     if not _own(getattr(mod, "__file__", None)):
         _holds[name] = None
         return None
@@ -136,8 +136,12 @@ def engine_module_held(name: str) -> str | None:
     for value in list(vars(mod).values()):
         if isinstance(value, types.ModuleType) and value.__name__.startswith(name + "."):
             continue  # a package's submodule, set by whoever imported it: asked for by its own name
-        of = value.__name__ if isinstance(value, types.ModuleType) else (
-            getattr(value, "__module__", None) if isinstance(value, (type, types.FunctionType, types.BuiltinFunctionType)) else None)
+        if isinstance(value, types.ModuleType):
+            of = value.__name__
+        elif isinstance(value, (type, types.FunctionType, types.BuiltinFunctionType)):
+            of = getattr(value, "__module__", None)  # `from torch import Tensor`
+        else:
+            continue
         if not isinstance(of, str):
             continue
         if of.split(".")[0] in engine:

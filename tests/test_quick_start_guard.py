@@ -10,6 +10,7 @@ import importlib
 import os
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -95,6 +96,22 @@ def test_which_of_our_modules_hold_the_engine():
     assert guard.engine_module_held("no.such.module") is None
 
 
+@pytest.mark.engine
+def test_a_class_taken_from_the_engine_is_held_once_the_module_has_run(monkeypatch):
+    engine_installed()
+    import torch
+
+    probe = types.ModuleType("guard_probe")
+    probe.__file__ = str(guard.ROOT / "tests" / "guard_probe.py")
+    probe.__spec__ = types.SimpleNamespace(_initializing=True)
+    probe.Tensor = torch.Tensor  # `from torch import Tensor`
+    monkeypatch.setitem(sys.modules, "guard_probe", probe)
+    assert guard.engine_module_held("guard_probe") is None  # its body still runs: not known yet
+    probe.__spec__._initializing = False
+    assert guard.engine_module_held("guard_probe") == "torch"
+    monkeypatch.delitem(guard._holds, "guard_probe")
+
+
 @pytest.mark.parametrize("args,what,markers", [
     (["/usr/bin/prometheus", "--config.file=x"], "'prometheus'", ("integration",)),
     ("prometheus-alertmanager --config.file=x", "'prometheus-alertmanager'", ("integration",)),
@@ -111,7 +128,8 @@ def test_what_each_command_needs(args, what, markers):
 
 def test_a_python_child_that_imports_the_engine_needs_it():
     engine_installed()
-    code = "import sys\nfrom vllm.config import VllmConfig"
-    assert guard.required_markers([sys.executable, "-c", code]) == ("python -c (importing the engine extra)", ("engine",))
+    child = "python -c (importing the engine extra)", ("engine",)
+    assert guard.required_markers([sys.executable, "-c", "import sys\nfrom vllm.config import VllmConfig"]) == child
+    assert guard.required_markers([sys.executable, "-c", "import sys; import torch"]) == child
     assert guard.required_markers([sys.executable, "-m", "torch.utils.collect_env"]) == (
         "python -m torch.utils.collect_env", ("engine",))
