@@ -49,6 +49,9 @@ TOOLS: dict[str, tuple[str, ...]] = {
 _IMPORTS = re.compile(r"(?:^|;)\s*(?:from|import)\s+([A-Za-z_]\w*)", re.M)
 
 _current: list[pytest.Item | None] = [None]
+# the running test when it lacks the engine marker (the one whose imports are checked): the
+# import check runs on every import statement, hundreds of thousands a file, so it is cheap
+_without_engine: list[pytest.Item | None] = [None]
 
 
 class QuickStartLacks(RuntimeError):
@@ -155,10 +158,8 @@ def engine_module_held(name: str) -> str | None:
 
 
 def check_import(name: str, importer: dict | None, fromlist, level: int) -> None:
-    item = _current[0]
-    if item is None or level or item.get_closest_marker("engine") is not None:
-        return
-    if not importer or not _own(importer.get("__file__")):
+    item = _without_engine[0]
+    if item is None or level or not importer or not _own(importer.get("__file__")):
         return
     if name.split(".")[0] in engine_modules():
         _refuse(item, f"imports {name}", ["engine"])
@@ -170,11 +171,17 @@ def check_import(name: str, importer: dict | None, fromlist, level: int) -> None
 @contextlib.contextmanager
 def paused():
     """No checks inside (tests of the guard load what a test of theirs must then be refused)."""
-    item, _current[0] = _current[0], None
+    item = _current[0]
+    _enter(None)
     try:
         yield
     finally:
-        _current[0] = item
+        _enter(item)
+
+
+def _enter(item: pytest.Item | None) -> None:
+    _current[0] = item
+    _without_engine[0] = item if item is not None and item.get_closest_marker("engine") is None else None
 
 
 # -- installing --------------------------------------------------------------------------
@@ -200,18 +207,18 @@ def install() -> None:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_setup(item):
-    _current[0] = item
+    _enter(item)
     yield
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item):
-    _current[0] = item
+    _enter(item)
     yield
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_teardown(item, nextitem):
-    _current[0] = item
+    _enter(item)
     yield
-    _current[0] = None
+    _enter(None)
