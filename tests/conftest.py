@@ -48,11 +48,11 @@ from quick_start_guard import (  # noqa: E402,F401  - hooks: which test is runni
     pytest_runtest_teardown,
 )
 from vllm_harness import ServerPool, make_tiny_model  # noqa: E402
-import quick_start_guard  # noqa: E402
+from quick_start_guard import install as install_quick_start_guard  # noqa: E402
 
 # A test that starts a tool or imports a module the quick start lacks must carry the markers
 # that leave it out of the fast tier (tests/quick_start_guard.py).
-quick_start_guard.install()
+install_quick_start_guard()
 
 VLLM_AVAILABLE = importlib.util.find_spec("vllm") is not None
 

@@ -81,8 +81,8 @@ def required_markers(args) -> tuple[str, tuple[str, ...]]:
     if isinstance(args, (list, tuple)) and len(args) > 2 and os.fsdecode(args[0]) == sys.executable:
         flag, what = os.fsdecode(args[1]), os.fsdecode(args[2])
         top = what.split(".")[0]
-        if flag == "-m" and top == "vllm":
-            return f"python -m {what}", ("integration", "engine")
+        if flag == "-m" and top in TOOLS:  # `python -m vllm...` is the `vllm` command
+            return f"python -m {what}", TOOLS[top]
         if flag == "-m" and top in engine_modules():
             return f"python -m {what}", ("engine",)
         if flag == "-c" and set(_IMPORTS.findall(what)) & engine_modules():
