@@ -102,8 +102,8 @@ def test_mla_picks_are_checked_before_anything_runs():
     from kernels.bench import bench_kernels, mla
 
     try:
-        mla.set_picks("sm90_qreg,sm90_convert", "fp8", "layers")
-        assert mla.PICK == {"variants": {"sm90_qreg", "sm90_convert"}, "kv": ("fp8",), "timer": "layers"}
+        mla.set_picks("sm90_qreg,sm90_convert,sm90_qreg", "fp8", "layers")  # timed in the order named, once each
+        assert mla.PICK == {"variants": ("sm90_qreg", "sm90_convert"), "kv": ("fp8",), "timer": "layers"}
         with pytest.raises(SystemExit, match=r"--mla-timer: expected one of \['scrub', 'layers'\], got 'warm'"):
             bench_kernels.main(["--only", "mla", "--mla-timer", "warm"])
         with pytest.raises(SystemExit, match=r"--mla-variants: unknown \['sm90_pingpong'\]; expected some of .*sm90_r2"):

@@ -87,7 +87,9 @@ MLA_SM90 = {"sm90": dict(KERNEL="sm90"), "sm90_qreg": dict(KERNEL="sm90", QREG=2
             "sm90_seesaw_lazy": dict(KERNEL="sm90", SCHEDULE="seesaw", LAZY=True),
             "sm90_r2": dict(KERNEL="sm90", resident=2), "sm90_pdl": dict(KERNEL="sm90", PDL=True),
             "sm90_qreg_pdl": dict(KERNEL="sm90", QREG=256, PDL=True), "sm90_tiled": dict(KERNEL="sm90", TILED=True),
-            "sm90_tiled_qreg": dict(KERNEL="sm90", TILED=True, QREG=256)}
+            "sm90_tiled_qreg": dict(KERNEL="sm90", TILED=True, QREG=256),
+            "sm90_tiled_qreg_lazy": dict(KERNEL="sm90", TILED=True, QREG=256, LAZY=True),
+            "sm90_tiled_qreg_pdl": dict(KERNEL="sm90", TILED=True, QREG=256, PDL=True)}
 # its fp8-cache path (fp8 blocks converted to fp16 in shared memory): the default (64-token
 # blocks, 2 fp8 and 1 fp16, the consumers converting) and sm90_convert, a converter warpgroup
 # (kernels/mla_sm90_convert.py). The 32-token rings (BLOCK_N 32 with 4 fp8 and 2 fp16 or 2 fp8
@@ -246,8 +248,9 @@ def run_mla(copy_gbs, mm_tflops, log, rows, on_case, cases, sweep, smoke=False):
             cfgs = {"default": None}
             if (not smoke and h % 64 == 0 and H.DEV == "cuda"
                     and torch.cuda.get_device_capability() == (9, 0)):  # the Gluon kernel (kernels/mla_sm90.py)
-                cfgs.update((k, v) for k, v in (MLA_SM90 if kvt == "bf16" else MLA_SM90_FP8).items()
-                            if PICK["variants"] is None or k in PICK["variants"])
+                table = MLA_SM90 if kvt == "bf16" else MLA_SM90_FP8
+                cfgs.update((k, table[k]) for k in (table if PICK["variants"] is None else PICK["variants"])
+                            if k in table)
             if sweep and not smoke:
                 cfgs.update((MLA_SPLIT_SWEEP if SWEEP_SET["mla"] == "splits" else MLA_SWEEP)[16 if h <= 16 else 128])
             for name, cfg in cfgs.items():
@@ -398,8 +401,8 @@ def set_picks(variants: str | None, kv: str, timer: str = "scrub") -> None:
         raise SystemExit(f"--mla-kv: expected bf16, fp8 or bf16,fp8, got {kv!r}")
     names = None
     if variants is not None:
-        names = {n for n in variants.split(",") if n}
-        unknown = sorted(names - set(MLA_SM90) - set(MLA_SM90_FP8))
+        names = tuple(dict.fromkeys(n for n in variants.split(",") if n))  # timed in this order, after "default"
+        unknown = sorted(set(names) - set(MLA_SM90) - set(MLA_SM90_FP8))
         if unknown:
             raise SystemExit(f"--mla-variants: unknown {unknown}; expected some of "
                              f"{sorted(set(MLA_SM90) | set(MLA_SM90_FP8))}")
