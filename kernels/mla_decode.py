@@ -297,6 +297,7 @@ def mla_decode(
     kernel = config.pop("KERNEL", None)
     if kernel not in (None, "triton", "sm90"):
         raise ValueError(f"config KERNEL must be 'triton' or 'sm90', got {kernel!r}")
+    chosen = kernel is None and not config  # the caller named nothing: the kernels' shape defaults apply
     if kernel is None:  # the Gluon kernel where it runs (race 9: 2.0-2.3x the Triton kernel's speed)
         from kernels.mla_sm90 import CONFIG_KEYS as SM90_KEYS
 
@@ -308,6 +309,9 @@ def mla_decode(
             raise ValueError("config KERNEL 'sm90' needs a Hopper GPU, Gluon, a multiple of 64 heads, a cache in q's "
                              "dtype or fp8 e4m3 with pages of a multiple of 64 tokens stored one after another")
         split = {k: config.pop(k) for k in SPLIT_KEYS if k in config}  # the split policy applies to both kernels
+        if chosen:  # race 19: TILED+QREG where the batch fits one wave (mla_sm90.WAVE_DEFAULT)
+            sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+            config = mla_sm90.default_for(bsz, nh, sms, fp8)
         sm90_cfg = mla_sm90.launch_config(config, fp8)  # its keys; the split follows the Triton tile's rule
         config = split
     if config.get("SWAP"):

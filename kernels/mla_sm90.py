@@ -114,6 +114,15 @@ if HAVE_GLUON:
     _TILE_GROUPS = gl.constexpr(TILE_GROUPS)
 SCHEDULES = ("split", "seesaw")  # kernels.mla_sm90_seesaw: the second
 CONVERTS = ("consumers", "warpgroup")  # the fp8 cache's conversion; kernels.mla_sm90_convert: the second
+# mla_decode's choice for a bf16/fp16 cache when the caller names no keys: TILED with QREG 256 where
+# the batch's programs before splitting fit on the SMs in one wave (batch x head blocks <= SMs),
+# the plain split kernel elsewhere. Races 19 and 19c (H100s, FlashMLA in each run, 128 heads;
+# kernels/bench/results/2026-12-07_h100_race19_mla_*, _race19c_mla_order_*): TILED+QREG ran
+# 1.02-1.05x the plain kernel at B 32 4k in all nineteen runs, 1.02-1.05x at B 64 4k in the
+# fourteen scrub-timer runs (0.995-1.09x under the layers timer), 0.98-1.13x at 32k; at B 128 4k
+# (two programs per SM) 0.90-0.96x under race 19's layers timer and 1.00-1.04x in race 19c,
+# so there it is left off.
+WAVE_DEFAULT = {"TILED": True, "QREG": 256}
 # whether mla_decode takes this kernel for an fp8 cache unasked: race 10b timed its 64-token path
 # at 2.21-2.41x the Triton kernel's speed (kernels/bench/results/2026-12-03_h200_race10b_mla.json)
 FP8_DEFAULT = True
@@ -270,6 +279,15 @@ def launch_config(config: dict | None, fp8: bool = False) -> dict:
         raise ValueError(f"mla_sm90 config: STAGES {cfg['STAGES']} need {need} bytes of shared memory, more than the "
                          f"{SMEM_BYTES} an SM has")
     return cfg
+
+
+def default_for(batch: int, heads: int, sms: int, fp8: bool) -> dict:
+    """The keys ``mla_decode`` gives this kernel when its caller names none: ``WAVE_DEFAULT`` for
+    a bf16/fp16 cache whose batch fits one wave before splitting (``batch * heads / BLOCK_H <=
+    sms``), nothing otherwise (the fp8 path and larger batches keep ``launch_config``'s defaults)."""
+    if fp8 or batch < 1 or sms < 1:
+        return {}
+    return dict(WAVE_DEFAULT) if batch * -(-heads // BLOCK_H) <= sms else {}
 
 
 def supported(q: torch.Tensor, kv_cache: torch.Tensor) -> bool:

@@ -447,3 +447,77 @@ def _default_switch(cache_dtype, monkeypatch):
         assert sm90_default(q.cuda(), cache.cuda())
         monkeypatch.setenv("DSVOLC_MLA_KERNEL", "triton")
         assert not sm90_default(q.cuda(), cache.cuda())
+
+
+def _race19(runs):
+    """Race 19's bf16 rows (H100, 128 heads) per case: the plain kernel's time over TILED+QREG's
+    (``sm90``; ``default`` in the runs that had no ``sm90`` column, when both were the plain kernel)."""
+    import glob
+    import json
+    import os
+
+    pattern = os.path.join(os.path.dirname(sm90.__file__), "bench", "results", f"2026-12-07_h100_race{runs}.json")
+    ratios = {}
+    for path in sorted(glob.glob(pattern)):
+        for r in json.load(open(path))["mla"]:
+            v = r["variants"]
+            plain = v.get("sm90", v["default"])
+            assert v["sm90_tiled_qreg"]["ok"] and plain["ok"], (path, r["case"])
+            ratios.setdefault((r["batch"], r["max_len"]), []).append(plain["us"] / v["sm90_tiled_qreg"]["us"])
+    return ratios
+
+
+def test_the_wave_default_follows_race_19():
+    """mla_decode gives the bf16 kernel TILED with QREG 256 unasked where the batch fits one wave of
+    the SMs before splitting, because race 19 timed it faster than the plain kernel there (median
+    over the runs of both timers) and slower at B 128 4k under the layers timer, where it stays off."""
+    import statistics
+
+    assert sm90.launch_config(sm90.WAVE_DEFAULT)["TILED"] and sm90.launch_config(sm90.WAVE_DEFAULT)["QREG"] == 256
+    scrub, layers = _race19("19_mla_scrub_r*"), _race19("19_mla_layers_r*")
+    # the same timer beside the LAZY and PDL variants, and race 19c's runs in both orders (19b's
+    # own rows time the new default as "default", so they are left out here)
+    for runs in ("19_mla_combo_r*", "19c_mla_order_*"):
+        for case, speedups in _race19(runs).items():
+            scrub[case] += speedups
+    assert set(scrub) == {(32, 4096), (64, 4096), (128, 4096), (32, 32768), (64, 32768)}
+    for (batch, max_len), speedups in scrub.items():
+        picked = sm90.default_for(batch, 128, 132, fp8=False)  # an H100's 132 SMs, as raced
+        assert len(speedups) >= 12
+        both = speedups + layers[(batch, max_len)]
+        if picked:  # not slower over both timers' runs (at B 64 32k the scrub runs alone are even: 0.999)
+            assert picked == sm90.WAVE_DEFAULT and statistics.median(both) >= 1.0, (batch, max_len, both)
+        else:
+            assert batch * 2 > 132 and statistics.median(layers[(batch, max_len)]) < 0.97, (batch, layers)
+    assert min(scrub[(32, 4096)] + layers[(32, 4096)]) > 1.01  # its largest win, in every run of both timers
+
+
+@pytest.mark.parametrize("batch,heads,sms,fp8,want", [
+    (32, 128, 132, False, True), (66, 128, 132, False, True), (67, 128, 132, False, False),
+    (128, 128, 132, False, False), (128, 64, 132, False, True), (32, 128, 132, True, False),
+    (34, 128, 66, False, False), (33, 128, 66, False, True), (0, 128, 132, False, False)])
+def test_the_wave_default_is_taken_where_the_batch_fits_one_wave(batch, heads, sms, fp8, want):
+    got = sm90.default_for(batch, heads, sms, fp8)
+    assert got == (sm90.WAVE_DEFAULT if want else {})
+    if got:
+        got["TILED"] = False  # a copy: the module's default is not the caller's to change
+        assert sm90.WAVE_DEFAULT["TILED"]
+
+
+@needs_gluon
+@needs_hopper
+@pytest.mark.timeout(300)
+def test_unasked_the_kernel_runs_its_wave_default_and_matches_the_reference():
+    """With no config, a batch that fits one wave runs TILED+QREG (the same bits as asking for it)
+    and a larger one the plain kernel; both match the float64 reference."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for batch in (8, sms // 2 + 1):
+        lens = [(37 * i) % 700 + 1 for i in range(batch)]
+        q, cache, bt, sl = _case(lens, 128, torch.bfloat16, 64, 5, False, 0.0)
+        kw = dict(max_seq_len=max(lens), return_lse=True)
+        o, lse = mla_decode(q, cache, bt, sl, SCALE, **kw)
+        want = sm90.default_for(batch, 128, sms, fp8=False)
+        assert bool(want) == (batch == 8)
+        o2, lse2 = mla_decode(q, cache, bt, sl, SCALE, config=dict(KERNEL="sm90", **want), **kw)
+        assert torch.equal(o, o2) and torch.equal(lse, lse2), batch
+        assert_matches_reference(o, lse, q, cache, bt, sl, lens, SCALE, 1.0, TOL[torch.bfloat16])
