@@ -116,11 +116,11 @@ SCHEDULES = ("split", "seesaw")  # kernels.mla_sm90_seesaw: the second
 CONVERTS = ("consumers", "warpgroup")  # the fp8 cache's conversion; kernels.mla_sm90_convert: the second
 # mla_decode's choice for a bf16/fp16 cache when the caller names no keys: TILED with QREG 256 where
 # the batch's programs before splitting fit on the SMs in one wave (batch x head blocks <= SMs),
-# the plain split kernel elsewhere. Races 19 and 19c (H100s, FlashMLA in each run, 128 heads;
-# kernels/bench/results/2026-12-07_h100_race19_mla_*, _race19c_mla_order_*): TILED+QREG ran
-# 1.02-1.05x the plain kernel at B 32 4k in all nineteen runs, 1.02-1.05x at B 64 4k in the
-# fourteen scrub-timer runs (0.995-1.09x under the layers timer), 0.98-1.13x at 32k; at B 128 4k
-# (two programs per SM) 0.90-0.96x under race 19's layers timer and 1.00-1.04x in race 19c,
+# the plain split kernel elsewhere. Races 19, 19c and 19d (H100s, FlashMLA in each run, 128 heads;
+# kernels/bench/results/2026-12-07_h100_race19_mla_*, _race19{c,d}_mla_order_*): TILED+QREG ran
+# 1.02-1.05x the plain kernel at B 32 4k in all twenty-one runs, 1.02-1.05x at B 64 4k in the
+# sixteen scrub-timer runs (0.995-1.09x under the layers timer), 0.98-1.13x at 32k; at B 128 4k
+# (two programs per SM) 0.90-0.96x under race 19's layers timer and 0.99-1.04x in races 19c-19d,
 # so there it is left off.
 WAVE_DEFAULT = {"TILED": True, "QREG": 256}
 # whether mla_decode takes this kernel for an fp8 cache unasked: race 10b timed its 64-token path

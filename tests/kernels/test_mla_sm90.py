@@ -475,9 +475,9 @@ def test_the_wave_default_follows_race_19():
 
     assert sm90.launch_config(sm90.WAVE_DEFAULT)["TILED"] and sm90.launch_config(sm90.WAVE_DEFAULT)["QREG"] == 256
     scrub, layers = _race19("19_mla_scrub_r*"), _race19("19_mla_layers_r*")
-    # the same timer beside the LAZY and PDL variants, and race 19c's runs in both orders (19b's
+    # the same timer beside the LAZY and PDL variants, and races 19c-19d's runs in both orders (19b's
     # own rows time the new default as "default", so they are left out here)
-    for runs in ("19_mla_combo_r*", "19c_mla_order_*"):
+    for runs in ("19_mla_combo_r*", "19c_mla_order_*", "19d_mla_order_*"):
         for case, speedups in _race19(runs).items():
             scrub[case] += speedups
     assert set(scrub) == {(32, 4096), (64, 4096), (128, 4096), (32, 32768), (64, 32768)}
