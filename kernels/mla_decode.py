@@ -255,7 +255,9 @@ def mla_decode(
     split policy keys) the Gluon kernel runs wherever ``mla_sm90.supported`` (H200 races 9
     and 10b, kernels/bench/results/2026-12-03_h200_race9_mla* and _race10b_mla*: 2.0-2.3x the
     Triton kernel's speed at 128 heads on bf16 caches, 2.2-2.4x on fp8 ones), the Triton kernel
-    elsewhere.
+    elsewhere. With no config at all, a bf16/fp16 batch whose programs fit one wave of the SMs
+    (batch x head blocks <= SMs) runs the Gluon kernel with ``mla_sm90.WAVE_DEFAULT`` (TILED and
+    QREG 256: race 19, 1.02-1.05x the plain kernel at B 32-64 4k on the H100; ``default_for``).
     """
     if not isinstance(q, torch.Tensor) or q.dim() != 3:
         raise ValueError(f"q must be [batch, heads, {KV_LORA + ROPE}], got {getattr(q, 'shape', type(q))}")
