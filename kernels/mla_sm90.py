@@ -121,7 +121,8 @@ CONVERTS = ("consumers", "warpgroup")  # the fp8 cache's conversion; kernels.mla
 # 1.02-1.05x the plain kernel at B 32 4k in all twenty-one runs, 1.02-1.05x at B 64 4k in the
 # sixteen scrub-timer runs (0.995-1.09x under the layers timer), 0.98-1.13x at 32k; at B 128 4k
 # (two programs per SM) 0.90-0.96x under race 19's layers timer and 0.99-1.04x in races 19c-19d,
-# so there it is left off.
+# so there it is left off. The rule counts programs (one per 64 heads of a sequence, the same work
+# at any head count), so 64 heads, raced at no batch, take it up to B = SMs.
 WAVE_DEFAULT = {"TILED": True, "QREG": 256}
 # whether mla_decode takes this kernel for an fp8 cache unasked: race 10b timed its 64-token path
 # at 2.21-2.41x the Triton kernel's speed (kernels/bench/results/2026-12-03_h200_race10b_mla.json)
