@@ -300,6 +300,7 @@ def mla_decode(
     if kernel not in (None, "triton", "sm90"):
         raise ValueError(f"config KERNEL must be 'triton' or 'sm90', got {kernel!r}")
     chosen = kernel is None and not config  # the caller named nothing: the kernels' shape defaults apply
+    sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 4
     if kernel is None:  # the Gluon kernel where it runs (race 9: 2.0-2.3x the Triton kernel's speed)
         from kernels.mla_sm90 import CONFIG_KEYS as SM90_KEYS
 
@@ -312,7 +313,6 @@ def mla_decode(
                              "dtype or fp8 e4m3 with pages of a multiple of 64 tokens stored one after another")
         split = {k: config.pop(k) for k in SPLIT_KEYS if k in config}  # the split policy applies to both kernels
         if chosen:  # race 19: TILED+QREG where the batch fits one wave (mla_sm90.WAVE_DEFAULT)
-            sms = torch.cuda.get_device_properties(q.device).multi_processor_count
             config = mla_sm90.default_for(bsz, nh, sms, fp8)
         sm90_cfg = mla_sm90.launch_config(config, fp8)  # its keys; the split follows the Triton tile's rule
         config = split
@@ -325,7 +325,6 @@ def mla_decode(
     if num_splits is None:
         if max_seq_len is None:
             max_seq_len = int(seq_lens.max().item())
-        sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 4
         rule = cfg.get("rule", "tokens" if total_tokens is not None else "waves")
         num_splits, chunk = pick_splits(bsz, hblocks, max_seq_len, sms, bn, cfg.get("waves", 2),
                                         cfg.get("min_chunk", 256), rule, cfg.get("resident", 2),
