@@ -77,3 +77,22 @@ def test_the_readme_fast_tier_leaves_out_what_the_quick_start_lacks():
     assert re.search(r"\bnot engine\b", expr) and re.search(r"\bnot integration\b", expr), expr
     quick_start = next(ln for ln in (ROOT / "README.md").read_text().splitlines() if "python3 -m venv" in ln)
     assert "pip install -e '.[dev]'" in quick_start, quick_start
+
+
+def test_what_only_the_engine_brings_is_known_from_pyproject_where_the_project_is_not_installed(monkeypatch):
+    """The GPU machine runs the kernel tests from a checkout, the project not installed: the
+    quick-start guard (a child process's imports) must still know the engine extra's modules, from
+    pyproject.toml, and know the same ones as the installed metadata gives."""
+    import engine_extra
+
+    installed = engine_only()
+
+    def not_installed(name):
+        raise md.PackageNotFoundError(name)
+
+    monkeypatch.setattr(engine_extra.md, "requires", not_installed)
+    engine_only.cache_clear()
+    try:
+        assert engine_only() == installed
+    finally:
+        engine_only.cache_clear()
