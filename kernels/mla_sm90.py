@@ -62,13 +62,18 @@ placed (``griddepcontrol.launch_dependents``); ``mla_decode`` launches the merge
 its wait before it reads the partials (race 17: 0.97-1.03x the speed without it on an H100,
 0.93-1.03x on an H200, so opt-in).
 
-``config={"TILED": True}`` lands and frees each key block in four pieces, each with its own
+``config={"TILED": True}`` lands and frees each key block in pieces, each with its own
 mbarriers (FlashMLA's kernel keeps one per [64, 64] tile): the rope, latent columns [0, 128),
-[128, 256) and [256, 512). Consumer 0 issues the scores' products piece by piece as they land, and
-frees the rope and its reads of [128, 512) once the scores retired; consumer 1 issues both its
-products at once ([128, 256) first) and frees each piece as its product retires; the producer
-loads the next block into each piece as soon as that piece is free, instead of once the whole slot
-is (the load of block j + 2 begins during block j's products instead of after them).
+[128, 256) and [256, 512). Consumer 0 issues the scores' products piece by piece as they land and
+frees the rope with [0, 128) once its P V retired; consumer 1 issues both its products at once
+([128, 256) first) and frees each of its pieces as its product retires (consumer 0's scores read
+them too, but retired before P, which consumer 1's products follow); the producer loads the next
+block into each piece as soon as that piece is free, instead of once the whole slot is (the load of
+block j + 2 begins during block j's products instead of after them). Each piece's mbarriers are an
+allocation of their own, and consumer 0 arrives twice a block: Triton 3.6 puts a barrier of the
+partition's warps before every single-thread arrival and between two mbarrier operations on one
+allocation, which gave consumer 0 eleven such barriers a block where the plain kernel has four
+(race 21 took it to four).
 
 ``config={"SCHEDULE": "seesaw"}`` runs the bf16 cache on ``kernels.mla_sm90_seesaw`` instead,
 FlashMLA's schedule (two warpgroups scoring alternate blocks); races 11 and 13 timed it at
@@ -106,12 +111,15 @@ BLOCK_H = 64  # heads per program: the rows of one warpgroup MMA
 BLOCK_N = 64  # tokens per key block
 CONFIG_KEYS = ("STAGES", "LEFT", "PREFETCH", "QREG", "LAZY", "PDL", "TILED", "HSTAGES", "BLOCK_N", "SCHEDULE",
                "CONVERT")
-# TILED: a key block's four pieces, each with a ready and a free mbarrier (rope, latent [0, 128),
-# [128, 256), [256, 512)); consumer 0 alone frees the first two (after its scores, after its P V),
-# both consumers the other two (consumer 0 after its scores, consumer 1 after its product on them)
+# TILED: a key block's four pieces, each landing on its own mbarrier (rope, latent [0, 128),
+# [128, 256), [256, 512)), freed on three: the first two by consumer 0 once its P V retired (it alone
+# reads them), each of the others by consumer 1 once its product on it retired (consumer 0's scores
+# read them too, but those retired before P, which consumer 1's product follows)
 TILE_GROUPS = 4
+TILE_FREES = 3
 if HAVE_GLUON:
     _TILE_GROUPS = gl.constexpr(TILE_GROUPS)
+    _TILE_FREES = gl.constexpr(TILE_FREES)
 SCHEDULES = ("split", "seesaw")  # kernels.mla_sm90_seesaw: the second
 CONVERTS = ("consumers", "warpgroup")  # the fp8 cache's conversion; kernels.mla_sm90_convert: the second
 # mla_decode's choice for a bf16/fp16 cache when the caller names no keys: TILED with QREG 256 where
@@ -131,10 +139,10 @@ FP8_DEFAULT = True
 
 def smem_bytes(stages: int, itemsize: int = 2, tiled: bool = False) -> int:
     """Q [64, 576], ``stages`` key blocks [64, 576], the P buffer [64, 64], the rescale factors,
-    the row sums and the mbarriers (``tiled``: a ready and a free one per piece of a slot)."""
-    groups = TILE_GROUPS if tiled else 1
+    the row sums and the mbarriers (``tiled``: four ready and three free ones a slot)."""
+    bars = TILE_GROUPS + TILE_FREES if tiled else 2
     return (itemsize * (BLOCK_H * (KV_LORA + ROPE) + stages * BLOCK_N * (KV_LORA + ROPE) + BLOCK_H * BLOCK_N)
-            + 4 * 2 * BLOCK_H + 8 * (2 * stages * groups + 3))
+            + 4 * 2 * BLOCK_H + 8 * (bars * stages + 3))
 
 
 def smem_bytes_seesaw() -> int:
@@ -345,14 +353,11 @@ if HAVE_GLUON:
                 sc = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
             for j in range(n_blocks):
                 st = j % STAGES
-                if TILED:  # this block's scores as its pieces land; then the rope and [128, 512) are ours no more
+                if TILED:  # this block's scores as its pieces land. (The rope is freed with latent [0, 128)
+                    # after P V; [128, 512) by consumer 1, whose P V follows P, which follows these scores.)
                     s_tok = _qk_tiled(q_smem, q_pe, kv_bufs, pe_bufs, kv_ready, st, (j // STAGES) & 1, sc, q_reg,
                                       q_reg1, QREG)
                     sc = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
-                    _cta_barrier()
-                    mbarrier.arrive(kv_empty.index(4 * st))
-                    mbarrier.arrive(kv_empty.index(4 * st + 2))
-                    mbarrier.arrive(kv_empty.index(4 * st + 3))
                 elif not PREFETCH:  # this block's scores now: its slot had a whole block to load
                     mbarrier.wait(kv_ready.index(st), (j // STAGES) & 1)
                     s_tok = _qk(q_smem, q_pe, kv_bufs, pe_bufs, st, sc, q_reg, QREG)
@@ -370,8 +375,8 @@ if HAVE_GLUON:
                     acc, p_op, sc = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op, s_nxt))
                 else:
                     acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
-                if TILED:  # latent [0, 128): its P V retired
-                    release(kv_empty.index(4 * st + 1))
+                if TILED:  # the rope and latent [0, 128): its scores and P V retired
+                    release(kv_empty[0].index(st))
                 else:
                     release(kv_empty.index(st))
         _write_out_scorer(acc, l_i, m_i, l_smem, l_ready, O, LSE, OP, LP, b, s, n_blocks, stride_ob, stride_oh,
@@ -426,8 +431,8 @@ if HAVE_GLUON:
             st = j % STAGES
             pb = j % NP
             if TILED:  # (P_j follows all of block j; these waits make its pieces' bytes ours to read)
-                mbarrier.wait(kv_ready.index(4 * st + 2), (j // STAGES) & 1)
-                mbarrier.wait(kv_ready.index(4 * st + 3), (j // STAGES) & 1)
+                mbarrier.wait(kv_ready[2].index(st), (j // STAGES) & 1)
+                mbarrier.wait(kv_ready[3].index(st), (j // STAGES) & 1)
             else:
                 mbarrier.wait(kv_ready.index(st), (j // STAGES) & 1)
             mbarrier.wait(p_ready.index(pb), (j // NP) & 1)
@@ -439,11 +444,11 @@ if HAVE_GLUON:
                 t_a = _pv_issue(acc_a, p_bufs.index(pb), kv_bufs.index(st),
                                 alpha_smem.index(pb).load(gl.SliceLayout(1, la)), tok0, end, 256, grow)
                 acc_b = warpgroup_mma_wait(num_outstanding=1, deps=(t_b,))
-                release(kv_empty.index(4 * st + 2))
+                release(kv_empty[1].index(st))
                 acc_a = warpgroup_mma_wait(num_outstanding=0, deps=(t_a,))
                 _cta_barrier()
                 mbarrier.arrive(p_free.index(pb))
-                mbarrier.arrive(kv_empty.index(4 * st + 3))
+                mbarrier.arrive(kv_empty[2].index(st))
             else:
                 acc_a = _pv_part(acc_a, p_bufs.index(pb), kv_bufs.index(st),
                                  alpha_smem.index(pb).load(gl.SliceLayout(1, la)), tok0, end, 256, grow)
@@ -470,8 +475,8 @@ if HAVE_GLUON:
                          CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr, PDL: gl.constexpr = False,
                          TILED: gl.constexpr = False):
         """Grid (heads / 64, B, splits). The default partition (4 warps) is consumer 0, a 4-warp
-        worker consumer 1, a 1-warp worker the TMA producer. ``TILED``: a ready and a free mbarrier
-        per piece of a slot (``TILE_GROUPS``; ``_producer_tiled``)."""
+        worker consumer 1, a 1-warp worker the TMA producer. ``TILED``: a ready mbarrier per piece of
+        a slot (``TILE_GROUPS``), three free ones (``TILE_FREES``; ``_producer_tiled``)."""
         gl.static_assert(num_warps == 4, "the default partition is one warpgroup")
         dtype: gl.constexpr = kv_desc.dtype
         DL: gl.constexpr = kv_desc.block_type.shape[1]
@@ -484,18 +489,29 @@ if HAVE_GLUON:
         plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
         alpha_smem = gl.allocate_shared_memory(gl.float32, [1, 64], plain)  # indexed to [64]: a rank-1 layout
         l_smem = gl.allocate_shared_memory(gl.float32, [64], plain)
-        NG: gl.constexpr = _TILE_GROUPS if TILED else 1
-        kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES * NG, 1], mbarrier.MBarrierLayout())
-        kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES * NG, 1], mbarrier.MBarrierLayout())
+        bars: gl.constexpr = mbarrier.MBarrierLayout()
+        if TILED:  # an allocation per piece: Triton 3.6 puts a barrier of the partition's warps between two
+            # mbarrier operations on one allocation, and consumer 0 waits for four pieces in a row
+            kv_ready = (gl.allocate_shared_memory(gl.int64, [STAGES, 1], bars),
+                        gl.allocate_shared_memory(gl.int64, [STAGES, 1], bars),
+                        gl.allocate_shared_memory(gl.int64, [STAGES, 1], bars),
+                        gl.allocate_shared_memory(gl.int64, [STAGES, 1], bars))
+            kv_empty = (gl.allocate_shared_memory(gl.int64, [STAGES, 1], bars),
+                        gl.allocate_shared_memory(gl.int64, [STAGES, 1], bars),
+                        gl.allocate_shared_memory(gl.int64, [STAGES, 1], bars))
+        else:
+            kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bars)
+            kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bars)
         p_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
         p_free = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
         l_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         # a slot is freed by every consumer warpgroup; P by those reading it from shared memory
         for i in gl.static_range(STAGES):
-            if TILED:  # the rope and latent [0, 128) freed by consumer 0 alone, the other two by both
+            if TILED:  # the rope and latent [0, 128) freed by consumer 0, the other two by consumer 1
                 for g in gl.static_range(_TILE_GROUPS):
-                    mbarrier.init(kv_ready.index(NG * i + g), count=1)
-                    mbarrier.init(kv_empty.index(NG * i + g), count=1 if g < 2 else 2)
+                    mbarrier.init(kv_ready[g].index(i), count=1)
+                for g in gl.static_range(_TILE_FREES):
+                    mbarrier.init(kv_empty[g].index(i), count=1)
             else:
                 mbarrier.init(kv_ready.index(i), count=1)
                 mbarrier.init(kv_empty.index(i), count=2)

@@ -68,24 +68,25 @@ if HAVE_GLUON:
     @gluon.jit
     def _producer_tiled(tile_desc, kv_bufs, pe_bufs, kv_ready, kv_empty, SEQ, BT, stride_bt, chunk, PAGE,
                         STAGES: gl.constexpr):
-        """The producer warp of the split schedule's ``TILED`` build: each key block in four pieces
-        with a ready and a free mbarrier each (slot st's are 4 st + piece): the rope, latent
-        columns [0, 128), [128, 256) and [256, 512), in the order their readers free them, each
-        loaded as soon as its piece of the slot is free rather than once the whole slot is."""
+        """The producer warp of the split schedule's ``TILED`` build: each key block in four pieces,
+        each landing on its own mbarrier (piece k of slot st: ``kv_ready[k].index(st)``): the rope,
+        latent columns [0, 128), [128, 256) and [256, 512), in the order their readers free them,
+        each loaded as soon as it is free rather than once the whole slot is. Three free mbarriers:
+        the first two pieces are consumer 0's alone and freed together (``kv_empty[0]``), the other
+        two each by consumer 1 (``kv_empty[1]``, ``kv_empty[2]``)."""
         b, s, start, end, n_blocks = _span(SEQ, chunk, 64)
         for j in range(n_blocks):
             st = j % STAGES
             ph = ((j // STAGES) & 1) ^ 1  # the first pass is free
             row = _block_row(BT, b, stride_bt, start + j * 64, PAGE)
             kv = kv_bufs.index(st)
-            mbarrier.wait(kv_empty.index(4 * st), ph)
-            _load_piece(tile_desc, row, kv_ready.index(4 * st), pe_bufs.index(st), 512, 1)
-            mbarrier.wait(kv_empty.index(4 * st + 1), ph)
-            _load_piece(tile_desc, row, kv_ready.index(4 * st + 1), kv.slice(0, 128, dim=1), 0, 2)
-            mbarrier.wait(kv_empty.index(4 * st + 2), ph)
-            _load_piece(tile_desc, row, kv_ready.index(4 * st + 2), kv.slice(128, 128, dim=1), 128, 2)
-            mbarrier.wait(kv_empty.index(4 * st + 3), ph)
-            _load_piece(tile_desc, row, kv_ready.index(4 * st + 3), kv.slice(256, 256, dim=1), 256, 4)
+            mbarrier.wait(kv_empty[0].index(st), ph)  # the rope and latent [0, 128): consumer 0's
+            _load_piece(tile_desc, row, kv_ready[0].index(st), pe_bufs.index(st), 512, 1)
+            _load_piece(tile_desc, row, kv_ready[1].index(st), kv.slice(0, 128, dim=1), 0, 2)
+            mbarrier.wait(kv_empty[1].index(st), ph)
+            _load_piece(tile_desc, row, kv_ready[2].index(st), kv.slice(128, 128, dim=1), 128, 2)
+            mbarrier.wait(kv_empty[2].index(st), ph)
+            _load_piece(tile_desc, row, kv_ready[3].index(st), kv.slice(256, 256, dim=1), 256, 4)
 
     @gluon.jit
     def _qk_tiled(q_smem, q_pe, kv_bufs, pe_bufs, kv_ready, st, ph, regs, q_reg0=0, q_reg1=0,
@@ -94,15 +95,15 @@ if HAVE_GLUON:
         rope, then latent columns [0, 128), [128, 256), [256, 512)); with ``QREG`` (256) the first
         two latent pieces' Q from registers (``q_reg0``, ``q_reg1``)."""
         kv = kv_bufs.index(st)
-        mbarrier.wait(kv_ready.index(4 * st), ph)
+        mbarrier.wait(kv_ready[0].index(st), ph)
         tok = warpgroup_mma(q_pe, pe_bufs.index(st).permute((1, 0)), regs, use_acc=False, is_async=True)
-        mbarrier.wait(kv_ready.index(4 * st + 1), ph)
+        mbarrier.wait(kv_ready[1].index(st), ph)
         a0 = q_reg0 if QREG else q_smem.slice(0, 128, dim=1)
         tok = warpgroup_mma(a0, kv.slice(0, 128, dim=1).permute((1, 0)), tok, is_async=True)
-        mbarrier.wait(kv_ready.index(4 * st + 2), ph)
+        mbarrier.wait(kv_ready[2].index(st), ph)
         a1 = q_reg1 if QREG else q_smem.slice(128, 128, dim=1)
         tok = warpgroup_mma(a1, kv.slice(128, 128, dim=1).permute((1, 0)), tok, is_async=True)
-        mbarrier.wait(kv_ready.index(4 * st + 3), ph)
+        mbarrier.wait(kv_ready[3].index(st), ph)
         return warpgroup_mma(q_smem.slice(256, 256, dim=1), kv.slice(256, 256, dim=1).permute((1, 0)), tok,
                              is_async=True)
 

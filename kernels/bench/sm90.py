@@ -98,7 +98,8 @@ def gluon_sm90_build(fn, sig: dict, consts: dict, num_warps: int, maxnreg: int |
     the SASS say: registers, spills, whether ptxas serialised its wgmmas (info C7514), the
     warpgroup MMA (QGMMA fp8, HGMMA 16-bit; ``hgmma_reg_a`` those with the A operand in registers)
     and mma.sync (HMMA) instruction counts, the e4m3 -> f16x2 unpacks (``f8_unpack``), the PTX's
-    TMA copies, mbarrier inits, waits and ``expect_tx`` arrivals, PDL's two instructions, shared memory.
+    TMA copies, mbarrier inits, waits, ``expect_tx`` and plain arrivals, PDL's two instructions, shared memory,
+    and ``part_syncs``: the PTX's barriers of one partition's warps (``bar.sync id, threads``) by id.
     ``sig`` maps the non-constexpr arguments to their types; ``aligned`` names the pointer and
     integer arguments a launch would see divisible by 16 (Triton's launcher specialises them so,
     which is what lets it vectorise their loads). Run it in a process without TRITON_INTERPRET
@@ -138,6 +139,8 @@ def gluon_sm90_build(fn, sig: dict, consts: dict, num_warps: int, maxnreg: int |
                 tma_loads=k.asm["ptx"].count("cp.async.bulk.tensor"),
                 mbar_inits=k.asm["ptx"].count("mbarrier.init"), mbar_waits=k.asm["ptx"].count("mbarrier.try_wait"),
                 mbar_expects=k.asm["ptx"].count("mbarrier.arrive.expect_tx"),
+                mbar_arrives=len(re.findall(r"mbarrier\.arrive\.shared::cta\.b64 _, \[", k.asm["ptx"])),
+                part_syncs={i: n for i in "0123456789" if (n := len(re.findall(rf"bar\.sync\s+{i}, \d+;", k.asm["ptx"])))},
                 shared=k.metadata.shared, ptxas_info=info.stderr.strip(), ptx=k.asm["ptx"])
 
 
