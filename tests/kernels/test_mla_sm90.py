@@ -70,9 +70,9 @@ def test_the_tiled_build_lands_and_frees_a_key_block_in_four_pieces(single, qreg
     default has one a block), the scores wait for each piece before its product (the producer,
     consumer 0 and consumer 1 wait 3 + 4 + 2 times a block where the default waits 1 + 1 + 1:
     the producer one free mbarrier for the first two pieces), and every slot has four ready and
-    three free mbarriers; the products, registers and spills
-    are the default's (with ``QREG``, the first two latent pieces' Q from registers: 16 products
-    with A in registers, as without pieces), and nine TMA copies still move a block."""
+    three free mbarriers; the products, registers and spills are the default's (with ``QREG``, the
+    first two latent pieces' Q from registers: 16 products with A in registers, as without
+    pieces), and nine TMA copies still move a block."""
     plain = build("mla_sm90_build", dict(QREG=qreg), single=single)
     tiled = build("mla_sm90_build", dict(TILED=True, QREG=qreg), single=single)
     assert (plain["mbar_expects"], tiled["mbar_expects"]) == (1, 4), (plain, tiled)
