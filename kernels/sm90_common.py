@@ -52,7 +52,8 @@ try:  # Gluon ships with Triton >= 3.4; the Hopper modules exist only in the CUD
     def release(bar):
         """This partition's warps are past their reads of a slot (a barrier of the partition's
         own warps, ``bar.sync id, threads``: the other partitions are not held), then one
-        arrival on the slot's mbarrier."""
+        arrival on the slot's mbarrier. (Triton 3.6 puts such a barrier before every arrival
+        itself, and this one merges with it; the call keeps the order where a version does not.)"""
         cta_barrier()
         mbarrier.arrive(bar)
 

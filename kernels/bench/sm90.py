@@ -8,6 +8,7 @@ FP8 GEMM `fp8_gemm_sm90_build` (registers, spills, whether ptxas serialised its 
 
 from __future__ import annotations
 
+import collections
 import os
 import tempfile
 
@@ -140,7 +141,7 @@ def gluon_sm90_build(fn, sig: dict, consts: dict, num_warps: int, maxnreg: int |
                 mbar_inits=k.asm["ptx"].count("mbarrier.init"), mbar_waits=k.asm["ptx"].count("mbarrier.try_wait"),
                 mbar_expects=k.asm["ptx"].count("mbarrier.arrive.expect_tx"),
                 mbar_arrives=len(re.findall(r"mbarrier\.arrive\.shared::cta\.b64 _, \[", k.asm["ptx"])),
-                part_syncs={i: n for i in "0123456789" if (n := len(re.findall(rf"bar\.sync\s+{i}, \d+;", k.asm["ptx"])))},
+                part_syncs=dict(collections.Counter(re.findall(r"bar\.sync\s+(\d+), \d+;", k.asm["ptx"]))),
                 shared=k.metadata.shared, ptxas_info=info.stderr.strip(), ptx=k.asm["ptx"])
 
 
