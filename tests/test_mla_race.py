@@ -4,6 +4,7 @@ committed results, each ratio recomputed from the raw times."""
 
 import json
 import shlex
+import sys
 from pathlib import Path
 
 import pytest
@@ -101,3 +102,39 @@ def test_a_file_that_is_not_a_results_json_is_named_not_a_traceback(tmp_path, ca
     with pytest.raises(SystemExit) as ex:
         mla_race.main(["--summary", str(f)])
     assert ex.value.code == 2 and "not a benchmark results.json" in capsys.readouterr().err
+
+
+def test_a_race_summarises_its_own_runs_with_flashmla_handed_on(tmp_path, monkeypatch):
+    """The loop end to end with stand-in steps (real child processes): the build's module reaches
+    the runs as $DSVOLC_PEER_FLASHMLA_SO, each run's results.json is summarised, and an earlier
+    race's run left in the same folder is not."""
+    (tmp_path / "fm" / "csrc").mkdir(parents=True)
+    (tmp_path / "cu" / "include").mkdir(parents=True)
+    monkeypatch.setenv("DSVOLC_PEER_FLASHMLA", str(tmp_path / "fm"))
+    monkeypatch.setenv("DSVOLC_PEER_CUTLASS", str(tmp_path / "cu"))
+    out = tmp_path / "out"
+    (out / "run9B").mkdir(parents=True)  # an earlier race's run: B 32 4k at a made-up 0.5x
+    stale = json.loads(RACE20[0].read_text())
+    for row in stale["mla"]:
+        row["variants"]["default"]["us"] = 2 * row["peers"]["flashmla"]["us"]
+    (out / "run9B" / "results.json").write_text(json.dumps(stale))
+    py = "import os, shutil, sys; "
+
+    def fake_steps(out_dir, runs, **kw):
+        build = py + f"os.makedirs({out_dir + '/flashmla-build'!r}); open({out_dir + '/flashmla-build/m.so'!r}, 'w')"
+        todo = [("build", [sys.executable, "-c", build], "build.txt")]
+        for i, src in enumerate(RACE20[:runs]):
+            d = f"{out_dir}/run{i + 1}"
+            run = py + (f"assert os.environ['DSVOLC_PEER_FLASHMLA_SO'].endswith('m.so'); os.makedirs({d!r}); "
+                        f"shutil.copy({str(src)!r}, {d!r} + '/results.json')")
+            todo.append(("run", [sys.executable, "-c", run, "--out", d], f"run{i + 1}.txt"))
+        return todo
+
+    monkeypatch.setattr(mla_race, "steps", fake_steps)
+    said = []
+    assert mla_race.race(str(out), 2, 600, False, False, log=said.append) == 0, said
+    summary = json.loads((out / "summary.json").read_text())
+    want = sorted(round(r["peers"]["flashmla"]["us"] / r["variants"]["default"]["us"], 3)
+                  for p in RACE20[:2] for r in json.loads(p.read_text())["mla"] if r["case"] == "h128_b32_4k")
+    assert sorted(summary["h128_b32_4k"]["default"]["runs"]) == want  # not the stale 0.5
+    assert (out / "summary.md").read_text() == mla_race.table(summary)

@@ -114,7 +114,7 @@ def race(out: str, runs: int, budget_s: float, ncu: bool, tests: bool, dry_run: 
         return 0
     os.makedirs(out, exist_ok=True)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    t0, status = time.monotonic(), 0
+    t0, status, results = time.monotonic(), 0, []
     for kind, argv, dest in todo:
         left = budget_s - (time.monotonic() - t0)
         if left < STEP_S[kind]:
@@ -136,7 +136,9 @@ def race(out: str, runs: int, budget_s: float, ncu: bool, tests: bool, dry_run: 
                 return 1
             env["DSVOLC_PEER_FLASHMLA_SO"] = os.path.abspath(built[0])
         status = status or rc
-    results = sorted(glob.glob(os.path.join(out, "run*", "results.json")))
+        found = os.path.join(argv[argv.index("--out") + 1], "results.json") if kind == "run" else ""
+        if found and os.path.isfile(found):  # this race's runs only, not an earlier race's in the same folder
+            results.append(found)
     if not results:
         log("mla_race: no timed run finished: nothing to summarise")
         return status or 1
