@@ -2,7 +2,7 @@
 goal cases timed beside it in one process, the candidates in both orders over alternate runs,
 Nsight Compute of the default beside FlashMLA, the summary against the 0.9x goal.
 
-    python -m kernels.bench.mla_race --out DIR [--runs 4] [--budget-s 420] [--tests] [--no-ncu]
+    python -m kernels.bench.mla_race --out DIR [--runs 4] [--budget-s 540] [--tests] [--no-ncu]
     python -m kernels.bench.mla_race --summary DIR/run*/results.json     # any runs' JSON, no GPU
 
 Each step is a child process with a time limit (``bench_kernels --only mla``, the FlashMLA
@@ -36,8 +36,8 @@ NCU_KERNELS = "regex:_mla_sm90_kernel|flash_fwd_splitkv_mla_kernel|flash_fwd_mla
 
 
 def steps(out: str, runs: int, cases=CASES, variants=VARIANTS, ncu: bool = True, tests: bool = False,
-          profile_case: str = "h128_b64_4k") -> list[tuple[str, list[str], str | None]]:
-    """The race's steps as (kind, argv, stdout file under ``out`` or None), in order; the FlashMLA
+          profile_case: str = "h128_b64_4k") -> list[tuple[str, list[str], str]]:
+    """The race's steps as (kind, argv, its output file under ``out``), in order; the FlashMLA
     build first (its module's path reaches the later steps through ``$DSVOLC_PEER_FLASHMLA_SO``)."""
     py = sys.executable
     build_dir = os.path.join(out, "flashmla-build")
