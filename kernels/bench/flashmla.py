@@ -36,16 +36,26 @@ def _dirs():
     return os.path.abspath(fm), os.path.abspath(cu)
 
 
+def missing_sources() -> str | None:
+    """What of FlashMLA's sources is not carried, said for a user (None when both are)."""
+    fm, cu = _dirs()
+    if os.path.isdir(os.path.join(fm, "csrc")) and os.path.isdir(os.path.join(cu, "include")):
+        return None
+    return (f"FlashMLA sources not carried (csrc/ under {fm}, include/ under {cu}; set $DSVOLC_PEER_FLASHMLA and "
+            "$DSVOLC_PEER_CUTLASS): deepseek-ai/FlashMLA 9241ae3e, NVIDIA/cutlass 147f5673")
+
+
 def build(build_dir: str, log=print):
     """Compile FlashMLA's dense decode into `build_dir`; returns the module (None when the
     sources are not carried)."""
     from torch.utils.cpp_extension import CUDA_HOME, load
 
+    missing = missing_sources()
+    if missing:
+        log(f"{missing}: peer skipped")
+        return None
     fm, cu = _dirs()
     csrc = os.path.join(fm, "csrc")
-    if not os.path.isdir(csrc) or not os.path.isdir(os.path.join(cu, "include")):
-        log(f"FlashMLA sources not carried ({csrc}, {cu}/include): peer skipped")
-        return None
     os.makedirs(build_dir, exist_ok=True)
     glue = os.path.join(build_dir, "dsvolc_flashmla_binding.cpp")
     with open(glue, "w") as f:

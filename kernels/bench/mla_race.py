@@ -100,10 +100,9 @@ def table(summary: dict) -> str:
 def race(out: str, runs: int, budget_s: float, ncu: bool, tests: bool, dry_run: bool = False, log=print) -> int:
     from kernels.bench import flashmla
 
-    fm, cu = flashmla._dirs()
-    if not os.path.isdir(os.path.join(fm, "csrc")) or not os.path.isdir(os.path.join(cu, "include")):
-        log(f"mla_race: FlashMLA's sources are needed (csrc/ under {fm}, include/ under {cu}; "
-            "set $DSVOLC_PEER_FLASHMLA and $DSVOLC_PEER_CUTLASS): deepseek-ai/FlashMLA 9241ae3e, NVIDIA/cutlass 147f5673")
+    missing = flashmla.missing_sources()
+    if missing:
+        log(f"mla_race: {missing}")
         return 2
     out = os.path.abspath(out)
     ncu = ncu and (dry_run or shutil.which("ncu") is not None)
