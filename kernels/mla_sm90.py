@@ -98,6 +98,7 @@ if HAVE_GLUON:
                                         _softmax_publish, _span, _stage_q, _write_out_l, _write_out_scorer, _zero_tail)
     from kernels.mla_sm90_convert import _mla_sm90_convert_kernel
     from kernels.mla_sm90_fp8 import _mla_sm90_fp8_kernel
+    from kernels.mla_sm90_qfp8 import _mla_sm90_qfp8_kernel
     from kernels.mla_sm90_seesaw import _mla_sm90_seesaw_kernel
     from kernels.sm90_common import GL_DTYPE as _GL
     from kernels.sm90_common import (TensorDescriptor, gdc_launch, gdc_wait, gl, gluon, mbarrier, release, warpgroup_mma,
@@ -110,7 +111,7 @@ ROPE = 64
 BLOCK_H = 64  # heads per program: the rows of one warpgroup MMA
 BLOCK_N = 64  # tokens per key block
 CONFIG_KEYS = ("STAGES", "LEFT", "PREFETCH", "QREG", "LAZY", "PDL", "TILED", "HSTAGES", "BLOCK_N", "SCHEDULE",
-               "CONVERT")
+               "CONVERT", "QFP8")
 # TILED: a key block's four pieces, each landing on its own mbarrier (rope, latent [0, 128),
 # [128, 256), [256, 512)), freed on three: the first two by consumer 0 once its P V retired (it alone
 # reads them), each of the others by consumer 1 once its product on it retired (consumer 0's scores
@@ -161,6 +162,15 @@ def smem_bytes_fp8(stages: int, hstages: int, block_n: int) -> int:
             + 4 * (np_ + 1) * BLOCK_H + 8 * (2 * stages + 2 * hstages + 2 * np_ + 1))
 
 
+def smem_bytes_qfp8(stages: int, hstages: int) -> int:
+    """The fp8 path with fp8 scores (``kernels.mla_sm90_qfp8``): Q [64, 576] e4m3, ``stages`` fp8
+    key blocks [64, 576], consumer 0's fp16 block [64, 256] and ``hstages`` of consumer 1's, two P
+    buffers [64, 64] fp16, the rescale factors, the row sums and the mbarriers."""
+    row = KV_LORA + ROPE
+    return (BLOCK_H * row + stages * BLOCK_N * row + (1 + hstages) * 2 * BLOCK_N * 256 + 2 * 2 * BLOCK_H * BLOCK_N
+            + 4 * 3 * BLOCK_H + 8 * (2 * stages + 5))
+
+
 def launch_config_fp8(config: dict | None) -> dict:
     """The fp8 cache's launch, checked: key blocks of ``BLOCK_N`` tokens (32 or 64), ``STAGES``
     of them in fp8 in the TMA ring, ``HSTAGES`` in fp16 for the products (with one, each
@@ -172,7 +182,10 @@ def launch_config_fp8(config: dict | None) -> dict:
     ``CONVERT``: who converts, "consumers" (this kernel) or "warpgroup" (``kernels.mla_sm90_convert``:
     a converter warpgroup, piece by piece as the products free them; its layout is fixed: 64-token
     blocks, 2 fp8 + 1 fp16). A ``ValueError`` names the field."""
+    if (config or {}).get("QFP8", False) is not False:
+        return _launch_config_qfp8(config)
     cfg = dict(BLOCK_N=64, STAGES=2, HSTAGES=1, LEFT=256, CONVERT="consumers")
+    config = {k: v for k, v in (config or {}).items() if k != "QFP8"}
     if config:
         split_only = ("PREFETCH", "QREG", "LAZY", "PDL", "TILED")  # the bf16 kernel's: refused unless off
         bad = sorted(k for k, v in config.items() if k not in cfg and not (k in split_only and not v))
@@ -200,6 +213,35 @@ def launch_config_fp8(config: dict | None) -> dict:
     if need > SMEM_BYTES:
         raise ValueError(f"mla_sm90 config (fp8 cache): BLOCK_N {cfg['BLOCK_N']}, STAGES {cfg['STAGES']} and HSTAGES "
                          f"{cfg['HSTAGES']} need {need} bytes of shared memory, more than the {SMEM_BYTES} an SM has")
+    return cfg
+
+
+def _launch_config_qfp8(config: dict) -> dict:
+    """``QFP8``: Q quantised to e4m3 per head row and the scores as one fp8 product
+    (``kernels.mla_sm90_qfp8``); 64-token blocks, ``STAGES`` fp8 ones in the TMA ring (default 2),
+    ``HSTAGES`` of consumer 1's fp16 blocks (default 2: its conversion of the next block under its
+    P V; 1 leaves room for 3 stages); LEFT 256 and the consumers converting, fixed."""
+    if config["QFP8"] is not True:
+        raise ValueError(f"mla_sm90 config (fp8 cache): QFP8 (fp8 scores against Q quantised per row) must be true "
+                         f"or false, got {config['QFP8']!r}")
+    cfg = dict(BLOCK_N=64, STAGES=2, HSTAGES=2, LEFT=256, CONVERT="consumers", QFP8=True)
+    split_only = ("PREFETCH", "QREG", "LAZY", "PDL", "TILED")
+    bad = sorted(k for k, v in config.items() if k not in cfg and not (k in split_only and not v))
+    if bad:
+        raise ValueError(f"mla_sm90 config (fp8 cache, QFP8): {bad} do not apply, expected some of {sorted(cfg)}")
+    fixed = dict(BLOCK_N=64, LEFT=256, CONVERT="consumers")
+    wrong = sorted(k for k in fixed if k in config and config[k] != fixed[k])
+    if wrong:
+        raise ValueError(f"mla_sm90 config (fp8 cache): QFP8 fixes {wrong} (BLOCK_N 64, LEFT 256, CONVERT "
+                         f"'consumers'), got {({k: config[k] for k in wrong})}")
+    cfg.update({k: config[k] for k in ("STAGES", "HSTAGES") if k in config})
+    for key in ("STAGES", "HSTAGES"):
+        if not isinstance(cfg[key], int) or isinstance(cfg[key], bool) or cfg[key] < 1:
+            raise ValueError(f"mla_sm90 config (fp8 cache, QFP8): {key} must be an int >= 1, got {cfg[key]!r}")
+    need = smem_bytes_qfp8(cfg["STAGES"], cfg["HSTAGES"])
+    if need > SMEM_BYTES:
+        raise ValueError(f"mla_sm90 config (fp8 cache, QFP8): STAGES {cfg['STAGES']} and HSTAGES {cfg['HSTAGES']} "
+                         f"need {need} bytes of shared memory, more than the {SMEM_BYTES} an SM has")
     return cfg
 
 
@@ -238,9 +280,9 @@ def launch_config(config: dict | None, fp8: bool = False) -> dict:
         if (config or {}).get("SCHEDULE", "split") != "split":
             raise ValueError("mla_sm90 config: SCHEDULE 'seesaw' takes a bf16/fp16 cache only")
         return launch_config_fp8({k: v for k, v in (config or {}).items() if k != "SCHEDULE"})
-    fp8_only = sorted({"HSTAGES", "BLOCK_N", "CONVERT"} & set(config or {}))
+    fp8_only = sorted({"HSTAGES", "BLOCK_N", "CONVERT", "QFP8"} & set(config or {}))
     if fp8_only:
-        raise ValueError(f"mla_sm90 config: {fp8_only} (the fp8 path's blocks and conversion) apply to an fp8 cache "
+        raise ValueError(f"mla_sm90 config: {fp8_only} (the fp8 path's blocks, conversion and scores) apply to an fp8 cache "
                          f"only")
     config = dict(config or {})
     schedule = config.get("SCHEDULE", "split")
@@ -598,6 +640,10 @@ def mla_sm90_split(q, kv_cache, block_table, seq_lens, out, lse, op, lp, chunk, 
         _mla_sm90_convert_kernel[(nh // BLOCK_H, bsz, num_splits)](
             *args, SINGLE=single, STORE_LSE=lse is not None and single, CONSUMER_REGS=regs,
             CONVERTER_REGS=CONVERTER_REGS, HALVES=HALVES, num_warps=4, maxnreg=maxnreg)
+    elif fp8 and cfg.get("QFP8"):
+        _mla_sm90_qfp8_kernel[(nh // BLOCK_H, bsz, num_splits)](*args, SINGLE=single, STORE_LSE=lse is not None and single,
+                                                                STAGES=cfg["STAGES"], HSTAGES=cfg["HSTAGES"],
+                                                                CONSUMER_REGS=regs, num_warps=4, maxnreg=maxnreg)
     elif fp8:
         _mla_sm90_fp8_kernel[(nh // BLOCK_H, bsz, num_splits)](*args, HSTAGES=cfg["HSTAGES"], **common)
     else:

@@ -18,7 +18,7 @@ RACE20_FP8 = RESULTS / "2026-12-07_h100_race20b_mla_fp8.json"
 
 def test_the_candidates_alternate_order_and_every_run_times_every_goal_case():
     plan = mla_race.steps("/tmp/x", runs=4, tests=True)
-    assert [kind for kind, _, _ in plan] == ["build", "run", "run", "run", "run", "ncu", "tests"]
+    assert [kind for kind, _, _ in plan] == ["build", "run", "run", "run", "run", "fp8", "ncu", "tests"]
     orders, outs = [], []
     for kind, argv, _ in plan:
         if kind == "run":
@@ -29,7 +29,12 @@ def test_the_candidates_alternate_order_and_every_run_times_every_goal_case():
     assert orders[0] == list(mla_race.VARIANTS) and orders[1] == list(reversed(mla_race.VARIANTS))
     assert orders[2] == orders[0] and orders[3] == orders[1]
     assert len(set(outs)) == 4  # each run its own folder
-    assert [k for k, _, _ in mla_race.steps("/tmp/x", runs=1, ncu=False)] == ["build", "run"]
+    # the fp8 run: both caches in one process (an fp8 row's FlashMLA time is the bf16 cache's), its own folder
+    fp8 = next(argv for kind, argv, _ in plan if kind == "fp8")
+    assert fp8[fp8.index("--mla-kv") + 1] == "bf16,fp8"
+    assert fp8[fp8.index("--mla-variants") + 1].split(",") == list(mla_race.FP8_VARIANTS)
+    assert fp8[fp8.index("--out") + 1] not in outs
+    assert [k for k, _, _ in mla_race.steps("/tmp/x", runs=1, ncu=False, fp8=False)] == ["build", "run"]
 
 
 def test_the_summary_is_flashmla_time_over_ours_from_one_process_a_run():
@@ -48,10 +53,23 @@ def test_the_summary_is_flashmla_time_over_ours_from_one_process_a_run():
     assert "| h128_b64_4k | sm90_tiled_qreg | 8 |" in mla_race.table(summary)
 
 
-def test_fp8_rows_and_runs_whose_flashmla_failed_its_check_are_left_out(tmp_path):
-    fp8_cases = {r["case"] for r in json.loads(RACE20_FP8.read_text())["mla"] if r["kv"] == "fp8"}
-    assert fp8_cases  # the file has fp8 rows, and none reached the summary's counts:
-    assert all(len(v["default"]["runs"]) == 1 for v in mla_race.summarize([str(RACE20_FP8)]).values())
+def test_fp8_rows_are_raced_against_flashmla_on_the_bf16_cache_from_the_same_process():
+    rows = json.loads(RACE20_FP8.read_text())["mla"]
+    summary = mla_race.summarize([str(RACE20_FP8)])
+    fp8 = [r for r in rows if r["kv"] == "fp8"]
+    assert fp8 and all(len(v["default"]["runs"]) == 1 for v in summary.values())
+    for r in fp8:  # FlashMLA's time on the same case's bf16 cache, which that row of the file carries
+        bf16 = next(b for b in rows if b["kv"] == "bf16" and b["case"] == r["case"])
+        assert r["peers"]["flashmla_bf16_cache"]["us"] == bf16["peers"]["flashmla"]["us"]
+        want = round(bf16["peers"]["flashmla"]["us"] / r["variants"]["default"]["us"], 3)
+        assert summary[f"{r['case']} fp8"]["default"]["runs"] == [want]
+    # kernels/README.md, race 20: the fp8 cache at 0.67-0.76x FlashMLA's bf16 time, the goal missed
+    lows = [summary[f"{r['case']} fp8"]["default"]["low"] for r in fp8]
+    assert min(lows) == pytest.approx(0.666, abs=2e-3) and max(lows) < 0.77
+    assert not any(summary[f"{r['case']} fp8"]["goal_held"] for r in fp8)
+
+
+def test_runs_whose_flashmla_failed_its_check_are_left_out(tmp_path):
     data = json.loads(RACE20[0].read_text())
     data["mla"][0]["peers"]["flashmla"]["ok"] = False
     bad = tmp_path / "bad.json"
@@ -80,9 +98,9 @@ def test_a_budget_too_small_for_the_build_ends_the_race_before_any_run(tmp_path,
     assert not list((tmp_path / "out").glob("run*"))
     said.clear()
     assert mla_race.race(str(tmp_path / "out"), 2, 600, True, True, dry_run=True, log=said.append) == 0
-    assert [s.split(":")[0] for s in said] == ["build", "run", "run", "ncu", "tests"]
+    assert [s.split(":")[0] for s in said] == ["build", "run", "run", "fp8", "ncu", "tests"]
     words = shlex.split(said[-1].split(": ", 1)[1])
-    assert words[words.index("-k") + 1] == "wave or tiled"  # one argument, quoted for a shell
+    assert words[words.index("-k") + 1] == "wave or tiled or qfp8"  # one argument, quoted for a shell
 
 
 @pytest.mark.parametrize("argv, words", [
@@ -138,3 +156,27 @@ def test_a_race_summarises_its_own_runs_with_flashmla_handed_on(tmp_path, monkey
                   for p in RACE20[:2] for r in json.loads(p.read_text())["mla"] if r["case"] == "h128_b32_4k")
     assert sorted(summary["h128_b32_4k"]["default"]["runs"]) == want  # not the stale 0.5
     assert (out / "summary.md").read_text() == mla_race.table(summary)
+
+
+def test_a_step_that_hangs_is_stopped_and_the_race_goes_on(tmp_path, monkeypatch):
+    """A kernel that hangs its run must not take the whole budget: each step is stopped at
+    ``STEP_CAP`` times its usual seconds (exit 124), and the steps after it still run."""
+    (tmp_path / "fm" / "csrc").mkdir(parents=True)
+    (tmp_path / "cu" / "include").mkdir(parents=True)
+    monkeypatch.setenv("DSVOLC_PEER_FLASHMLA", str(tmp_path / "fm"))
+    monkeypatch.setenv("DSVOLC_PEER_CUTLASS", str(tmp_path / "cu"))
+    monkeypatch.setattr(mla_race, "STEP_S", dict(mla_race.STEP_S, build=0.5, fp8=0.5, run=0.5))
+    out = str(tmp_path / "out")
+
+    def fake_steps(out_dir, runs, **kw):
+        build = f"import os; os.makedirs({out_dir + '/flashmla-build'!r}); open({out_dir + '/flashmla-build/m.so'!r}, 'w')"
+        copy = f"import os, shutil; os.makedirs({out_dir + '/run1'!r}); shutil.copy({str(RACE20[0])!r}, {out_dir + '/run1/results.json'!r})"
+        return [("build", [sys.executable, "-c", build], "build.txt"),
+                ("fp8", [sys.executable, "-c", "import time; time.sleep(60)", "--out", out_dir + "/fp8"], "fp8.txt"),
+                ("run", [sys.executable, "-c", copy, "--out", out_dir + "/run1"], "run1.txt")]
+
+    monkeypatch.setattr(mla_race, "steps", fake_steps)
+    said = []
+    assert mla_race.race(out, 1, 600, False, False, log=said.append) == 124, said
+    assert any(line.startswith("mla_race: fp8 -> fp8.txt exit 124 (") for line in said), said
+    assert json.loads((tmp_path / "out" / "summary.json").read_text())  # the run after it was summarised

@@ -28,15 +28,19 @@ import time
 
 CASES = ("h128_b32_4k", "h128_b64_4k", "h128_b128_4k", "h128_b32_32k", "h128_b64_32k")  # issue 27's goal 1
 VARIANTS = ("sm90", "sm90_tiled_qreg", "sm90_qreg")
+# the fp8 cache's candidates (one run, both caches: an fp8 row's FlashMLA time is the bf16 cache's
+# from the same process, FlashMLA having no fp8 dense decode)
+FP8_VARIANTS = ("sm90", "sm90_qfp8", "sm90_qfp8_s3")
 GOAL = 0.9
 # a step's usual seconds on an H100 (races 19-21): what the budget reserves before starting it
-STEP_S = {"build": 120, "run": 45, "ncu": 60, "tests": 90}
+STEP_S = {"build": 120, "run": 45, "fp8": 75, "ncu": 60, "tests": 90}
+STEP_CAP = 3  # a step is stopped at this many times its usual seconds (a kernel that hangs leaves the rest a budget)
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))  # every step runs from here
 NCU_KERNELS = "regex:_mla_sm90_kernel|flash_fwd_splitkv_mla_kernel|flash_fwd_mla_combine_kernel"
 
 
 def steps(out: str, runs: int, cases=CASES, variants=VARIANTS, ncu: bool = True, tests: bool = False,
-          profile_case: str = "h128_b64_4k") -> list[tuple[str, list[str], str]]:
+          profile_case: str = "h128_b64_4k", fp8: bool = True) -> list[tuple[str, list[str], str]]:
     """The race's steps as (kind, argv, its output file under ``out``), in order; the FlashMLA
     build first (its module's path reaches the later steps through ``$DSVOLC_PEER_FLASHMLA_SO``)."""
     py = sys.executable
@@ -48,13 +52,18 @@ def steps(out: str, runs: int, cases=CASES, variants=VARIANTS, ncu: bool = True,
         todo.append(("run", [py, "-m", "kernels.bench.bench_kernels", "--only", "mla", "--mla-kv", "bf16",
                              "--mla-variants", ",".join(order), "--cases", ",".join(cases), "--mla-timer", "scrub",
                              "--out", os.path.join(out, name)], f"{name}_stdout.txt"))
+    if fp8:
+        todo.append(("fp8", [py, "-m", "kernels.bench.bench_kernels", "--only", "mla", "--mla-kv", "bf16,fp8",
+                             "--mla-variants", ",".join(FP8_VARIANTS), "--cases", ",".join(cases), "--mla-timer",
+                             "scrub", "--out", os.path.join(out, "fp8")], "fp8_stdout.txt"))
     if ncu:
         todo.append(("ncu", ["ncu", "--set", "full", "--cache-control", "none", "--clock-control", "none", "-k",
                              NCU_KERNELS, "-c", "5", py, "-m", "kernels.bench.mla", "--profile", "--case",
                              profile_case], f"ncu_default_{profile_case}.txt"))
     if tests:
         todo.append(("tests", [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/kernels/test_mla_sm90.py",
-                               "tests/kernels/test_mla_decode.py", "-k", "wave or tiled"], "tests.txt"))
+                               "tests/kernels/test_mla_decode.py", "tests/kernels/test_mla_sm90_qfp8.py", "-k",
+                               "wave or tiled or qfp8"], "tests.txt"))
     return todo
 
 
@@ -67,10 +76,20 @@ def summarize(paths: list[str]) -> dict:
         with open(path) as f:
             data = json.load(f)
         for row in data.get("mla", []):
-            peer = (row.get("peers") or {}).get("flashmla") or {}
-            if row.get("kv") != "bf16" or not peer.get("ok") or not peer.get("us"):
+            peers = row.get("peers") or {}
+            if row.get("kv") == "bf16":
+                peer = peers.get("flashmla") or {}
+                if not peer.get("ok"):
+                    continue
+                key = row["case"]
+            elif row.get("kv") == "fp8":  # FlashMLA's time on the same case's bf16 cache (checked there)
+                peer = peers.get("flashmla_bf16_cache") or {}
+                key = f"{row['case']} fp8"
+            else:
                 continue
-            per = cases.setdefault(row["case"], {})
+            if not peer.get("us"):
+                continue
+            per = cases.setdefault(key, {})
             for name, v in (row.get("variants") or {}).items():
                 if v.get("ok") and v.get("us"):
                     per.setdefault(name, []).append(peer["us"] / v["us"])
@@ -97,7 +116,8 @@ def table(summary: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def race(out: str, runs: int, budget_s: float, ncu: bool, tests: bool, dry_run: bool = False, log=print) -> int:
+def race(out: str, runs: int, budget_s: float, ncu: bool, tests: bool, dry_run: bool = False, log=print,
+         fp8: bool = True) -> int:
     from kernels.bench import flashmla
 
     missing = flashmla.missing_sources()
@@ -106,7 +126,7 @@ def race(out: str, runs: int, budget_s: float, ncu: bool, tests: bool, dry_run: 
         return 2
     out = os.path.abspath(out)
     ncu = ncu and (dry_run or shutil.which("ncu") is not None)
-    todo = steps(out, runs, ncu=ncu, tests=tests)
+    todo = steps(out, runs, ncu=ncu, tests=tests, fp8=fp8)
     if dry_run:
         for kind, argv, dest in todo:
             log(f"{kind}: {shlex.join(argv)}" + (f" > {os.path.join(out, dest)}" if dest else ""))
@@ -123,8 +143,8 @@ def race(out: str, runs: int, budget_s: float, ncu: bool, tests: bool, dry_run: 
             continue
         with open(os.path.join(out, dest), "w") as f:
             try:
-                rc = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT, env=env, timeout=left,
-                                    cwd=REPO).returncode
+                rc = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=REPO,
+                                    timeout=min(left, STEP_CAP * STEP_S[kind])).returncode
             except subprocess.TimeoutExpired:
                 rc = 124
         log(f"mla_race: {kind} -> {dest} exit {rc} ({time.monotonic() - t0:.0f} s in)")
@@ -135,7 +155,7 @@ def race(out: str, runs: int, budget_s: float, ncu: bool, tests: bool, dry_run: 
                 return 1
             env["DSVOLC_PEER_FLASHMLA_SO"] = os.path.abspath(built[0])
         status = status or rc
-        found = os.path.join(argv[argv.index("--out") + 1], "results.json") if kind == "run" else ""
+        found = os.path.join(argv[argv.index("--out") + 1], "results.json") if kind in ("run", "fp8") else ""
         if found and os.path.isfile(found):  # this race's runs only, not an earlier race's in the same folder
             results.append(found)
     if not results:
@@ -157,7 +177,8 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=int, default=4, help="timed runs, the candidates' order reversed every other")
     ap.add_argument("--budget-s", type=float, default=540.0, help="seconds the whole race may take")
     ap.add_argument("--no-ncu", action="store_true", help="no Nsight Compute profile")
-    ap.add_argument("--tests", action="store_true", help="also the wave and TILED GPU tests")
+    ap.add_argument("--tests", action="store_true", help="also the wave, TILED and QFP8 GPU tests")
+    ap.add_argument("--no-fp8", action="store_true", help="no fp8-cache run")
     ap.add_argument("--dry-run", action="store_true", help="print the steps, run nothing")
     ap.add_argument("--summary", nargs="+", metavar="RESULTS_JSON", help="summarise earlier runs' results.json")
     a = ap.parse_args(argv)
@@ -174,7 +195,7 @@ def main(argv=None) -> int:
         ap.error("--out DIR is required (or --summary RESULTS_JSON ...)")
     if a.runs < 1 or a.budget_s <= 0:
         ap.error(f"--runs must be >= 1 and --budget-s > 0 (got {a.runs}, {a.budget_s})")
-    return race(a.out, a.runs, a.budget_s, not a.no_ncu, a.tests, a.dry_run)
+    return race(a.out, a.runs, a.budget_s, not a.no_ncu, a.tests, a.dry_run, fp8=not a.no_fp8)
 
 
 if __name__ == "__main__":

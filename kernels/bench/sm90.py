@@ -223,6 +223,13 @@ def mla_sm90_build(config: dict | None = None, single: bool = False, dtype: str 
         consts = {"SINGLE": single, "STORE_LSE": single, "CONSUMER_REGS": regs, "CONVERTER_REGS": CONVERTER_REGS,
                   "HALVES": HALVES, "num_warps": 4}
         return gluon_sm90_build(_mla_sm90_convert_kernel, sig, consts, 4, maxnreg)
+    if fp8 and cfg.get("QFP8"):
+        from kernels.mla_sm90_qfp8 import _mla_sm90_qfp8_kernel
+
+        maxnreg, regs = registers()
+        consts = {"SINGLE": single, "STORE_LSE": single, "STAGES": cfg["STAGES"], "HSTAGES": cfg["HSTAGES"],
+                  "CONSUMER_REGS": regs, "num_warps": 4}
+        return gluon_sm90_build(_mla_sm90_qfp8_kernel, sig, consts, 4, maxnreg)
     if fp8:
         maxnreg, regs = registers()
         consts = {"SINGLE": single, "STORE_LSE": single, "STAGES": cfg["STAGES"], "HSTAGES": cfg["HSTAGES"],

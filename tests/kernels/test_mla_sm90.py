@@ -244,7 +244,7 @@ def test_a_config_is_checked_before_launch():
         sm90.launch_config(dict(LEFT=192))
     with pytest.raises(ValueError, match="STAGES 3 need 3[0-9]+ bytes of shared memory"):
         sm90.launch_config(dict(STAGES=3))  # Q and three 72 KB key blocks
-    with pytest.raises(ValueError, match=r"\['BLOCK_N', 'HSTAGES'\] \(the fp8 path's blocks and conversion\) apply"):
+    with pytest.raises(ValueError, match=r"\['BLOCK_N', 'HSTAGES'\] \(the fp8 path's blocks, conversion and scores\) apply"):
         sm90.launch_config(dict(HSTAGES=2, BLOCK_N=64))
 
 
@@ -257,7 +257,7 @@ def test_the_fp8_config_is_checked_before_launch():
         sm90.launch_config(dict(CONVERT="producer"), fp8=True)
     with pytest.raises(ValueError, match=r"CONVERT 'warpgroup' fixes \['BLOCK_N', 'STAGES'\]"):
         sm90.launch_config(dict(CONVERT="warpgroup", BLOCK_N=32, STAGES=4), fp8=True)
-    with pytest.raises(ValueError, match=r"\['CONVERT'\] \(the fp8 path's blocks and conversion\) apply to an fp8"):
+    with pytest.raises(ValueError, match=r"\['CONVERT'\] \(the fp8 path's blocks, conversion and scores\) apply to an fp8"):
         sm90.launch_config(dict(CONVERT="warpgroup"))
     with pytest.raises(ValueError, match=r"fp8 cache\): \['PREFETCH'\] do not apply"):
         sm90.launch_config(dict(PREFETCH=True), fp8=True)

@@ -1,0 +1,145 @@
+"""The fp8 cache's MLA decode with fp8 scores (kernels/mla_sm90_qfp8.py, ``config={"KERNEL": "sm90",
+"QFP8": True}``): Q quantised to e4m3 per head row, the scores one fp8 product from the landed
+block, P V in fp16 on columns each consumer converts for itself.
+
+On any machine the kernel is compiled for sm_90a and its build checked: the scores as fp8
+products only (QGMMA), P V as fp16 ones, each consumer converting its own 256 columns once a block;
+on a Hopper GPU its output is checked against the float64 reference on the same quantised Q
+(kernels/bench/mla.py's ``quantize_q_rows``), with the cache slots past every sequence poisoned
+with NaN, and against the exact Q within the error Q's rounding is expected to add."""
+
+import pytest
+from engine_extra import require
+
+require("torch", "triton")
+import torch  # noqa: E402
+from sm90_build import build, needs_hopper  # noqa: E402
+
+from kernels import mla_sm90 as sm90  # noqa: E402
+from kernels.bench.mla import QFP8_TOL, quantize_q_rows  # noqa: E402
+from kernels.mla_decode import mla_decode  # noqa: E402
+from kernels.reference import mla_decode_reference  # noqa: E402
+
+needs_gluon = pytest.mark.skipif(not sm90.HAVE_GLUON, reason="this Triton build has no Gluon Hopper modules")
+SCALE = 192**-0.5
+KV_SCALE = 0.125
+
+
+@needs_gluon
+@pytest.mark.parametrize("single,cfg", [(False, None), (True, None), (False, dict(STAGES=3, HSTAGES=1))],
+                         ids=["splits", "one_split", "three_stages"])
+def test_the_qfp8_build(single, cfg):
+    """Per 64-token key block: the scores 512 / 32 + 64 / 32 fp8 k-steps and no fp16 score
+    product; each half's P V 64 / 16 fp16 k-steps, consumer 0's with P in registers; the
+    conversion only of the output columns, consumer 0 its 256 once (in the loop), consumer 1 its
+    256 twice (before the loop and in it): 64 x 256 / 128 threads / 2 values per unpack each, where
+    the exact-Q kernel converts 320 + 256 columns; a few scalars spill (the exact-Q kernel's
+    none under Triton 3.6)."""
+    import triton
+
+    info = build("mla_sm90_build", dict(QFP8=True, **(cfg or {})), single=single, kv="fp8")
+    c = sm90.launch_config(dict(QFP8=True, **(cfg or {})), fp8=True)
+    assert not info["serialized"], info["ptxas_info"]
+    assert info["qgmma"] == 512 // 32 + 64 // 32, info
+    assert info["hgmma"] == 2 * 64 // 16 and info["hgmma_reg_a"] == 64 // 16, info
+    assert info["f8_unpack"] == 3 * (64 * 256 // 128 // 2), info
+    assert info["spill_bytes"] <= (80 if triton.__version__.startswith("3.6") else 160), info["ptxas_info"]
+    assert sm90.smem_bytes_qfp8(c["STAGES"], c["HSTAGES"]) - 1024 <= info["shared"] <= sm90.SMEM_BYTES, info
+
+
+def test_the_qfp8_config_is_checked_before_launch():
+    assert sm90.launch_config(dict(QFP8=True), fp8=True) == dict(BLOCK_N=64, STAGES=2, HSTAGES=2, LEFT=256,
+                                                                 CONVERT="consumers", QFP8=True)
+    assert sm90.launch_config(dict(QFP8=True, STAGES=3, HSTAGES=1, QREG=0), fp8=True)["STAGES"] == 3
+    assert "QFP8" not in sm90.launch_config(dict(QFP8=False), fp8=True)  # off: the exact-Q kernel
+    with pytest.raises(ValueError, match="QFP8 .* must be true or false, got 1"):
+        sm90.launch_config(dict(QFP8=1), fp8=True)
+    with pytest.raises(ValueError, match=r"QFP8 fixes \['BLOCK_N', 'CONVERT'\]"):
+        sm90.launch_config(dict(QFP8=True, BLOCK_N=32, CONVERT="warpgroup"), fp8=True)
+    with pytest.raises(ValueError, match=r"QFP8\): \['QREG'\] do not apply"):
+        sm90.launch_config(dict(QFP8=True, QREG=256), fp8=True)
+    with pytest.raises(ValueError, match="QFP8\\): HSTAGES must be an int >= 1, got 0"):
+        sm90.launch_config(dict(QFP8=True, HSTAGES=0), fp8=True)
+    with pytest.raises(ValueError, match="STAGES 3 and HSTAGES 2 need 2[0-9]{5} bytes of shared memory"):
+        sm90.launch_config(dict(QFP8=True, STAGES=3), fp8=True)
+    with pytest.raises(ValueError, match=r"\['QFP8'\] \(the fp8 path's blocks, conversion and scores\) apply to an fp8"):
+        sm90.launch_config(dict(QFP8=True))
+    # the shared memory the kernel allocates: Q and the key blocks in fp8, three fp16 halves of a block
+    assert sm90.smem_bytes_qfp8(2, 2) == 64 * 576 * 3 + 3 * 64 * 256 * 2 + 2 * 64 * 64 * 2 + 4 * 3 * 64 + 8 * 9
+
+
+def test_the_reference_quantises_each_row_to_its_own_scale():
+    """``quantize_q_rows`` (the GPU tests' and the benchmark's reference Q): each head row's
+    largest |q| lands on 448 (e4m3's largest value) and maps back to itself, values keep their
+    sign, a row of zeros stays zero, and the rounding is e4m3's (within 2^-4 of each value's
+    magnitude, relative to the row's scale)."""
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 4, 576, generator=g) * torch.tensor([1.0, 10.0, 0.01, 0.0]).view(1, 4, 1)
+    d = quantize_q_rows(q)
+    amax = q.abs().amax(-1)
+    assert torch.allclose(d.abs().amax(-1), amax)
+    assert (d[:, 3] == 0).all() and ((d * q) >= 0).all()
+    err = (d - q).abs() / (amax[..., None] / 448).clamp(min=1e-10)
+    assert err[:, :3].max() <= 16 + 1e-3, err.max()  # half of e4m3's spacing (32) in [256, 448], in scale units
+    rel = ((d - q).norm() / q.norm()).item()
+    assert 1e-3 < rel < 0.06, rel
+
+
+def _case(lens, heads, dtype, page, seed):
+    gen = torch.Generator().manual_seed(seed)
+    pages = [max(1, -(-n // page)) for n in lens]
+    nblk = sum(pages) + 3
+    cache = torch.randn(nblk, page, 576, generator=gen)
+    perm = torch.randperm(nblk, generator=gen)
+    bt = torch.zeros(len(lens), max(pages) + 2, dtype=torch.int32)
+    i = 0
+    for b, (n, p) in enumerate(zip(lens, pages)):
+        bt[b, :p] = perm[i:i + p]
+        i += p
+        cache[int(bt[b, p - 1]), n - (p - 1) * page if n else 0:] = float("nan")  # the slots past the sequence
+    cache = (cache / KV_SCALE).to(torch.float8_e4m3fn)  # e4m3 keeps NaN
+    q = torch.randn(len(lens), heads, 576, generator=gen).to(dtype)
+    return q.cuda(), cache.cuda(), bt.cuda(), torch.tensor(lens, dtype=torch.int32).cuda()
+
+
+def _check(lens, heads=128, dtype=torch.bfloat16, page=64, num_splits=None, config=None, seed=0):
+    q, cache, bt, sl = _case(lens, heads, dtype, page, seed)
+    out = torch.full((len(lens), heads, 512), float("nan"), dtype=dtype, device="cuda")  # poison
+    o, lse = mla_decode(q, cache, bt, sl, SCALE, kv_scale=KV_SCALE, max_seq_len=max(lens), num_splits=num_splits,
+                        out=out, return_lse=True, config=dict(KERNEL="sm90", QFP8=True, **(config or {})))
+    assert not torch.isnan(o).any()
+    o, lse = o.cpu().double(), lse.cpu().double()
+    args = (cache.cpu(), bt.cpu(), sl.cpu(), SCALE, KV_SCALE)
+    ro, rl = mla_decode_reference(quantize_q_rows(q.cpu()).double(), *args, compute_dtype=torch.float64)
+    err = ((o - ro).norm() / ro.norm()).item()
+    assert err < QFP8_TOL["rel"], err
+    seen = torch.isfinite(rl)
+    assert torch.equal(torch.isfinite(lse), seen)
+    assert (lse[seen] - rl[seen]).abs().max() < QFP8_TOL["lse"]
+    for b, n in enumerate(lens):
+        if n == 0:
+            assert (o[b] == 0).all()
+    # against the exact Q: Q's rounding adds about what the cache's own rounding gives (3.7% on N(0, 1) data)
+    ex, _ = mla_decode_reference(q.cpu().double(), *args, compute_dtype=torch.float64)
+    assert ((o - ex).norm() / ex.norm()).item() < 0.06
+
+
+@needs_hopper
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("num_splits", [1, 3, None], ids=["one_split", "three_splits", "auto"])
+@pytest.mark.parametrize("config", [None, dict(STAGES=3, HSTAGES=1)], ids=["qfp8", "qfp8_three_stages"])
+def test_qfp8_ragged_batch_matches_the_reference(num_splits, config):
+    # partial blocks either side of 64 tokens, one block exactly, several, an empty sequence
+    _check([0, 1, 63, 64, 65, 300, 1000], num_splits=num_splits, config=config, seed=num_splits or 5)
+
+
+@needs_hopper
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("case", [
+    dict(lens=[129, 700], dtype=torch.float16),
+    dict(lens=[200, 64, 1], heads=64),
+    dict(lens=[300, 517], page=128),
+    dict(lens=[4096] * 4, num_splits=4),
+], ids=["fp16", "64_heads", "page_128", "long"])
+def test_qfp8_cases_match_the_reference(case):
+    _check(seed=17, **case)
