@@ -2,12 +2,16 @@
 goal cases timed beside it in one process, the candidates in both orders over alternate runs,
 Nsight Compute of the default beside FlashMLA, the summary against the 0.9x goal.
 
-    python -m kernels.bench.mla_race --out DIR [--runs 4] [--budget-s 540] [--tests] [--no-ncu]
+    python -m kernels.bench.mla_race --out DIR [--runs 4] [--budget-s 540] [--tests] [--no-ncu] [--no-fp8]
     python -m kernels.bench.mla_race --summary DIR/run*/results.json     # any runs' JSON, no GPU
 
 Each step is a child process with a time limit (``bench_kernels --only mla``, the FlashMLA
-build, ``ncu``, pytest); a step whose usual time (``STEP_S``) would pass ``--budget-s`` is
-skipped and said so, so a lent machine's limit ends a race with what it measured. FlashMLA's
+build, ``ncu``, pytest): the budget's remainder, at most ``STEP_CAP`` times the step's usual time
+(``STEP_S``), so a kernel that hangs costs one step; a step whose usual time would pass
+``--budget-s`` is skipped and said so, so a lent machine's limit ends a race with what it measured.
+After the bf16 runs one run times both caches with the fp8 cache's candidates (``FP8_VARIANTS``;
+an fp8 row's FlashMLA time is the same case's bf16 cache's, FlashMLA having no fp8 dense decode),
+summarised as ``<case> fp8``. FlashMLA's
 sources (``kernels/bench/flashmla.py``: ``$DSVOLC_PEER_FLASHMLA``, ``$DSVOLC_PEER_CUTLASS``) are
 required: a race of the goal without its peer measures nothing the goal asks. ``--dry-run``
 prints the steps. Orders alternate because races 19c-19d saw one kernel 1-5% apart by its place
