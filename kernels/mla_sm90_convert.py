@@ -43,17 +43,17 @@ if HAVE_GLUON:
     from kernels.mla_sm90_parts import (_load_block, _publish, _softmax_step, _span, _stage_q, _write_out,
                                         _write_out_l, _write_out_scorer)
     from kernels.sm90_common import fence_async_shared, gl, gluon, mbarrier, release, warpgroup_mma, warpgroup_mma_wait
-    from kernels.sm90_common import row_chunk_layout, wgmma_layout
+    from kernels.sm90_common import half_store_layout, row_chunk_layout, wgmma_layout
 
     _PIECE = gl.constexpr(PIECE)
 
     @gluon.jit
     def _to_half_piece(src, dst, HALVES: gl.constexpr):
-        """An fp8 [64, W] piece -> fp16 (exact), 16 values a thread and row, in ``HALVES`` row
-        slices (Triton puts a barrier between a partition's shared-memory loads and its stores,
-        so each slice is one load, then one store)."""
+        """An fp8 [64, W] piece -> fp16 (exact), 8 values a thread and row (``half_store_layout``:
+        conflict-free stores), in ``HALVES`` row slices (Triton puts a barrier between a partition's
+        shared-memory loads and its stores, so each slice is one load, then one store)."""
         R: gl.constexpr = src.shape[0] // HALVES
-        blk: gl.constexpr = row_chunk_layout(src.shape[1])
+        blk: gl.constexpr = half_store_layout(src.shape[1])
         for i in gl.static_range(HALVES):
             dst.slice(i * R, R, dim=0).store(src.slice(i * R, R, dim=0).load(blk).to(gl.float16))
 

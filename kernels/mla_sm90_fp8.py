@@ -15,18 +15,18 @@ from kernels.sm90_common import HAVE_GLUON
 if HAVE_GLUON:
     from kernels.mla_sm90_parts import (_PRODUCER_REGS, _producer, _qk, _softmax_publish, _span, _stage_q,
                                         _write_out_l, _write_out_scorer)
-    from kernels.sm90_common import (fence_async_shared, gl, gluon, mbarrier, release, row_chunk_layout,
+    from kernels.sm90_common import (fence_async_shared, gl, gluon, half_store_layout, mbarrier, release,
                                      warpgroup_mma, warpgroup_mma_wait, wgmma_layout)
     from kernels.sm90_common import cta_barrier as _cta_barrier
 
     @gluon.jit
     def _to_half(src, dst, valid):
         """An fp8 [rows, W] slice of a key block -> fp16 (exact: every e4m3 value is an fp16 one),
-        128 columns at a time, 16 values a thread; rows >= ``valid`` (past the sequence: the slot
-        may hold anything, NaN included) -> 0."""
+        128 columns at a time, 8 values a thread (``half_store_layout``: conflict-free stores); rows
+        >= ``valid`` (past the sequence: the slot may hold anything, NaN included) -> 0."""
         W: gl.constexpr = src.shape[1]
         CW: gl.constexpr = 128 if W >= 128 else W
-        blk: gl.constexpr = row_chunk_layout(CW)
+        blk: gl.constexpr = half_store_layout(CW)
         rows = gl.arange(0, src.shape[0], layout=gl.SliceLayout(1, blk))
         for i in gl.static_range(W // CW):
             x = src.slice(i * CW, CW, dim=1).load(blk).to(gl.float16)

@@ -10,7 +10,7 @@ import triton
 
 __all__ = ["HAVE_GLUON", "SMEM_BYTES", "split_registers", "GL_DTYPE", "TensorDescriptor", "async_copy", "cp_async",
            "cta_barrier", "fence_async_shared", "gl", "gluon", "mbarrier", "mma_v2", "release", "tma", "tma_load",
-           "tma_store", "warpgroup_mma", "warpgroup_mma_wait", "wgmma_layout"]
+           "tma_store", "warpgroup_mma", "warpgroup_mma_wait", "wgmma_layout", "half_store_layout"]
 
 SMEM_BYTES = 227 * 1024  # the shared memory one sm_90 CTA may take
 
@@ -85,6 +85,15 @@ try:  # Gluon ships with Triton >= 3.4; the Hopper modules exist only in the CUD
         memory: 16 contiguous values a thread, one 16-byte unit of the swizzle, ``w // 16`` threads
         a row (``w`` 16 to 512), callable from Gluon code."""
         return gl.BlockedLayout([1, 16], [32 // (w // 16), w // 16], [4, 1], [1, 0])
+
+    @triton.constexpr_function
+    def half_store_layout(w):
+        """The layout of a warpgroup's [rows, ``w``] fp8 -> fp16 conversion: 8 contiguous values a
+        thread, so each thread's fp16 store is one 16-byte unit of the 128-byte swizzle and a warp's
+        store is conflict-free (``row_chunk_layout``'s 16 values a thread store 32 bytes, two units:
+        Nsight Compute counted every conversion store twice over, 2^22 excess wavefronts at B 64 4k,
+        race 22), ``w // 8`` threads a row (``w`` 64 to 256), callable from Gluon code."""
+        return gl.BlockedLayout([1, 8], [32 // (w // 8), w // 8], [4, 1], [1, 0])
 
 except ImportError:  # pragma: no cover - depends on the Triton build
     HAVE_GLUON = False

@@ -194,8 +194,9 @@ def load_vllm_triton_mla(log):
 
 MLA_TOL = {"bf16": 1e-2, "fp8": 1e-2}
 # QFP8 against the reference on its own quantised Q: the fp8 score product's accumulation (not
-# IEEE fp32 on Hopper) moves the LSE more than 1e-3
-QFP8_TOL = dict(rel=2e-2, lse=2e-2)
+# IEEE fp32 on Hopper: about 2^-10 of the terms' magnitude) moved the LSE up to 0.035 on a
+# one-token sequence (race 22, H100; mean 1.4e-3), where Q's own rounding moves it up to 0.14
+QFP8_TOL = dict(rel=2e-2, lse=5e-2)
 
 
 def quantize_q_rows(q):
