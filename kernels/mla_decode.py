@@ -255,9 +255,10 @@ def mla_decode(
     split policy keys) the Gluon kernel runs wherever ``mla_sm90.supported`` (H200 races 9
     and 10b, kernels/bench/results/2026-12-03_h200_race9_mla* and _race10b_mla*: 2.0-2.3x the
     Triton kernel's speed at 128 heads on bf16 caches, 2.2-2.4x on fp8 ones), the Triton kernel
-    elsewhere. With no config at all, a bf16/fp16 batch whose programs fit one wave of the SMs
-    (batch x head blocks <= SMs) runs the Gluon kernel with ``mla_sm90.WAVE_DEFAULT`` (TILED and
-    QREG 256: race 19, 1.02-1.05x the plain kernel at B 32-64 4k on the H100; ``default_for``).
+    elsewhere. With no config at all, a bf16/fp16 batch whose programs fit two waves of the SMs
+    (batch x head blocks <= 2 x SMs) runs the Gluon kernel with ``mla_sm90.WAVE_DEFAULT`` (TILED
+    and QREG 256: race 19, 1.02-1.05x the plain kernel at B 32-64 4k on the H100; race 22,
+    1.05-1.06x at B 128 4k; ``default_for``).
     """
     if not isinstance(q, torch.Tensor) or q.dim() != 3:
         raise ValueError(f"q must be [batch, heads, {KV_LORA + ROPE}], got {getattr(q, 'shape', type(q))}")
@@ -312,7 +313,7 @@ def mla_decode(
             raise ValueError("config KERNEL 'sm90' needs a Hopper GPU, Gluon, a multiple of 64 heads, a cache in q's "
                              "dtype or fp8 e4m3 with pages of a multiple of 64 tokens stored one after another")
         split = {k: config.pop(k) for k in SPLIT_KEYS if k in config}  # the split policy applies to both kernels
-        if chosen:  # race 19: TILED+QREG where the batch fits one wave (mla_sm90.WAVE_DEFAULT)
+        if chosen:  # races 19 and 22: TILED+QREG where the batch fits two waves (mla_sm90.WAVE_DEFAULT)
             config = mla_sm90.default_for(bsz, nh, sms, fp8)
         sm90_cfg = mla_sm90.launch_config(config, fp8)  # its keys; the split follows the Triton tile's rule
         config = split

@@ -59,7 +59,7 @@ still multiplied (race 16, H100: 0.94-0.98x the default's speed; opt-in).
 e4m3 once per program, one scale per head row, and the scores one fp8 product straight from the
 TMA-loaded block (both operands are K-major there), so they no longer wait for the block's fp16
 conversion; each consumer converts only its own 256 output columns for its P V. Q's rounding adds
-an error of the size the fp8 cache's own adds (kernels/README.md), so opt-in (not raced yet).
+an error of the size the fp8 cache's own adds (kernels/README.md), so opt-in (race 22, H100: 1.13-1.22x the exact-Q kernel's speed).
 
 ``config={"PDL": True}`` launches the split kernel as a programmatic dependent launch, as FlashMLA
 launches its decode: its programs are placed while the kernel before it drains and wait
@@ -79,7 +79,8 @@ block j + 2 begins during block j's products instead of after them). Each piece'
 allocation of their own, and consumer 0 arrives twice a block: Triton 3.6 puts a barrier of the
 partition's warps before every single-thread arrival and between two mbarrier operations on one
 allocation, which gave consumer 0 eleven such barriers a block where the plain kernel has four
-(race 21 took it to four).
+(race 21 took it to four). With ``QREG`` 256 it is ``mla_decode``'s default for bf16/fp16 caches
+where the batch's programs fit two waves of the SMs (``default_for``; races 19 and 22).
 
 ``config={"SCHEDULE": "seesaw"}`` runs the bf16 cache on ``kernels.mla_sm90_seesaw`` instead,
 FlashMLA's schedule (two warpgroups scoring alternate blocks); races 11 and 13 timed it at
@@ -130,14 +131,18 @@ if HAVE_GLUON:
 SCHEDULES = ("split", "seesaw")  # kernels.mla_sm90_seesaw: the second
 CONVERTS = ("consumers", "warpgroup")  # the fp8 cache's conversion; kernels.mla_sm90_convert: the second
 # mla_decode's choice for a bf16/fp16 cache when the caller names no keys: TILED with QREG 256 where
-# the batch's programs before splitting fit on the SMs in one wave (batch x head blocks <= SMs),
-# the plain split kernel elsewhere. Races 19, 19c and 19d (H100s, FlashMLA in each run, 128 heads;
-# kernels/bench/results/2026-12-07_h100_race19_mla_*, _race19{c,d}_mla_order_*): TILED+QREG ran
-# 1.02-1.05x the plain kernel at B 32 4k in all twenty-one runs, 1.02-1.05x at B 64 4k in the
-# sixteen scrub-timer runs (0.995-1.09x under the layers timer), 0.98-1.13x at 32k; at B 128 4k
-# (two programs per SM) 0.90-0.96x under race 19's layers timer and 0.99-1.04x in races 19c-19d,
-# so there it is left off. The rule counts programs (one per 64 heads of a sequence, the same work
-# at any head count), so 64 heads, raced at no batch, take it up to B = SMs.
+# the batch's programs before splitting fit on the SMs in WAVE_DEFAULT_WAVES waves (batch x head
+# blocks <= 2 x SMs), the plain split kernel elsewhere. Races 19, 19c and 19d (H100s, FlashMLA in
+# each run, 128 heads; kernels/bench/results/2026-12-07_h100_race19_mla_*, _race19{c,d}_mla_order_*):
+# TILED+QREG ran 1.02-1.05x the plain kernel at B 32 4k in all twenty-one runs, 1.02-1.05x at B 64
+# 4k in the sixteen scrub-timer runs (0.995-1.09x under the layers timer), 0.98-1.13x at 32k; at
+# B 128 4k (two programs per SM) 0.90-0.96x under race 19's layers timer and 0.99-1.04x in races
+# 19c-19d, so it was left off there. Race 22 (H100, after race 21 took the TILED build's consumer 0
+# from eleven partition barriers a block to four; _race22_summary.json) timed it at B 128 4k
+# 1.045-1.061x the plain kernel in all four runs (FlashMLA's time over ours 0.931-0.938 against
+# 0.884-0.897), so two waves take it now; past two waves it is unraced and stays off. The rule
+# counts programs (one per 64 heads of a sequence, the same work at any head count).
+WAVE_DEFAULT_WAVES = 2
 WAVE_DEFAULT = {"TILED": True, "QREG": 256}
 # whether mla_decode takes this kernel for an fp8 cache unasked: race 10b timed its 64-token path
 # at 2.21-2.41x the Triton kernel's speed (kernels/bench/results/2026-12-03_h200_race10b_mla.json)
@@ -340,11 +345,12 @@ def launch_config(config: dict | None, fp8: bool = False) -> dict:
 
 def default_for(batch: int, heads: int, sms: int, fp8: bool) -> dict:
     """The keys ``mla_decode`` gives this kernel when its caller names none: ``WAVE_DEFAULT`` for
-    a bf16/fp16 cache whose batch fits one wave before splitting (``batch * heads / BLOCK_H <=
-    sms``), nothing otherwise (the fp8 path and larger batches keep ``launch_config``'s defaults)."""
+    a bf16/fp16 cache whose batch fits ``WAVE_DEFAULT_WAVES`` waves before splitting (``batch *
+    heads / BLOCK_H <= 2 * sms``), nothing otherwise (the fp8 path and larger batches keep
+    ``launch_config``'s defaults)."""
     if fp8 or batch < 1 or sms < 1:
         return {}
-    return dict(WAVE_DEFAULT) if batch * -(-heads // BLOCK_H) <= sms else {}
+    return dict(WAVE_DEFAULT) if batch * -(-heads // BLOCK_H) <= WAVE_DEFAULT_WAVES * sms else {}
 
 
 def supported(q: torch.Tensor, kv_cache: torch.Tensor) -> bool:

@@ -13,7 +13,7 @@ WITHOUT_PULUMI = "import sys; sys.modules['pulumi'] = None; import pytest; sys.e
 
 
 def test_the_kernel_tests_run_where_the_pulumi_sdk_is_not_installed():
-    test = "tests/kernels/test_mla_sm90.py::test_the_wave_default_follows_race_19"
+    test = "tests/kernels/test_mla_sm90.py::test_the_wave_default_follows_races_19_and_22"
     r = subprocess.run([sys.executable, "-c", WITHOUT_PULUMI, "-q", "-p", "no:cacheprovider", test],
                        cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and "1 passed" in r.stdout, r.stdout[-3000:] + r.stderr[-2000:]
