@@ -17,7 +17,8 @@ from sm90_build import HOPPER, build, needs_hopper  # noqa: E402
 
 from kernels import mla_sm90 as sm90  # noqa: E402
 from kernels.mla_decode import mla_decode  # noqa: E402
-from mla_check import assert_matches_reference  # noqa: E402
+from mla_check import GPU_CASE_IDS, GPU_CASES, KV_SCALE, assert_matches_reference  # noqa: E402
+from mla_check import paged_case as _case  # noqa: E402
 
 needs_gluon = pytest.mark.skipif(not sm90.HAVE_GLUON, reason="this Triton build has no Gluon Hopper modules")
 TOL = {torch.bfloat16: 1e-2, torch.float16: 1.5e-3}  # as tests/kernels/test_mla_decode.py
@@ -286,33 +287,6 @@ def test_asking_for_it_where_it_cannot_run_is_a_clear_error():
         mla_decode(q, cache, bt, sl, SCALE, max_seq_len=10, config=dict(KERNEL="cuda"))
 
 
-KV_SCALE = 0.125  # an fp8 cache's per-tensor scale
-
-
-def _case(lens, heads, dtype, page, seed, fp8=False, growth=0.0):
-    """A ragged batch; with ``growth`` page p of each sequence scaled by 1 + growth p, so the
-    scores' running maximum keeps rising along the sequence (past the lazy rescale's slack)."""
-    gen = torch.Generator().manual_seed(seed)
-    pages = [max(1, -(-n // page)) for n in lens]
-    nblk = sum(pages) + 3
-    cache = torch.randn(nblk, page, 576, generator=gen)
-    perm = torch.randperm(nblk, generator=gen)  # pages scattered through the pool
-    bt = torch.zeros(len(lens), max(pages) + 2, dtype=torch.int32)
-    i = 0
-    for b, (n, p) in enumerate(zip(lens, pages)):
-        bt[b, :p] = perm[i:i + p]
-        i += p
-        last = int(bt[b, p - 1])
-        for k in range(p):
-            cache[int(bt[b, k])] *= 1 + growth * k
-        cache[last, n - (p - 1) * page if n else 0:] = float("nan")  # the slots past the sequence
-    cache = cache if fp8 else cache.to(dtype)
-    if fp8:  # e4m3 keeps NaN (0x7f)
-        cache = (cache / KV_SCALE).to(torch.float8_e4m3fn)
-    q = torch.randn(len(lens), heads, 576, generator=gen).to(dtype)
-    return q.cuda(), cache.cuda(), bt.cuda(), torch.tensor(lens, dtype=torch.int32).cuda()
-
-
 def _check(lens, heads=128, dtype=torch.bfloat16, page=64, num_splits=None, config=None, seed=0, fp8=False,
            growth=0.0):
     q, cache, bt, sl = _case(lens, heads, dtype, page, seed, fp8, growth)
@@ -385,12 +359,7 @@ def test_fp8_with_a_rising_maximum_matches_the_reference(config):
 
 @needs_hopper
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("case", [
-    dict(lens=[129, 700], dtype=torch.float16),
-    dict(lens=[200, 64, 1], heads=64),  # one head block
-    dict(lens=[300, 517], page=128),  # 64-token blocks inside larger pages
-    dict(lens=[4096] * 4, num_splits=4),
-], ids=["fp16", "64_heads", "page_128", "long"])
+@pytest.mark.parametrize("case", GPU_CASES, ids=GPU_CASE_IDS)
 @pytest.mark.parametrize("config", [None, dict(QREG=256), dict(SCHEDULE="seesaw"), dict(TILED=True),
                                     dict(TILED=True, QREG=256)], ids=["split", "qreg", "seesaw", "tiled", "tiled_qreg"])
 def test_cases_match_the_reference(case, config):
@@ -411,12 +380,7 @@ def test_fp8_cache_ragged_batch_matches_the_reference(num_splits, config):
 
 @needs_hopper
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("case", [
-    dict(lens=[129, 700], dtype=torch.float16),
-    dict(lens=[200, 64, 1], heads=64),
-    dict(lens=[300, 517], page=128),
-    dict(lens=[4096] * 4, num_splits=4),
-], ids=["fp16", "64_heads", "page_128", "long"])
+@pytest.mark.parametrize("case", GPU_CASES, ids=GPU_CASE_IDS)
 @pytest.mark.parametrize("config", [None, dict(BLOCK_N=32, STAGES=4, HSTAGES=2), dict(CONVERT="warpgroup")],
                          ids=["default", "block_32", "converter"])
 def test_fp8_cases_match_the_reference(case, config):

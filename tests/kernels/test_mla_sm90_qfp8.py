@@ -13,6 +13,7 @@ from engine_extra import require
 
 require("torch", "triton")
 import torch  # noqa: E402
+from mla_check import GPU_CASE_IDS, GPU_CASES, KV_SCALE, paged_case  # noqa: E402
 from sm90_build import build, needs_hopper  # noqa: E402
 
 from kernels import mla_sm90 as sm90  # noqa: E402
@@ -22,7 +23,6 @@ from kernels.reference import mla_decode_reference  # noqa: E402
 
 needs_gluon = pytest.mark.skipif(not sm90.HAVE_GLUON, reason="this Triton build has no Gluon Hopper modules")
 SCALE = 192**-0.5
-KV_SCALE = 0.125
 
 
 @needs_gluon
@@ -109,25 +109,8 @@ def test_q_rounding_adds_about_the_error_the_fp8_cache_adds():
     assert 0.7 * cache_err < q_err < 1.3 * cache_err and total < 1.5 * cache_err
 
 
-def _case(lens, heads, dtype, page, seed):
-    gen = torch.Generator().manual_seed(seed)
-    pages = [max(1, -(-n // page)) for n in lens]
-    nblk = sum(pages) + 3
-    cache = torch.randn(nblk, page, 576, generator=gen)
-    perm = torch.randperm(nblk, generator=gen)
-    bt = torch.zeros(len(lens), max(pages) + 2, dtype=torch.int32)
-    i = 0
-    for b, (n, p) in enumerate(zip(lens, pages)):
-        bt[b, :p] = perm[i:i + p]
-        i += p
-        cache[int(bt[b, p - 1]), n - (p - 1) * page if n else 0:] = float("nan")  # the slots past the sequence
-    cache = (cache / KV_SCALE).to(torch.float8_e4m3fn)  # e4m3 keeps NaN
-    q = torch.randn(len(lens), heads, 576, generator=gen).to(dtype)
-    return q.cuda(), cache.cuda(), bt.cuda(), torch.tensor(lens, dtype=torch.int32).cuda()
-
-
 def _check(lens, heads=128, dtype=torch.bfloat16, page=64, num_splits=None, config=None, seed=0):
-    q, cache, bt, sl = _case(lens, heads, dtype, page, seed)
+    q, cache, bt, sl = paged_case(lens, heads, dtype, page, seed, fp8=True)
     out = torch.full((len(lens), heads, 512), float("nan"), dtype=dtype, device="cuda")  # poison
     o, lse = mla_decode(q, cache, bt, sl, SCALE, kv_scale=KV_SCALE, max_seq_len=max(lens), num_splits=num_splits,
                         out=out, return_lse=True, config=dict(KERNEL="sm90", QFP8=True, **(config or {})))
@@ -159,11 +142,6 @@ def test_qfp8_ragged_batch_matches_the_reference(num_splits, config):
 
 @needs_hopper
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("case", [
-    dict(lens=[129, 700], dtype=torch.float16),
-    dict(lens=[200, 64, 1], heads=64),
-    dict(lens=[300, 517], page=128),
-    dict(lens=[4096] * 4, num_splits=4),
-], ids=["fp16", "64_heads", "page_128", "long"])
+@pytest.mark.parametrize("case", GPU_CASES, ids=GPU_CASE_IDS)
 def test_qfp8_cases_match_the_reference(case):
     _check(seed=17, **case)
