@@ -53,12 +53,15 @@ if HAVE_GLUON:
         for i in gl.static_range(4):
             x = gl.load(qb + r[:, None] * stride_qh + i * 128 + c[None, :]).to(gl.float32)
             amax = gl.maximum(amax, gl.max(gl.abs(x), axis=1))
-        scale = gl.maximum(amax / _FP8_MAX, 1e-10)
+        # IEEE divisions (div_rn; Triton's "/" on fp32 is approximate), so each value rounds to the
+        # e4m3 value kernels.reference.per_token_group_quant_fp8 gives it: one value a 1/8 off in
+        # 500k moved a one-token sequence's LSE by 0.085 (race 22's GPU tests)
+        scale = gl.maximum(gl.div_rn(amax, gl.full_like(amax, _FP8_MAX)), 1e-10)
         for i in gl.static_range(4):
-            x = gl.load(qb + r[:, None] * stride_qh + i * 128 + c[None, :]).to(gl.float32) / scale[:, None]
+            x = gl.div_rn(gl.load(qb + r[:, None] * stride_qh + i * 128 + c[None, :]).to(gl.float32), scale[:, None])
             q8.slice(i * 128, 128, dim=1).store(gl.minimum(gl.maximum(x, -_FP8_MAX), _FP8_MAX).to(q8.dtype))
         s64 = gl.convert_layout(scale, gl.SliceLayout(1, blk64))
-        x = gl.load(pe_ptrs).to(gl.float32) / s64[:, None]
+        x = gl.div_rn(gl.load(pe_ptrs).to(gl.float32), s64[:, None])
         q8_pe.store(gl.minimum(gl.maximum(x, -_FP8_MAX), _FP8_MAX).to(q8_pe.dtype))
         fence_async_shared()
         _cta_barrier()

@@ -43,7 +43,7 @@ def test_the_qfp8_build(single, cfg):
     assert info["qgmma"] == 512 // 32 + 64 // 32, info
     assert info["hgmma"] == 2 * 64 // 16 and info["hgmma_reg_a"] == 64 // 16, info
     assert info["f8_unpack"] == 3 * (64 * 256 // 128 // 2), info
-    assert info["spill_bytes"] <= (80 if triton.__version__.startswith("3.6") else 160), info["ptxas_info"]
+    assert info["spill_bytes"] <= (128 if triton.__version__.startswith("3.6") else 160), info["ptxas_info"]
     assert sm90.smem_bytes_qfp8(c["STAGES"], c["HSTAGES"]) - 1024 <= info["shared"] <= sm90.SMEM_BYTES, info
 
 
