@@ -39,7 +39,8 @@ if HAVE_GLUON:
     @gluon.jit
     def _stage_q8(q8, q8_pe, qb, stride_qh):
         """The program's 64 query rows quantised to e4m3 into shared memory, each row with its own
-        scale (its largest |q| over the 576 columns / 448; 1e-10 for a row of zeros), read from
+        scale (its largest |q| over the 576 columns / 448): the values times 448 / that maximum,
+        rounded to e4m3 (``kernels.bench.mla.quantize_q_rows`` in the same operations); read from
         global memory twice (the row maxima, then the values); fenced for the products. Returns the
         scales, [64]."""
         blk: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
@@ -53,15 +54,19 @@ if HAVE_GLUON:
         for i in gl.static_range(4):
             x = gl.load(qb + r[:, None] * stride_qh + i * 128 + c[None, :]).to(gl.float32)
             amax = gl.maximum(amax, gl.max(gl.abs(x), axis=1))
-        # IEEE divisions (div_rn; Triton's "/" on fp32 is approximate), so each value rounds to the
-        # e4m3 value kernels.reference.per_token_group_quant_fp8 gives it: one value a 1/8 off in
-        # 500k moved a one-token sequence's LSE by 0.085 (race 22's GPU tests)
-        scale = gl.maximum(gl.div_rn(amax, gl.full_like(amax, _FP8_MAX)), 1e-10)
+        # one IEEE division a row for the reciprocal (div_rn: Triton's "/" on fp32 is approximate),
+        # then products, so each value rounds to the e4m3 value kernels.bench.mla.quantize_q_rows
+        # gives it (race 22's GPU tests: with "/" one value in 500k landed a step off and moved a
+        # one-token sequence's LSE by 0.085; div_rn on every value by its [64, 1] scale ran 3-10%
+        # slower and 2.4x further from the reference, div_rn not broadcasting its operands)
+        amax = gl.maximum(amax, 1e-30)  # a row of zeros stays zeros
+        inv = gl.div_rn(gl.full_like(amax, _FP8_MAX), amax)
+        scale = gl.div_rn(amax, gl.full_like(amax, _FP8_MAX))
         for i in gl.static_range(4):
-            x = gl.div_rn(gl.load(qb + r[:, None] * stride_qh + i * 128 + c[None, :]).to(gl.float32), scale[:, None])
+            x = gl.load(qb + r[:, None] * stride_qh + i * 128 + c[None, :]).to(gl.float32) * inv[:, None]
             q8.slice(i * 128, 128, dim=1).store(gl.minimum(gl.maximum(x, -_FP8_MAX), _FP8_MAX).to(q8.dtype))
-        s64 = gl.convert_layout(scale, gl.SliceLayout(1, blk64))
-        x = gl.div_rn(gl.load(pe_ptrs).to(gl.float32), s64[:, None])
+        inv64 = gl.convert_layout(inv, gl.SliceLayout(1, blk64))
+        x = gl.load(pe_ptrs).to(gl.float32) * inv64[:, None]
         q8_pe.store(gl.minimum(gl.maximum(x, -_FP8_MAX), _FP8_MAX).to(q8_pe.dtype))
         fence_async_shared()
         _cta_barrier()

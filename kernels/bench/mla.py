@@ -201,12 +201,16 @@ QFP8_TOL = dict(rel=2e-2, lse=5e-2)
 
 
 def quantize_q_rows(q):
-    """Q [B, H, 576] as ``kernels.mla_sm90_qfp8`` quantises it, dequantised in fp32: e4m3 with one
-    scale per head row (per_token_group_quant_fp8 with a group of 576)."""
-    from kernels.reference import per_token_group_quant_fp8
+    """Q [B, H, 576] as ``kernels.mla_sm90_qfp8`` quantises it, in the same fp32 operations,
+    dequantised: per head row the largest |q| (at least 1e-30), the values times 448 / it rounded
+    to e4m3 (clamped to +-448), times it / 448 back (kernels.reference.per_token_group_quant_fp8
+    with a group of 576, but multiplying by the reciprocal: the kernel divides once a row)."""
+    from kernels.reference import FP8_MAX
 
-    q8, s = per_token_group_quant_fp8(q.reshape(-1, q.shape[-1]).float(), q.shape[-1])
-    return (q8.float() * s).view(q.shape)
+    x = q.float()
+    amax = x.abs().amax(dim=-1, keepdim=True).clamp(min=1e-30)
+    q8 = (x * (FP8_MAX / amax)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return q8.float() * (amax / FP8_MAX)
 
 
 def mla_layers(q, cache, n: int | None = None):
