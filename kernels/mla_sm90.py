@@ -58,8 +58,9 @@ still multiplied (race 16, H100: 0.94-0.98x the default's speed; opt-in).
 ``config={"QFP8": True}`` runs the fp8 cache on ``kernels.mla_sm90_qfp8`` instead: Q quantised to
 e4m3 once per program, one scale per head row, and the scores one fp8 product straight from the
 TMA-loaded block (both operands are K-major there), so they no longer wait for the block's fp16
-conversion; each consumer converts only its own 256 output columns for its P V. Q's rounding adds
-an error of the size the fp8 cache's own adds (kernels/README.md), so opt-in (race 22, H100: 1.13-1.22x the exact-Q kernel's speed).
+conversion; each consumer converts only its own 256 output columns for its P V (races 22-23, H100:
+1.11-1.22x the exact-Q kernel's speed). Q's rounding adds an error of the size the fp8 cache's own
+adds (kernels/README.md), so opt-in.
 
 ``config={"PDL": True}`` launches the split kernel as a programmatic dependent launch, as FlashMLA
 launches its decode: its programs are placed while the kernel before it drains and wait
