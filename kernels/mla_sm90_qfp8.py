@@ -56,9 +56,10 @@ if HAVE_GLUON:
             amax = gl.maximum(amax, gl.max(gl.abs(x), axis=1))
         # one IEEE division a row for the reciprocal (div_rn: Triton's "/" on fp32 is approximate),
         # then products, so each value rounds to the e4m3 value kernels.bench.mla.quantize_q_rows
-        # gives it (race 22's GPU tests: with "/" one value in 500k landed a step off and moved a
-        # one-token sequence's LSE by 0.085; div_rn on every value by its [64, 1] scale ran 3-10%
-        # slower and 2.4x further from the reference, div_rn not broadcasting its operands)
+        # gives it (race 23's GPU tests: with "/", values on a midpoint between two e4m3 values
+        # rounded the other way and moved a one-token sequence's LSE by 0.085; div_rn on every value
+        # by its [64, 1] scale ran 3-10% slower and 2.4x further from the reference: div_rn does not
+        # broadcast its operands)
         amax = gl.maximum(amax, 1e-30)  # a row of zeros stays zeros
         inv = gl.div_rn(gl.full_like(amax, _FP8_MAX), amax)
         scale = gl.div_rn(amax, gl.full_like(amax, _FP8_MAX))
