@@ -195,8 +195,8 @@ def load_vllm_triton_mla(log):
 MLA_TOL = {"bf16": 1e-2, "fp8": 1e-2}
 # QFP8 against the reference on its own quantised Q: the fp8 score product's accumulation is not
 # IEEE fp32 on Hopper, and races 22-23's GPU tests saw one-token sequences' LSE 0.035 and 0.085 off
-# (mean 1.4e-3) while the kernel still divided approximately in its quantisation (now div_rn, so its
-# e4m3 values are the reference's); Q's own rounding moves such an LSE up to 0.14
+# (mean 1.4e-3) while the kernel still divided approximately in its quantisation (now a reciprocal
+# and products, quantize_q_rows's own operations); Q's own rounding moves such an LSE up to 0.14
 QFP8_TOL = dict(rel=2e-2, lse=5e-2)
 
 
