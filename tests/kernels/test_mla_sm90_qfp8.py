@@ -33,8 +33,8 @@ def test_the_qfp8_build(single, cfg):
     product; each half's P V 64 / 16 fp16 k-steps, consumer 0's with P in registers; the
     conversion only of the output columns, consumer 0 its 256 once (in the loop), consumer 1 its
     256 twice (before the loop and in it): 64 x 256 / 128 threads / 2 values per unpack each, where
-    the exact-Q kernel converts 320 + 256 columns; a few scalars spill (the exact-Q kernel's
-    none under Triton 3.6)."""
+    the exact-Q kernel converts 320 + 256 columns; no spills under Triton 3.9 (with the query's
+    second pass merged into its first, 700 bytes), a few scalars under 3.6 (56-92 bytes)."""
     import triton
 
     info = build("mla_sm90_build", dict(QFP8=True, **(cfg or {})), single=single, kv="fp8")
@@ -43,7 +43,7 @@ def test_the_qfp8_build(single, cfg):
     assert info["qgmma"] == 512 // 32 + 64 // 32, info
     assert info["hgmma"] == 2 * 64 // 16 and info["hgmma_reg_a"] == 64 // 16, info
     assert info["f8_unpack"] == 3 * (64 * 256 // 128 // 2), info
-    assert info["spill_bytes"] <= (128 if triton.__version__.startswith("3.6") else 160), info["ptxas_info"]
+    assert info["spill_bytes"] <= (128 if triton.__version__.startswith("3.6") else 32), info["ptxas_info"]
     assert sm90.smem_bytes_qfp8(c["STAGES"], c["HSTAGES"]) - 1024 <= info["shared"] <= sm90.SMEM_BYTES, info
 
 
