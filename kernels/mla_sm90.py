@@ -198,26 +198,16 @@ def launch_config_fp8(config: dict | None) -> dict:
         return _launch_config_qfp8(config)
     cfg = dict(BLOCK_N=64, STAGES=2, HSTAGES=1, LEFT=256, CONVERT="consumers")
     config = {k: v for k, v in (config or {}).items() if k != "QFP8"}
-    if config:
-        split_only = ("PREFETCH", "QREG", "LAZY", "PDL", "TILED")  # the bf16 kernel's: refused unless off
-        bad = sorted(k for k, v in config.items() if k not in cfg and not (k in split_only and not v))
-        if bad:
-            raise ValueError(f"mla_sm90 config (fp8 cache): {bad} do not apply, expected some of {sorted(cfg)}")
-        cfg.update({k: v for k, v in config.items() if k in cfg})
+    _refuse_unknown(config, cfg, "fp8 cache")
+    cfg.update({k: v for k, v in config.items() if k in cfg})
     if cfg["CONVERT"] not in CONVERTS:
         raise ValueError(f"mla_sm90 config (fp8 cache): CONVERT must be one of {list(CONVERTS)}, got {cfg['CONVERT']!r}")
     if cfg["CONVERT"] == "warpgroup":
-        fixed = dict(BLOCK_N=64, STAGES=2, HSTAGES=1, LEFT=256)
-        bad = sorted(k for k in fixed if cfg[k] != fixed[k])
-        if bad:
-            raise ValueError(f"mla_sm90 config (fp8 cache): CONVERT 'warpgroup' fixes {bad} (BLOCK_N 64, STAGES 2, "
-                             f"HSTAGES 1, LEFT 256), got {({k: cfg[k] for k in bad})}")
+        _refuse_unfixed(cfg, dict(BLOCK_N=64, STAGES=2, HSTAGES=1, LEFT=256), "fp8 cache", "CONVERT 'warpgroup'")
         return cfg
     if cfg["BLOCK_N"] not in (32, 64):
         raise ValueError(f"mla_sm90 config (fp8 cache): BLOCK_N must be 32 or 64, got {cfg['BLOCK_N']!r}")
-    for key in ("STAGES", "HSTAGES"):
-        if not isinstance(cfg[key], int) or cfg[key] < 1:
-            raise ValueError(f"mla_sm90 config (fp8 cache): {key} must be an int >= 1, got {cfg[key]!r}")
+    _check_rings(cfg, "fp8 cache")
     if cfg["LEFT"] != 256:
         raise ValueError(f"mla_sm90 config (fp8 cache): LEFT must be 256 (two warpgroups of 256 output columns), "
                          f"got {cfg['LEFT']!r}")
@@ -237,24 +227,41 @@ def _launch_config_qfp8(config: dict) -> dict:
         raise ValueError(f"mla_sm90 config (fp8 cache): QFP8 (fp8 scores against Q quantised per row) must be true "
                          f"or false, got {config['QFP8']!r}")
     cfg = dict(BLOCK_N=64, STAGES=2, HSTAGES=2, LEFT=256, CONVERT="consumers", QFP8=True)
-    split_only = ("PREFETCH", "QREG", "LAZY", "PDL", "TILED")
-    bad = sorted(k for k, v in config.items() if k not in cfg and not (k in split_only and not v))
-    if bad:
-        raise ValueError(f"mla_sm90 config (fp8 cache, QFP8): {bad} do not apply, expected some of {sorted(cfg)}")
-    fixed = dict(BLOCK_N=64, LEFT=256, CONVERT="consumers")
-    wrong = sorted(k for k in fixed if k in config and config[k] != fixed[k])
-    if wrong:
-        raise ValueError(f"mla_sm90 config (fp8 cache): QFP8 fixes {wrong} (BLOCK_N 64, LEFT 256, CONVERT "
-                         f"'consumers'), got {({k: config[k] for k in wrong})}")
+    _refuse_unknown(config, cfg, "fp8 cache, QFP8")
+    _refuse_unfixed(config, dict(BLOCK_N=64, LEFT=256, CONVERT="consumers"), "fp8 cache", "QFP8")
     cfg.update({k: config[k] for k in ("STAGES", "HSTAGES") if k in config})
-    for key in ("STAGES", "HSTAGES"):
-        if not isinstance(cfg[key], int) or isinstance(cfg[key], bool) or cfg[key] < 1:
-            raise ValueError(f"mla_sm90 config (fp8 cache, QFP8): {key} must be an int >= 1, got {cfg[key]!r}")
+    _check_rings(cfg, "fp8 cache, QFP8")
     need = smem_bytes_qfp8(cfg["STAGES"], cfg["HSTAGES"])
     if need > SMEM_BYTES:
         raise ValueError(f"mla_sm90 config (fp8 cache, QFP8): STAGES {cfg['STAGES']} and HSTAGES {cfg['HSTAGES']} "
                          f"need {need} bytes of shared memory, more than the {SMEM_BYTES} an SM has")
     return cfg
+
+
+_SPLIT_ONLY = ("PREFETCH", "QREG", "LAZY", "PDL", "TILED")  # the bf16 kernel's keys: refused on fp8 unless off
+
+
+def _refuse_unknown(config: dict, cfg: dict, label: str) -> None:
+    """A ``ValueError`` naming the keys of ``config`` the fp8 launch ``cfg`` does not take (the bf16
+    kernel's own pass when off)."""
+    bad = sorted(k for k, v in config.items() if k not in cfg and not (k in _SPLIT_ONLY and not v))
+    if bad:
+        raise ValueError(f"mla_sm90 config ({label}): {bad} do not apply, expected some of {sorted(cfg)}")
+
+
+def _refuse_unfixed(values: dict, fixed: dict, label: str, who: str) -> None:
+    """A ``ValueError`` naming the keys of ``values`` that ``who`` fixes to other values."""
+    bad = sorted(k for k in fixed if k in values and values[k] != fixed[k])
+    if bad:
+        said = ", ".join(f"{k} {v!r}" for k, v in fixed.items())
+        raise ValueError(f"mla_sm90 config ({label}): {who} fixes {bad} ({said}), got {({k: values[k] for k in bad})}")
+
+
+def _check_rings(cfg: dict, label: str) -> None:
+    """``STAGES`` and ``HSTAGES`` must be ints >= 1; a ``ValueError`` names the field."""
+    for key in ("STAGES", "HSTAGES"):
+        if not isinstance(cfg[key], int) or isinstance(cfg[key], bool) or cfg[key] < 1:
+            raise ValueError(f"mla_sm90 config ({label}): {key} must be an int >= 1, got {cfg[key]!r}")
 
 
 _FLAGS = {"LAZY": "the lazy rescale", "PDL": "programmatic dependent launch", "TILED": "per-piece key-block barriers"}

@@ -40,7 +40,7 @@ if HAVE_GLUON:
     def _stage_q8(q8, q8_pe, qb, stride_qh):
         """The program's 64 query rows quantised to e4m3 into shared memory, each row with its own
         scale (its largest |q| over the 576 columns / 448): the values times 448 / that maximum,
-        rounded to e4m3 (``kernels.bench.mla.quantize_q_rows`` in the same operations); read from
+        rounded to e4m3 (``kernels.reference.quantize_q_rows`` in the same operations); read from
         global memory twice (the row maxima, then the values); fenced for the products. Returns the
         scales, [64]."""
         blk: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
@@ -55,7 +55,7 @@ if HAVE_GLUON:
             x = gl.load(qb + r[:, None] * stride_qh + i * 128 + c[None, :]).to(gl.float32)
             amax = gl.maximum(amax, gl.max(gl.abs(x), axis=1))
         # one IEEE division a row for the reciprocal (div_rn: Triton's "/" on fp32 is approximate),
-        # then products, so each value rounds to the e4m3 value kernels.bench.mla.quantize_q_rows
+        # then products, so each value rounds to the e4m3 value kernels.reference.quantize_q_rows
         # gives it (race 23's GPU tests: with "/", values on a midpoint between two e4m3 values
         # rounded the other way and moved a one-token sequence's LSE by 0.085; div_rn on every value
         # by its [64, 1] scale ran 3-10% slower and 2.4x further from the reference: div_rn does not

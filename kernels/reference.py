@@ -208,6 +208,18 @@ def per_token_group_quant_fp8(x: torch.Tensor, group: int = 128):
     return q.view(m, k), scale
 
 
+def quantize_q_rows(q: torch.Tensor) -> torch.Tensor:
+    """Q [..., D] as ``kernels.mla_sm90_qfp8`` quantises it, in the same fp32 operations, returned
+    dequantised: per row the largest |q| (at least 1e-30), the values times 448 / it rounded to
+    e4m3 (clamped to +-448), times it / 448 back. ``per_token_group_quant_fp8`` with a group of D,
+    except that it divides each value by the scale where this multiplies by the reciprocal (the
+    kernel divides once a row): the two disagree on a few values that sit on an e4m3 midpoint."""
+    x = q.float()
+    amax = x.abs().amax(dim=-1, keepdim=True).clamp(min=1e-30)
+    q8 = (x * (FP8_MAX / amax)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return q8.float() * (amax / FP8_MAX)
+
+
 def per_block_quant_fp8(w: torch.Tensor, block: int = 128):
     """w [N, K] (or [E, N, K]) -> (q e4m3, scale fp32 [ceil(N / block), K / block]); N may
     end in a partial block (e.g. DeepSeek-V3's fused q_a/kv_a projection, N = 2112)."""

@@ -200,18 +200,6 @@ MLA_TOL = {"bf16": 1e-2, "fp8": 1e-2}
 QFP8_TOL = dict(rel=2e-2, lse=5e-2)
 
 
-def quantize_q_rows(q):
-    """Q [B, H, 576] as ``kernels.mla_sm90_qfp8`` quantises it, in the same fp32 operations,
-    dequantised: per head row the largest |q| (at least 1e-30), the values times 448 / it rounded
-    to e4m3 (clamped to +-448), times it / 448 back (kernels.reference.per_token_group_quant_fp8
-    with a group of 576, but multiplying by the reciprocal: the kernel divides once a row)."""
-    from kernels.reference import FP8_MAX
-
-    x = q.float()
-    amax = x.abs().amax(dim=-1, keepdim=True).clamp(min=1e-30)
-    q8 = (x * (FP8_MAX / amax)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-    return q8.float() * (amax / FP8_MAX)
-
 
 def mla_layers(q, cache, n: int | None = None):
     """The case's Q and cache and ``n`` - 1 copies of them, as consecutive layers of a model read
@@ -224,7 +212,7 @@ def mla_layers(q, cache, n: int | None = None):
 
 def run_mla(copy_gbs, mm_tflops, log, rows, on_case, cases, sweep, smoke=False):
     from kernels.mla_decode import default_config, mla_decode, mla_decode_bytes, mla_decode_flops
-    from kernels.reference import mla_decode_reference
+    from kernels.reference import mla_decode_reference, quantize_q_rows
 
     peer = load_vllm_triton_mla(log)
     fpeer = None
@@ -293,7 +281,7 @@ def run_mla(copy_gbs, mm_tflops, log, rows, on_case, cases, sweep, smoke=False):
                     o, lse = mla_decode(q, cache, bt, sl, scale, out=out, return_lse=True, **kw)
                     if cfg.get("QFP8"):  # against the reference on the same quantised Q
                         if not ref_q8:
-                            qd = quantize_q_rows(q)
+                            qd = quantize_q_rows(q)  # kernels.reference: the kernel's own operations
                             ref_q8.update((b, mla_decode_reference(qd[b:b + 1], cache, bt[b:b + 1], sl[b:b + 1],
                                                                    scale, kvs)) for b in pick)
                         rel, lerr, written = check(o, lse, ref_q8)

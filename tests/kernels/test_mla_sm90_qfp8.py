@@ -5,7 +5,7 @@ block, P V in fp16 on columns each consumer converts for itself.
 On any machine the kernel is compiled for sm_90a and its build checked: the scores as fp8
 products only (QGMMA), P V as fp16 ones, each consumer converting its own 256 columns once a block;
 on a Hopper GPU its output is checked against the float64 reference on the same quantised Q
-(kernels/bench/mla.py's ``quantize_q_rows``), with the cache slots past every sequence poisoned
+(``kernels.reference.quantize_q_rows``), with the cache slots past every sequence poisoned
 with NaN, and against the exact Q within the error Q's rounding is expected to add."""
 
 import pytest
@@ -17,9 +17,9 @@ from mla_check import GPU_CASE_IDS, GPU_CASES, KV_SCALE, paged_case  # noqa: E40
 from sm90_build import build, needs_hopper  # noqa: E402
 
 from kernels import mla_sm90 as sm90  # noqa: E402
-from kernels.bench.mla import QFP8_TOL, quantize_q_rows  # noqa: E402
+from kernels.bench.mla import QFP8_TOL  # noqa: E402
 from kernels.mla_decode import mla_decode  # noqa: E402
-from kernels.reference import mla_decode_reference  # noqa: E402
+from kernels.reference import mla_decode_reference, quantize_q_rows  # noqa: E402
 
 needs_gluon = pytest.mark.skipif(not sm90.HAVE_GLUON, reason="this Triton build has no Gluon Hopper modules")
 SCALE = 192**-0.5
