@@ -215,9 +215,9 @@ def quantize_q_rows(q: torch.Tensor) -> torch.Tensor:
     except that it divides each value by the scale where this multiplies by the reciprocal (the
     kernel divides once a row): the two disagree on a few values that sit on an e4m3 midpoint.
     Both divisions are tensor by tensor, IEEE-rounded like the kernel's ``div_rn``: torch computes
-    ``448 / tensor`` as ``reciprocal() * 448`` (two roundings), a last bit off on about a fifth of
-    the rows, which turns every midpoint of such a row the other way (race 24: a one-token LSE
-    0.076 off)."""
+    ``448 / tensor`` as ``reciprocal() * 448`` (``Tensor.__rdiv__`` in ``torch/_tensor.py``; two
+    roundings), a last bit off on about a fifth of the rows, which turns every midpoint of such a
+    row the other way (race 24: a one-token LSE 0.076 off)."""
     x = q.float()
     amax = x.abs().amax(dim=-1, keepdim=True).clamp(min=1e-30)
     top = torch.full_like(amax, FP8_MAX)
