@@ -68,6 +68,17 @@ def test_the_qfp8_config_is_checked_before_launch():
     assert sm90.smem_bytes_qfp8(2, 2) == 64 * 576 * 3 + 3 * 64 * 256 * 2 + 2 * 64 * 64 * 2 + 4 * 3 * 64 + 8 * 9
 
 
+def _rows_by_ieee_reciprocal(x):
+    """x [..., D] fp32 quantised per row independently of ``quantize_q_rows``: the row's 448 / max|x|
+    as the fp64 quotient rounded to fp32, which is the IEEE fp32 quotient the kernel's ``div_rn``
+    gives (53 >= 2 * 24 + 2 bits). Returns (e4m3 values, dequantised)."""
+    from kernels.reference import FP8_MAX
+
+    amax = x.abs().amax(-1, keepdim=True)
+    q8 = (x * (FP8_MAX / amax.double()).float()).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return q8, q8.float() * (amax.double() / FP8_MAX).float()
+
+
 def test_the_reference_quantises_each_row_to_its_own_scale():
     """``quantize_q_rows`` (the GPU tests' and the benchmark's reference Q): each head row's
     largest |q| lands on 448 (e4m3's largest value) and maps back to itself, values keep their
@@ -87,14 +98,12 @@ def test_the_reference_quantises_each_row_to_its_own_scale():
     # the kernel) multiplies by its reciprocal: on bf16 queries 0.09% of the values (midpoints
     # between two e4m3 values, which bf16's few mantissa bits make common) round to the other
     # neighbour, never further; why the kernel and its reference must share the operations
-    from kernels.reference import FP8_MAX, per_token_group_quant_fp8
+    from kernels.reference import per_token_group_quant_fp8
 
     x = torch.randn(64, 576, generator=g).to(torch.bfloat16)
     theirs, _ = per_token_group_quant_fp8(x.float(), 576)
-    amax = x.float().abs().amax(-1, keepdim=True)
-    inv = (FP8_MAX / amax.double()).float()  # the IEEE fp32 quotient (see the next test)
-    ours = (x.float() * inv).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-    assert torch.equal(ours.float() * (amax.double() / FP8_MAX).float(), quantize_q_rows(x))
+    ours, dequantised = _rows_by_ieee_reciprocal(x.float())
+    assert torch.equal(dequantised, quantize_q_rows(x))
     codes = [t.view(torch.uint8).to(torch.int16) for t in (theirs, ours)]
     moved = codes[0] != codes[1]
     assert 5e-4 < moved.float().mean() < 2e-3 and (codes[0] - codes[1]).abs().max() == 1
@@ -113,8 +122,7 @@ def test_the_reference_reciprocal_is_the_ieee_quotient_the_kernel_takes():
     amax = x.abs().amax(-1, keepdim=True)
     ieee = (FP8_MAX / amax.double()).float()
     assert ((FP8_MAX / amax) != ieee).float().mean() > 0.05  # torch's scalar-over-tensor is not it
-    q8 = (x * ieee).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-    assert torch.equal(quantize_q_rows(x), q8.float() * (amax.double() / FP8_MAX).float())
+    assert torch.equal(quantize_q_rows(x), _rows_by_ieee_reciprocal(x)[1])
 
 
 def test_q_rounding_adds_about_the_error_the_fp8_cache_adds():
