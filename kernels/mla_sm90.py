@@ -99,6 +99,7 @@ import torch
 
 from kernels.mla_sm90_convert import CONVERTER_REGS, HALVES
 from kernels.mla_sm90_parts import PRODUCER_REGS
+from kernels.mla_sm90_qfp8 import P8_SCALE
 from kernels.sm90_common import HAVE_GLUON, SMEM_BYTES, split_registers
 
 if HAVE_GLUON:
@@ -174,12 +175,13 @@ def smem_bytes_fp8(stages: int, hstages: int, block_n: int) -> int:
             + 4 * (np_ + 1) * BLOCK_H + 8 * (2 * stages + 2 * hstages + 2 * np_ + 1))
 
 
-def smem_bytes_qfp8(stages: int, hstages: int) -> int:
+def smem_bytes_qfp8(stages: int, hstages: int, pv8: bool = False) -> int:
     """The fp8 path with fp8 scores (``kernels.mla_sm90_qfp8``): Q [64, 576] e4m3, ``stages`` fp8
     key blocks [64, 576], consumer 0's fp16 block [64, 256] and ``hstages`` of consumer 1's, two P
-    buffers [64, 64] fp16, the rescale factors, the row sums and the mbarriers."""
-    row = KV_LORA + ROPE
-    return (BLOCK_H * row + stages * BLOCK_N * row + (1 + hstages) * 2 * BLOCK_N * 256 + 2 * 2 * BLOCK_H * BLOCK_N
+    buffers [64, 64] fp16 (``pv8``: those buffers in fp8), the rescale factors, the row sums and
+    the mbarriers."""
+    row, el = KV_LORA + ROPE, 1 if pv8 else 2
+    return (BLOCK_H * row + stages * BLOCK_N * row + (1 + hstages) * el * BLOCK_N * 256 + 2 * el * BLOCK_H * BLOCK_N
             + 4 * 3 * BLOCK_H + 8 * (2 * stages + 5))
 
 
@@ -197,7 +199,10 @@ def launch_config_fp8(config: dict | None) -> dict:
     if (config or {}).get("QFP8", False) is not False:
         return _launch_config_qfp8(config)
     cfg = dict(BLOCK_N=64, STAGES=2, HSTAGES=1, LEFT=256, CONVERT="consumers")
-    config = {k: v for k, v in (config or {}).items() if k != "QFP8"}
+    if (config or {}).get("PV8", False) is not False:
+        raise ValueError(f"mla_sm90 config (fp8 cache): PV8 (P V as an fp8 product) needs QFP8 true (the fp8 scores' "
+                         f"kernel), got PV8 {config['PV8']!r} without it")
+    config = {k: v for k, v in (config or {}).items() if k not in ("QFP8", "PV8")}
     _refuse_unknown(config, cfg, "fp8 cache")
     cfg.update({k: v for k, v in config.items() if k in cfg})
     if cfg["CONVERT"] not in CONVERTS:
@@ -222,19 +227,24 @@ def _launch_config_qfp8(config: dict) -> dict:
     """``QFP8``: Q quantised to e4m3 per head row and the scores as one fp8 product
     (``kernels.mla_sm90_qfp8``); 64-token blocks, ``STAGES`` fp8 ones in the TMA ring (default 2),
     ``HSTAGES`` of consumer 1's fp16 blocks (default 2: its conversion of the next block under its
-    P V; 1 leaves room for 3 stages); LEFT 256 and the consumers converting, fixed."""
+    P V; 1 leaves room for 3 stages); LEFT 256 and the consumers converting, fixed. ``PV8`` (default
+    false): P V as an 8-bit product as well, P in e4m3 and the blocks transposed in fp8."""
     if config["QFP8"] is not True:
         raise ValueError(f"mla_sm90 config (fp8 cache): QFP8 (fp8 scores against Q quantised per row) must be true "
                          f"or false, got {config['QFP8']!r}")
-    cfg = dict(BLOCK_N=64, STAGES=2, HSTAGES=2, LEFT=256, CONVERT="consumers", QFP8=True)
+    cfg = dict(BLOCK_N=64, STAGES=2, HSTAGES=2, LEFT=256, CONVERT="consumers", QFP8=True, PV8=False)
     _refuse_unknown(config, cfg, "fp8 cache, QFP8")
     _refuse_unfixed(config, dict(BLOCK_N=64, LEFT=256, CONVERT="consumers"), "fp8 cache", "QFP8")
-    cfg.update({k: config[k] for k in ("STAGES", "HSTAGES") if k in config})
+    cfg.update({k: config[k] for k in ("STAGES", "HSTAGES", "PV8") if k in config})
+    if not isinstance(cfg["PV8"], bool):
+        raise ValueError(f"mla_sm90 config (fp8 cache, QFP8): PV8 (P V as an fp8 product) must be true or false, "
+                         f"got {cfg['PV8']!r}")
     _check_rings(cfg, "fp8 cache, QFP8")
-    need = smem_bytes_qfp8(cfg["STAGES"], cfg["HSTAGES"])
+    need = smem_bytes_qfp8(cfg["STAGES"], cfg["HSTAGES"], cfg["PV8"])
     if need > SMEM_BYTES:
         raise ValueError(f"mla_sm90 config (fp8 cache, QFP8): STAGES {cfg['STAGES']} and HSTAGES {cfg['HSTAGES']} "
-                         f"need {need} bytes of shared memory, more than the {SMEM_BYTES} an SM has")
+                         f"{'with PV8 ' if cfg['PV8'] else ''}need {need} bytes of shared memory, more than the "
+                         f"{SMEM_BYTES} an SM has")
     return cfg
 
 
@@ -299,7 +309,7 @@ def launch_config(config: dict | None, fp8: bool = False) -> dict:
         if (config or {}).get("SCHEDULE", "split") != "split":
             raise ValueError("mla_sm90 config: SCHEDULE 'seesaw' takes a bf16/fp16 cache only")
         return launch_config_fp8({k: v for k, v in (config or {}).items() if k != "SCHEDULE"})
-    fp8_only = sorted({"HSTAGES", "BLOCK_N", "CONVERT", "QFP8"} & set(config or {}))
+    fp8_only = sorted({"HSTAGES", "BLOCK_N", "CONVERT", "QFP8", "PV8"} & set(config or {}))
     if fp8_only:
         raise ValueError(f"mla_sm90 config: {fp8_only} (the fp8 path's blocks, conversion and scores) apply to an fp8 cache "
                          f"only")
@@ -661,8 +671,10 @@ def mla_sm90_split(q, kv_cache, block_table, seq_lens, out, lse, op, lp, chunk, 
             *args, SINGLE=single, STORE_LSE=lse is not None and single, CONSUMER_REGS=regs,
             CONVERTER_REGS=CONVERTER_REGS, HALVES=HALVES, num_warps=4, maxnreg=maxnreg)
     elif fp8 and cfg.get("QFP8"):
-        _mla_sm90_qfp8_kernel[(nh // BLOCK_H, bsz, num_splits)](*args, SINGLE=single, STORE_LSE=lse is not None and single,
-                                                                STAGES=cfg["STAGES"], HSTAGES=cfg["HSTAGES"],
+        pv8 = cfg["PV8"]  # P is stored times P8_SCALE: the output scale takes it back out
+        _mla_sm90_qfp8_kernel[(nh // BLOCK_H, bsz, num_splits)](*args[:-1], out_scale / P8_SCALE if pv8 else out_scale,
+                                                                SINGLE=single, STORE_LSE=lse is not None and single,
+                                                                STAGES=cfg["STAGES"], HSTAGES=cfg["HSTAGES"], PV8=pv8,
                                                                 CONSUMER_REGS=regs, num_warps=4, maxnreg=maxnreg)
     elif fp8:
         _mla_sm90_fp8_kernel[(nh // BLOCK_H, bsz, num_splits)](*args, HSTAGES=cfg["HSTAGES"], **common)

@@ -181,14 +181,17 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _softmax_publish(sc, m_i, l_i, acc, j, tok0, end, score_scale, p_bufs, alpha_smem, p_ready, p_free,
-                         p_layout: gl.constexpr, LAZY: gl.constexpr = False, flag_smem=None):
+                         p_layout: gl.constexpr, LAZY: gl.constexpr = False, flag_smem=None,
+                         P_MUL: gl.constexpr = 1.0):
         """Consumer 0's turn on key block j once its scores ``sc`` are in: keys past ``end`` masked,
         the online softmax, P_j (in P's buffer dtype) and the rescale factor published for
         consumer 1 in buffer j % NP once consumer 1 freed it, its own output columns rescaled.
         Returns (acc, P_j as the A operand of its P V, m_i, l_i). ``LAZY``: ``_softmax_step``'s
         lazy rescale, whether it rescaled published in ``flag_smem`` and the accumulator rescaled
-        only then."""
+        only then. ``P_MUL``: P published times it (the row sums stay P's own)."""
         p, alpha, m_new, l_i, grow = _softmax_step(sc, m_i, l_i, tok0, end, score_scale, LAZY)
+        if P_MUL != 1.0:
+            p = p * P_MUL
         p16 = _publish(p, alpha, j, p_bufs, alpha_smem, p_ready, p_free, flag_smem if LAZY else None, grow)
         if grow != 0:  # (without LAZY the constant 1)
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None]

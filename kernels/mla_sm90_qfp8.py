@@ -19,13 +19,26 @@ as zeros; their scores are masked.
 The price is Q's rounding: e4m3 keeps 3 mantissa bits, so the scores carry an error of the size
 the fp8 cache's own rounding gives them (on N(0, 1) data both add 3.7% relative error to the
 output, 5.2% together; kernels/README.md). Hence opt-in: ``mla_decode``'s fp8 default stays the
-exact-Q kernel."""
+exact-Q kernel.
+
+``PV8`` (``config={"QFP8": True, "PV8": True}``) makes P V an fp8 product as well: P is rounded to
+e4m3 (times ``P8_SCALE``) and each consumer transposes its 256 columns of the block in fp8
+(``_to_vt``: the K-major B operand an 8-bit ``wgmma`` needs) instead of widening them to fp16, so
+every product runs at the fp8 rate and the operand buffers take half the shared memory (4 fp8
+stages fit). Both consumers read P from its published buffer: with consumer 0's P in registers
+(the fp16 path's way) consumer 1's half of the output came out wrong on an H100 while consumer 0's
+was right, and a one-block unit of the same transpose and register-P product was right on its own
+(kernels/README.md, race 26); not root-caused. P's rounding moves the output about 1.4% on
+N(0, 1) data, under Q's 3.9% (tests/kernels/test_mla_sm90_qfp8.py)."""
 
 from __future__ import annotations
 
 from kernels.sm90_common import HAVE_GLUON
 
 FP8_MAX = 448.0  # largest finite e4m3 value: a row's largest |q| maps to it
+# ``PV8``: P is stored in e4m3 times this power of two (P x 256 rounds as P does, and P down to
+# 2^-14 stays a normal e4m3 value); the launch divides the output scale by it
+P8_SCALE = 256.0
 
 if HAVE_GLUON:
     from kernels.mla_sm90_fp8 import _to_half
@@ -35,6 +48,39 @@ if HAVE_GLUON:
     from kernels.sm90_common import cta_barrier as _cta_barrier
 
     _FP8_MAX = gl.constexpr(FP8_MAX)
+    _P8_SCALE = gl.constexpr(P8_SCALE)
+
+    @gluon.jit
+    def _to_vt(src, dst, valid):
+        """``PV8``: an fp8 [64 tokens, W] slice of a key block transposed into ``dst`` [W, 64] (fp8,
+        tokens contiguous: the K-major B operand an 8-bit P V product needs), 128 columns at a
+        time, each thread an 8 x 8 tile (eight 8-byte loads, eight 8-byte stores); tokens >=
+        ``valid`` (past the sequence: the slot may hold anything, NaN included) -> 0."""
+        W: gl.constexpr = src.shape[1]
+        blk: gl.constexpr = gl.BlockedLayout([8, 8], [2, 16], [4, 1], [1, 0])
+        rows = gl.arange(0, src.shape[0], layout=gl.SliceLayout(1, blk))
+        for i in gl.static_range(W // 128):
+            x = src.slice(i * 128, 128, dim=1).load(blk)
+            if valid < src.shape[0]:
+                x = gl.where((rows < valid)[:, None], x, gl.zeros_like(x))
+            dst.slice(i * 128, 128, dim=0).store(gl.permute(x, (1, 0)))
+
+    @gluon.jit
+    def _to_operand(src, dst, valid, PV8: gl.constexpr):
+        """A consumer's columns of a key block into its P V operand buffer: fp16 [64, W], or with
+        ``PV8`` the fp8 transpose [W, 64]."""
+        if PV8:
+            _to_vt(src, dst, valid)
+        else:
+            _to_half(src, dst, valid)
+
+    @gluon.jit
+    def _v_operand(buf, PV8: gl.constexpr):
+        """The P V product's B operand [64 tokens, W] over a consumer's buffer."""
+        if PV8:
+            return buf.permute((1, 0))
+        else:
+            return buf
 
     @gluon.jit
     def _stage_q8(q8, q8_pe, qb, stride_qh):
@@ -79,15 +125,15 @@ if HAVE_GLUON:
     def _q8_scorer(q8, q8_pe, f_lat, f_pe, h_left, p_bufs, alpha_smem, l_smem, f_ready, f_empty, p_ready, p_free,
                    l_ready, Q, SEQ, O, LSE, OP, LP, stride_qb, stride_qh, stride_ob, stride_oh, stride_pb, stride_ph,
                    stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, chunk, score_scale, out_scale,
-                   SINGLE: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr):
+                   SINGLE: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr, PV8: gl.constexpr):
         """Consumer 0: per key block the scores as one fp8 product from the landed block, its output
-        columns [0, 256) of the block converted to fp16 while that product runs, the slot freed
-        (its share), the softmax on the scores times the rows' scales, P for consumer 1, then
-        O[:, :256] += P V with P from registers."""
+        columns [0, 256) of the block converted to fp16 (``PV8``: transposed in fp8) while that
+        product runs, the slot freed (its share), the softmax on the scores times the rows' scales,
+        P for consumer 1, then O[:, :256] += P V with P from registers."""
         BN: gl.constexpr = f_lat.shape[1]
         s_layout: gl.constexpr = wgmma_layout(BN, 32)
-        o_layout: gl.constexpr = wgmma_layout(256)
-        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        o_layout: gl.constexpr = wgmma_layout(256, 32 if PV8 else 16)
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4 if PV8 else 2)
         b, s, start, end, n_blocks = _span(SEQ, chunk, BN)
         qs = _stage_q8(q8, q8_pe, Q + b.to(gl.int64) * stride_qb + gl.program_id(0) * 64 * stride_qh, stride_qh)
         qs = gl.convert_layout(qs, gl.SliceLayout(1, s_layout))
@@ -102,28 +148,34 @@ if HAVE_GLUON:
             s_tok = warpgroup_mma(q8_pe, f_pe.index(st).permute((1, 0)), s_tok, is_async=True)
             # under the product: this block's columns [0, 256) to fp16 (the buffer's last reader,
             # block j - 1's P V, was waited for)
-            _to_half(f_lat.index(st).slice(0, 256, dim=1), h_left, end - (start + j * BN))
+            _to_operand(f_lat.index(st).slice(0, 256, dim=1), h_left, end - (start + j * BN), PV8)
             fence_async_shared()
             sc = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
             release(f_empty.index(st))  # (its barrier also orders the fp16 stores before the P V)
             acc, p_op, m_i, l_i = _softmax_publish(sc * qs[:, None], m_i, l_i, acc, j, start + j * BN, end,
-                                                   score_scale, p_bufs, alpha_smem, p_ready, p_free, p_layout)
-            o_tok = warpgroup_mma(p_op, h_left, acc, is_async=True)
-            acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
+                                                   score_scale, p_bufs, alpha_smem, p_ready, p_free, p_layout,
+                                                   P_MUL=_P8_SCALE if PV8 else 1.0)
+            if PV8:  # P from the buffer it was published in (P in registers: see mla_sm90_qfp8's docstring)
+                o_tok = warpgroup_mma(p_bufs.index(j % 2), _v_operand(h_left, PV8), acc, is_async=True)
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok,))
+            else:
+                o_tok = warpgroup_mma(p_op, h_left, acc, is_async=True)
+                acc, p_op = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok, p_op))
         _write_out_scorer(acc, l_i, m_i, l_smem, l_ready, O, LSE, OP, LP, b, s, n_blocks, stride_ob, stride_oh,
                           stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, out_scale,
                           o_layout, SINGLE, STORE_LSE)
 
     @gluon.jit
     def _q8_convert_right(f_lat, h_right, f_ready, f_empty, c, start, end, STAGES: gl.constexpr,
-                          HSTAGES: gl.constexpr):
-        """Consumer 1's share of key block c: latent columns [256, 512) from the fp8 slot into fp16
-        buffer c % HSTAGES (its last reader, this warpgroup's P V of block c - HSTAGES, was waited
-        for), then its arrival on the slot's free mbarrier."""
+                          HSTAGES: gl.constexpr, PV8: gl.constexpr):
+        """Consumer 1's share of key block c: latent columns [256, 512) from the fp8 slot into its
+        operand buffer c % HSTAGES (fp16, or with ``PV8`` the fp8 transpose; its last reader, this
+        warpgroup's P V of block c - HSTAGES, was waited for), then its arrival on the slot's free
+        mbarrier."""
         fs = c % STAGES
         BN: gl.constexpr = f_lat.shape[1]
         mbarrier.wait(f_ready.index(fs), (c // STAGES) & 1)
-        _to_half(f_lat.index(fs).slice(256, 256, dim=1), h_right.index(c % HSTAGES), end - (start + c * BN))
+        _to_operand(f_lat.index(fs).slice(256, 256, dim=1), h_right.index(c % HSTAGES), end - (start + c * BN), PV8)
         fence_async_shared()
         release(f_empty.index(fs))
 
@@ -131,28 +183,29 @@ if HAVE_GLUON:
     def _q8_right(f_lat, h_right, p_bufs, alpha_smem, l_smem, f_ready, f_empty, p_ready, p_free, l_ready, SEQ, O,
                   LSE, OP, LP, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
                   stride_lsb, stride_lsh, chunk, out_scale, SINGLE: gl.constexpr, STORE_LSE: gl.constexpr,
-                  STAGES: gl.constexpr, HSTAGES: gl.constexpr):
+                  STAGES: gl.constexpr, HSTAGES: gl.constexpr, PV8: gl.constexpr):
         """Consumer 1: output columns [256, 512), P from shared memory; its columns of the next
         block converted under this block's P V (``HSTAGES`` 2) or after it (1)."""
         BN: gl.constexpr = f_lat.shape[1]
         NP: gl.constexpr = p_bufs.shape[0]
-        la: gl.constexpr = wgmma_layout(256)
+        la: gl.constexpr = wgmma_layout(256, 32 if PV8 else 16)
         b, s, start, end, n_blocks = _span(SEQ, chunk, BN)
         acc = gl.zeros([64, 256], gl.float32, la)
         if n_blocks > 0:
-            _q8_convert_right(f_lat, h_right, f_ready, f_empty, 0, start, end, STAGES, HSTAGES)
+            _q8_convert_right(f_lat, h_right, f_ready, f_empty, 0, start, end, STAGES, HSTAGES, PV8)
         for j in range(n_blocks):
             pb = j % NP
             mbarrier.wait(p_ready.index(pb), (j // NP) & 1)
             alpha = alpha_smem.index(pb).load(gl.SliceLayout(1, la))
-            o_tok = warpgroup_mma(p_bufs.index(pb), h_right.index(j % HSTAGES), acc * alpha[:, None], is_async=True)
+            o_tok = warpgroup_mma(p_bufs.index(pb), _v_operand(h_right.index(j % HSTAGES), PV8), acc * alpha[:, None],
+                                  is_async=True)
             if HSTAGES > 1 and j + 1 < n_blocks:
-                _q8_convert_right(f_lat, h_right, f_ready, f_empty, j + 1, start, end, STAGES, HSTAGES)
+                _q8_convert_right(f_lat, h_right, f_ready, f_empty, j + 1, start, end, STAGES, HSTAGES, PV8)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(o_tok,))
             _cta_barrier()
             mbarrier.arrive(p_free.index(pb))
             if HSTAGES == 1 and j + 1 < n_blocks:
-                _q8_convert_right(f_lat, h_right, f_ready, f_empty, j + 1, start, end, STAGES, HSTAGES)
+                _q8_convert_right(f_lat, h_right, f_ready, f_empty, j + 1, start, end, STAGES, HSTAGES, PV8)
         mbarrier.wait(l_ready, 0)
         _write_out_l(acc, l_smem, O, LSE, OP, LP, b, s, n_blocks, stride_ob, stride_oh, stride_pb, stride_ph,
                      stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, out_scale, 256, la, SINGLE, STORE_LSE)
@@ -162,11 +215,14 @@ if HAVE_GLUON:
                               stride_qb, stride_qh, stride_bt, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps,
                               stride_lb, stride_lh, stride_lsb, stride_lsh, chunk, PAGE, score_scale, out_scale,
                               SINGLE: gl.constexpr, STORE_LSE: gl.constexpr, STAGES: gl.constexpr,
-                              HSTAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, num_warps: gl.constexpr):
+                              HSTAGES: gl.constexpr, PV8: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                              num_warps: gl.constexpr):
         """Grid (heads / 64, B, splits). The producer warp TMA-loads each fp8 key block into a ring
         of ``STAGES``; consumer 0 scores it in fp8 against Q quantised per row (``_stage_q8``) and
         converts output columns [0, 256) of it into its fp16 buffer, consumer 1 the other 256 into
-        a ring of ``HSTAGES``; a slot is free once both converted and the scores retired."""
+        a ring of ``HSTAGES``; a slot is free once both converted and the scores retired. ``PV8``:
+        P V as an 8-bit product too, P in e4m3 (times ``P8_SCALE``) against each consumer's
+        columns transposed in fp8 (``_to_vt``), half the buffers' shared memory."""
         gl.static_assert(num_warps == 4, "the default partition is one warpgroup")
         BN: gl.constexpr = kv_desc.block_type.shape[0]
         DL: gl.constexpr = kv_desc.block_type.shape[1]
@@ -178,10 +234,16 @@ if HAVE_GLUON:
         q8_pe = gl.allocate_shared_memory(f8, [64, 64], pe_desc.layout)
         f_lat = gl.allocate_shared_memory(f8, [STAGES, BN, DL], kv_desc.layout)
         f_pe = gl.allocate_shared_memory(f8, [STAGES, BN, 64], pe_desc.layout)
-        h_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, 256], f16)
-        h_left = gl.allocate_shared_memory(f16, [BN, 256], h_layout)
-        h_right = gl.allocate_shared_memory(f16, [HSTAGES, BN, 256], h_layout)
-        p_bufs = gl.allocate_shared_memory(f16, [2, 64, BN], gl.NVMMASharedLayout.get_default_for([64, BN], f16))
+        if PV8:
+            v_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([256, BN], f8)
+            h_left = gl.allocate_shared_memory(f8, [256, BN], v_layout)
+            h_right = gl.allocate_shared_memory(f8, [HSTAGES, 256, BN], v_layout)
+            p_bufs = gl.allocate_shared_memory(f8, [2, 64, BN], gl.NVMMASharedLayout.get_default_for([64, BN], f8))
+        else:
+            h_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, 256], f16)
+            h_left = gl.allocate_shared_memory(f16, [BN, 256], h_layout)
+            h_right = gl.allocate_shared_memory(f16, [HSTAGES, BN, 256], h_layout)
+            p_bufs = gl.allocate_shared_memory(f16, [2, 64, BN], gl.NVMMASharedLayout.get_default_for([64, BN], f16))
         plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
         alpha_smem = gl.allocate_shared_memory(gl.float32, [2, 64], plain)
         l_smem = gl.allocate_shared_memory(gl.float32, [64], plain)
@@ -202,9 +264,9 @@ if HAVE_GLUON:
             (_q8_scorer, (q8, q8_pe, f_lat, f_pe, h_left, p_bufs, alpha_smem, l_smem, f_ready, f_empty, p_ready,
                           p_free, l_ready, Q, SEQ, O, LSE, OP, LP, stride_qb, stride_qh, stride_ob, stride_oh,
                           stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_lsb, stride_lsh, chunk,
-                          score_scale, out_scale, SINGLE, STORE_LSE, STAGES)),
+                          score_scale, out_scale, SINGLE, STORE_LSE, STAGES, PV8)),
             (_q8_right, (f_lat, h_right, p_bufs, alpha_smem, l_smem, f_ready, f_empty, p_ready, p_free, l_ready, SEQ,
                          O, LSE, OP, LP, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
-                         stride_lsb, stride_lsh, chunk, out_scale, SINGLE, STORE_LSE, STAGES, HSTAGES)),
+                         stride_lsb, stride_lsh, chunk, out_scale, SINGLE, STORE_LSE, STAGES, HSTAGES, PV8)),
             (_producer, (kv_desc, pe_desc, f_lat, f_pe, f_ready, f_empty, SEQ, BT, stride_bt, chunk, PAGE, STAGES)),
         ], [4, 1], [CONSUMER_REGS, _PRODUCER_REGS])

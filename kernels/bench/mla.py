@@ -97,10 +97,15 @@ MLA_SM90 = {"sm90": dict(KERNEL="sm90"), "sm90_qreg": dict(KERNEL="sm90", QREG=2
 # sm90_qfp8 / sm90_qfp8_s3: Q quantised to e4m3 per head row and the scores one fp8 product from
 # the landed block (kernels/mla_sm90_qfp8.py), 2 fp8 stages and 2 of consumer 1's fp16 blocks, or
 # 3 and 1; checked against the reference on the same quantised Q (QFP8_TOL), their error against
-# the exact Q recorded beside it (rel_err_exact_q).
+# the exact Q recorded beside it (rel_err_exact_q). sm90_qfp8_pv8*: P V an fp8 product too (P in
+# e4m3, each consumer's columns transposed in fp8; PV8_TOL): 2 fp8 stages and 2 of consumer 1's
+# fp8 operand blocks, 3 and 2, 4 and 1.
 MLA_SM90_FP8 = {"sm90": dict(KERNEL="sm90"), "sm90_convert": dict(KERNEL="sm90", CONVERT="warpgroup"),
                 "sm90_qfp8": dict(KERNEL="sm90", QFP8=True),
-                "sm90_qfp8_s3": dict(KERNEL="sm90", QFP8=True, STAGES=3, HSTAGES=1)}
+                "sm90_qfp8_s3": dict(KERNEL="sm90", QFP8=True, STAGES=3, HSTAGES=1),
+                "sm90_qfp8_pv8": dict(KERNEL="sm90", QFP8=True, PV8=True),
+                "sm90_qfp8_pv8_s3": dict(KERNEL="sm90", QFP8=True, PV8=True, STAGES=3),
+                "sm90_qfp8_pv8_s4": dict(KERNEL="sm90", QFP8=True, PV8=True, STAGES=4, HSTAGES=1)}
 PAGE = 64
 
 
@@ -200,6 +205,10 @@ MLA_TOL = {"bf16": 1e-2, "fp8": 1e-2}
 # both are IEEE divisions now); Q's own rounding moves such an LSE up to 0.14. Not tightened until
 # a GPU run of the corrected reference says by how much it can be
 QFP8_TOL = dict(rel=2e-2, lse=5e-2)
+# PV8 against the same reference: P's e4m3 rounding moves the output 1.3-1.5% on N(0, 1) data
+# (tests/kernels/test_mla_sm90_qfp8.py, test_p_rounding_costs_less_than_q_rounding, emulating the
+# kernel's per-block maxima); the row sums are P's fp32 own, so the LSE keeps QFP8's bound
+PV8_TOL = dict(rel=4e-2, lse=QFP8_TOL["lse"])
 
 
 
@@ -287,7 +296,8 @@ def run_mla(copy_gbs, mm_tflops, log, rows, on_case, cases, sweep, smoke=False):
                             ref_q8.update((b, mla_decode_reference(qd[b:b + 1], cache, bt[b:b + 1], sl[b:b + 1],
                                                                    scale, kvs)) for b in pick)
                         rel, lerr, written = check(o, lse, ref_q8)
-                        ok = written and rel < QFP8_TOL["rel"] and lerr < QFP8_TOL["lse"]
+                        tol = PV8_TOL if cfg.get("PV8") else QFP8_TOL
+                        ok = written and rel < tol["rel"] and lerr < tol["lse"]
                         res = dict(rel_err=rel, lse_err=lerr, written=written, ok=ok,
                                    rel_err_exact_q=check(o)[0])
                     else:

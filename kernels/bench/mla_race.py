@@ -34,7 +34,7 @@ CASES = ("h128_b32_4k", "h128_b64_4k", "h128_b128_4k", "h128_b32_32k", "h128_b64
 VARIANTS = ("sm90", "sm90_tiled_qreg", "sm90_qreg")
 # the fp8 cache's candidates (one run, both caches: an fp8 row's FlashMLA time is the bf16 cache's
 # from the same process, FlashMLA having no fp8 dense decode)
-FP8_VARIANTS = ("sm90", "sm90_qfp8", "sm90_qfp8_s3")
+FP8_VARIANTS = ("sm90", "sm90_qfp8", "sm90_qfp8_pv8", "sm90_qfp8_pv8_s4")
 GOAL = 0.9
 # a step's usual seconds on an H100 (races 19-21): what the budget reserves before starting it
 STEP_S = {"build": 120, "run": 45, "fp8": 75, "ncu": 60, "tests": 90}

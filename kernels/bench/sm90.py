@@ -228,7 +228,7 @@ def mla_sm90_build(config: dict | None = None, single: bool = False, dtype: str 
 
         maxnreg, regs = registers()
         consts = {"SINGLE": single, "STORE_LSE": single, "STAGES": cfg["STAGES"], "HSTAGES": cfg["HSTAGES"],
-                  "CONSUMER_REGS": regs, "num_warps": 4}
+                  "PV8": cfg["PV8"], "CONSUMER_REGS": regs, "num_warps": 4}
         return gluon_sm90_build(_mla_sm90_qfp8_kernel, sig, consts, 4, maxnreg)
     if fp8:
         maxnreg, regs = registers()
