@@ -35,6 +35,8 @@ def test_the_candidates_alternate_order_and_every_run_times_every_goal_case():
     assert fp8[fp8.index("--mla-variants") + 1].split(",") == list(mla_race.FP8_VARIANTS)
     assert fp8[fp8.index("--out") + 1] not in outs
     assert [k for k, _, _ in mla_race.steps("/tmp/x", runs=1, ncu=False, fp8=False)] == ["build", "run"]
+    # --runs 0: FlashMLA and the fp8 step (both caches) only
+    assert [k for k, _, _ in mla_race.steps("/tmp/x", runs=0, ncu=False)] == ["build", "fp8"]
 
 
 def test_the_summary_is_flashmla_time_over_ours_from_one_process_a_run():
@@ -104,7 +106,8 @@ def test_a_budget_too_small_for_the_build_ends_the_race_before_any_run(tmp_path,
 
 
 @pytest.mark.parametrize("argv, words", [
-    (["--runs", "0", "--out", "d"], "--runs must be >= 1"),
+    (["--runs", "-1", "--out", "d"], "--runs must be >= 0"),
+    (["--runs", "0", "--no-fp8", "--out", "d"], "--runs 0 with --no-fp8 times nothing"),
     ([], "--out DIR is required"),
     (["--summary", "no-such.json"], "no such file"),
 ])

@@ -3,6 +3,7 @@ goal cases timed beside it in one process, the candidates in both orders over al
 Nsight Compute of the default beside FlashMLA, the summary against the 0.9x goal.
 
     python -m kernels.bench.mla_race --out DIR [--runs 4] [--budget-s 540] [--tests] [--no-ncu] [--no-fp8]
+    python -m kernels.bench.mla_race --out DIR --runs 0 --no-ncu   # FlashMLA and the fp8 step only
     python -m kernels.bench.mla_race --summary DIR/run*/results.json     # any runs' JSON, no GPU
 
 Each step is a child process with a time limit (``bench_kernels --only mla``, the FlashMLA
@@ -11,7 +12,8 @@ build, ``ncu``, pytest): the budget's remainder, at most ``STEP_CAP`` times the 
 ``--budget-s`` is skipped and said so, so a lent machine's limit ends a race with what it measured.
 After the bf16 runs one run times both caches with the fp8 cache's candidates (``FP8_VARIANTS``;
 an fp8 row's FlashMLA time is the same case's bf16 cache's, FlashMLA having no fp8 dense decode),
-summarised as ``<case> fp8``. FlashMLA's
+summarised as ``<case> fp8``; ``--runs 0`` leaves only that run (its bf16 rows keep FlashMLA's
+time and the default's), for a race of the fp8 candidates on a short loan. FlashMLA's
 sources (``kernels/bench/flashmla.py``: ``$DSVOLC_PEER_FLASHMLA``, ``$DSVOLC_PEER_CUTLASS``) are
 required: a race of the goal without its peer measures nothing the goal asks. ``--dry-run``
 prints the steps. Orders alternate because races 19c-19d saw one kernel 1-5% apart by its place
@@ -197,8 +199,10 @@ def main(argv=None) -> int:
         return 0
     if not a.out:
         ap.error("--out DIR is required (or --summary RESULTS_JSON ...)")
-    if a.runs < 1 or a.budget_s <= 0:
-        ap.error(f"--runs must be >= 1 and --budget-s > 0 (got {a.runs}, {a.budget_s})")
+    if a.runs < 0 or a.budget_s <= 0:
+        ap.error(f"--runs must be >= 0 and --budget-s > 0 (got {a.runs}, {a.budget_s})")
+    if a.runs == 0 and a.no_fp8:
+        ap.error("--runs 0 with --no-fp8 times nothing: give --runs >= 1 or drop --no-fp8")
     return race(a.out, a.runs, a.budget_s, not a.no_ncu, a.tests, a.dry_run, fp8=not a.no_fp8)
 
 
