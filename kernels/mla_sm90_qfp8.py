@@ -129,7 +129,8 @@ if HAVE_GLUON:
         """Consumer 0: per key block the scores as one fp8 product from the landed block, its output
         columns [0, 256) of the block converted to fp16 (``PV8``: transposed in fp8) while that
         product runs, the slot freed (its share), the softmax on the scores times the rows' scales,
-        P for consumer 1, then O[:, :256] += P V with P from registers."""
+        P for consumer 1, then O[:, :256] += P V with P from registers (``PV8``: from the buffer it was
+        published in)."""
         BN: gl.constexpr = f_lat.shape[1]
         s_layout: gl.constexpr = wgmma_layout(BN, 32)
         o_layout: gl.constexpr = wgmma_layout(256, 32 if PV8 else 16)
