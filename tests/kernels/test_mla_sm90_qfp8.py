@@ -18,7 +18,7 @@ from mla_check import GPU_CASE_IDS, GPU_CASES, KV_SCALE, paged_case  # noqa: E40
 from sm90_build import build, needs_hopper  # noqa: E402
 
 from kernels import mla_sm90 as sm90  # noqa: E402
-from kernels.bench.mla import PV8_TOL, QFP8_TOL  # noqa: E402
+from kernels.bench.mla import PV8_TOL, qfp8_tol  # noqa: E402
 from kernels.mla_decode import mla_decode  # noqa: E402
 from kernels.mla_sm90_qfp8 import P8_SCALE  # noqa: E402
 from kernels.reference import mla_decode_reference, quantize_q_rows  # noqa: E402
@@ -217,6 +217,7 @@ def test_p_rounding_costs_less_than_q_rounding():
     assert all(0.012 < e < 0.016 for e in errs), errs
     assert all(0.0015 < e < 0.007 for e in shifted) and shifted[-1] < shifted[0], shifted
     assert PV8_TOL["rel"] >= 2.5 * max(errs)  # the GPU check's bound leaves the kernel's own error room
+    assert qfp8_tol(dict(PV8=True)) is PV8_TOL and qfp8_tol(None)["rel"] < PV8_TOL["rel"]  # PV8's bound, only with PV8
 
 
 def _check(lens, heads=128, dtype=torch.bfloat16, page=64, num_splits=None, config=None, seed=0):
@@ -229,7 +230,7 @@ def _check(lens, heads=128, dtype=torch.bfloat16, page=64, num_splits=None, conf
     args = (cache.cpu(), bt.cpu(), sl.cpu(), SCALE, KV_SCALE)
     ro, rl = mla_decode_reference(quantize_q_rows(q.cpu()).double(), *args, compute_dtype=torch.float64)
     err = ((o - ro).norm() / ro.norm()).item()
-    tol = PV8_TOL if (config or {}).get("PV8") else QFP8_TOL
+    tol = qfp8_tol(config)
     assert err < tol["rel"], err
     seen = torch.isfinite(rl)
     assert torch.equal(torch.isfinite(lse), seen)
