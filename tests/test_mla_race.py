@@ -18,7 +18,7 @@ RACE20_FP8 = RESULTS / "2026-12-07_h100_race20b_mla_fp8.json"
 
 def test_the_candidates_alternate_order_and_every_run_times_every_goal_case():
     plan = mla_race.steps("/tmp/x", runs=4, tests=True)
-    assert [kind for kind, _, _ in plan] == ["build", "run", "run", "run", "run", "fp8", "ncu", "tests"]
+    assert [kind for kind, _, _ in plan] == ["tests", "build", "run", "run", "run", "run", "fp8", "ncu"]
     orders, outs = [], []
     for kind, argv, _ in plan:
         if kind == "run":
@@ -100,8 +100,8 @@ def test_a_budget_too_small_for_the_build_ends_the_race_before_any_run(tmp_path,
     assert not list((tmp_path / "out").glob("run*"))
     said.clear()
     assert mla_race.race(str(tmp_path / "out"), 2, 600, True, True, dry_run=True, log=said.append) == 0
-    assert [s.split(":")[0] for s in said] == ["build", "run", "run", "fp8", "ncu", "tests"]
-    words = shlex.split(said[-1].split(": ", 1)[1])
+    assert [s.split(":")[0] for s in said] == ["tests", "build", "run", "run", "fp8", "ncu"]
+    words = shlex.split(said[0].split(": ", 1)[1])
     assert words[words.index("-k") + 1] == "wave or tiled or qfp8"  # one argument, quoted for a shell
 
 

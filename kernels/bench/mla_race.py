@@ -13,11 +13,12 @@ build, ``ncu``, pytest): the budget's remainder, at most ``STEP_CAP`` times the 
 After the bf16 runs one run times both caches with the fp8 cache's candidates (``FP8_VARIANTS``;
 an fp8 row's FlashMLA time is the same case's bf16 cache's, FlashMLA having no fp8 dense decode),
 summarised as ``<case> fp8``; ``--runs 0`` leaves only that run (its bf16 rows keep FlashMLA's
-time and the default's), for a race of the fp8 candidates on a short loan. FlashMLA's
-sources (``kernels/bench/flashmla.py``: ``$DSVOLC_PEER_FLASHMLA``, ``$DSVOLC_PEER_CUTLASS``) are
-required: a race of the goal without its peer measures nothing the goal asks. ``--dry-run``
-prints the steps. Orders alternate because races 19c-19d saw one kernel 1-5% apart by its place
-in the run (kernels/README.md, Benchmark)."""
+time and the default's), for a race of the fp8 candidates on a short loan. ``--tests`` runs the
+GPU tests first, before the build, so a loan cut short keeps the verdict on a new build's
+correctness. FlashMLA's sources (``kernels/bench/flashmla.py``: ``$DSVOLC_PEER_FLASHMLA``,
+``$DSVOLC_PEER_CUTLASS``) are required: a race of the goal without its peer measures nothing the
+goal asks. ``--dry-run`` prints the steps. Orders alternate because races 19c-19d saw one kernel
+1-5% apart by its place in the run (kernels/README.md, Benchmark)."""
 
 from __future__ import annotations
 
@@ -47,8 +48,9 @@ NCU_KERNELS = "regex:_mla_sm90_kernel|flash_fwd_splitkv_mla_kernel|flash_fwd_mla
 
 def steps(out: str, runs: int, cases=CASES, variants=VARIANTS, ncu: bool = True, tests: bool = False,
           profile_case: str = "h128_b64_4k", fp8: bool = True) -> list[tuple[str, list[str], str]]:
-    """The race's steps as (kind, argv, its output file under ``out``), in order; the FlashMLA
-    build first (its module's path reaches the later steps through ``$DSVOLC_PEER_FLASHMLA_SO``)."""
+    """The race's steps as (kind, argv, its output file under ``out``), in order: with ``tests`` the
+    GPU tests first, then the FlashMLA build (its module's path reaches the later steps through
+    ``$DSVOLC_PEER_FLASHMLA_SO``), the runs, the fp8 step, Nsight Compute."""
     py = sys.executable
     build_dir = os.path.join(out, "flashmla-build")
     todo = [("build", [py, "-c", f"from kernels.bench.flashmla import build; build({build_dir!r})"], "build.txt")]
@@ -66,10 +68,10 @@ def steps(out: str, runs: int, cases=CASES, variants=VARIANTS, ncu: bool = True,
         todo.append(("ncu", ["ncu", "--set", "full", "--cache-control", "none", "--clock-control", "none", "-k",
                              NCU_KERNELS, "-c", "5", py, "-m", "kernels.bench.mla", "--profile", "--case",
                              profile_case], f"ncu_default_{profile_case}.txt"))
-    if tests:
-        todo.append(("tests", [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/kernels/test_mla_sm90.py",
-                               "tests/kernels/test_mla_decode.py", "tests/kernels/test_mla_sm90_qfp8.py", "-k",
-                               "wave or tiled or qfp8"], "tests.txt"))
+    if tests:  # first: a build's correctness is what a loan cut short must not lose (it needs no FlashMLA)
+        todo.insert(0, ("tests", [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/kernels/test_mla_sm90.py",
+                                  "tests/kernels/test_mla_decode.py", "tests/kernels/test_mla_sm90_qfp8.py", "-k",
+                                  "wave or tiled or qfp8"], "tests.txt"))
     return todo
 
 
@@ -183,7 +185,7 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=int, default=4, help="timed runs, the candidates' order reversed every other")
     ap.add_argument("--budget-s", type=float, default=540.0, help="seconds the whole race may take")
     ap.add_argument("--no-ncu", action="store_true", help="no Nsight Compute profile")
-    ap.add_argument("--tests", action="store_true", help="also the wave, TILED and QFP8 GPU tests")
+    ap.add_argument("--tests", action="store_true", help="first the wave, TILED, QFP8 and PV8 GPU tests")
     ap.add_argument("--no-fp8", action="store_true", help="no fp8-cache run")
     ap.add_argument("--dry-run", action="store_true", help="print the steps, run nothing")
     ap.add_argument("--summary", nargs="+", metavar="RESULTS_JSON", help="summarise earlier runs' results.json")
