@@ -290,3 +290,32 @@ def test_the_fp8_transpose_and_its_product(valid, reg):
     ref = p.float().cpu() @ xm
     assert ((o.cpu() - ref).norm() / ref.norm()).item() < 1e-3
 
+
+
+@needs_hopper
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("lens", [[64, 64], [128, 40], [1000, 300]], ids=["one_block", "two_blocks", "many_blocks"])
+@pytest.mark.parametrize("config", [dict(), dict(QFP8=True), dict(QFP8=True, PV8=True),
+                                    dict(QFP8=True, PV8=True, STAGES=4, HSTAGES=1)],
+                         ids=["exact_q", "qfp8", "pv8", "pv8_four_stages"])
+def test_uniform_p_gives_every_column_the_mean_of_its_values(config, lens):
+    """With q = 0 every score is equal, so P is uniform (exactly 1, or 256 in e4m3 under PV8) and
+    each output column is the mean of that column's values over the sequence, whatever P V's path:
+    checked per 128-column quarter, so a failure names the columns (and so the consumer: under
+    QFP8 consumer 0 owns [0, 256), consumer 1 [256, 512)) that went wrong. Race 26's first PV8
+    build passed consumer 0's half and failed consumer 1's this way."""
+    q, cache, bt, sl = paged_case(lens, 128, torch.bfloat16, 64, seed=23, fp8=True)
+    q.zero_()
+    o = mla_decode(q, cache, bt, sl, SCALE, kv_scale=KV_SCALE, max_seq_len=max(lens), num_splits=1,
+                   config=dict(KERNEL="sm90", **config)).float().cpu()
+    c, t = cache.cpu().float() * KV_SCALE, bt.cpu()
+    for b, n in enumerate(lens):
+        v = torch.cat([c[int(t[b, k])] for k in range(-(-n // 64))])[:n, :512]
+        want = v.double().mean(0)
+        for h in (0, 63, 64, 127):  # both head blocks, each block's first and last row
+            for quarter in range(4):
+                cols = slice(128 * quarter, 128 * (quarter + 1))
+                got = o[b, h, cols].double()
+                assert not got.isnan().any(), f"{config}: NaN in columns {cols.start}-{cols.stop} (batch {b}, head {h})"
+                err = ((got - want[cols]).norm() / want[cols].norm()).item()
+                assert err < 1e-2, f"{config}: columns {cols.start}-{cols.stop} {err:.3e} off the mean (batch {b}, head {h})"
