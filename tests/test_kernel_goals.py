@@ -1,6 +1,6 @@
 """kernels/README.md's "Where the goals stand" table against the committed race files it names:
-each range it prints is recomputed here from the raw times, so the table cannot drift from the
-results (or misread them, as the grouped row once did: its figures were against the dense bf16
+each range it prints (MLA decode, FP8 GEMM dense and grouped, W4A16 on the catalog's AWQ shapes,
+prefill) is recomputed here from the raw times, so the table cannot drift from the results (or misread them, as the grouped row once did: its figures were against the dense bf16
 GEMM, not `torch._grouped_mm`)."""
 
 import json
@@ -82,3 +82,31 @@ def test_the_grouped_row_names_each_baseline_rightly(name, device):
     # the torch._grouped_mm figure is the larger: the two must not be swapped
     at = row.index(f"{_span(grouped, 2)}")
     assert row.index(f"{_span(dense, 2)}") > at and min(grouped) > min(dense)
+
+
+def test_the_w4a16_row_is_the_catalog_shapes_of_races_9_and_16():
+    from kernels.bench.awq_shapes import catalog_shapes
+
+    catalog = set(catalog_shapes())  # every (K, N) the catalog's AWQ checkpoints run on Hopper
+    row = _row("W4A16 no slower")
+    for name, points, shapes in (("2026-12-03_h200_race9_w4a16_sm90_run3.json", 30, "six"),
+                                 ("2026-12-06_h100_race16d_w4a16.json", 50, "ten")):
+        rows = [r for r in json.loads((RESULTS / name).read_text())["w4a16_race5"] if r["M"] <= 16]
+        # the shipped Gluon kernel against the faster of tinygemm and bf16 cuBLAS at each point
+        speed = {(r["K"], r["N"], r["M"]): r["best_peer"][0] / r["cand"]["sm90_default"]["us"] for r in rows}
+        ours = [v for (k, n, _), v in speed.items() if (k, n) in catalog]
+        assert len(ours) == points and len({(k, n) for (k, n, _) in speed} & catalog) == {"six": 6, "ten": 10}[shapes]
+        assert min(ours) >= 1.0 and f"{shapes} catalog shapes" in row
+        assert f"{points} of {points} points, {_span(ours, 2)}" in row
+        if points == 30:  # the H200's points under 1.00: only off the catalog
+            under = sorted(v for v in speed.values() if v < 1.0)
+            assert len(under) == 2 and f"2 of {len(speed)} H200 points under 1.00" in row
+            assert f"{_span(under, 2)}" in row
+
+
+def test_the_prefill_row_is_race_8ds_speed_over_cudnn():
+    row = _row("prefill >= 1.0x cuDNN")
+    cases = {c["case"]: c for c in json.loads((RESULTS / "2026-12-03_h200_race8d_prefill_defaults.json").read_text())["attn"]}
+    speed = {name: c["peers"]["sdpa_cudnn"]["us"] / c["variants"]["default_bf16"]["us"] for name, c in cases.items()}
+    assert speed["d128_16k"] >= 1.0 and speed["d128_4k"] >= 0.95 and speed["mla_4k"] >= 0.95
+    assert f"d128 4k {speed['d128_4k']:.2f}x, 16k {speed['d128_16k']:.2f}x; 192/128 4k {speed['mla_4k']:.2f}x" in row
